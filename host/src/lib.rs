@@ -1,0 +1,13 @@
+//! distgemm: tensor-parallel GEMM for NVLink-connected Hopper GPUs.
+//!
+//! Layering (see README.md): `problem` + `schedule` (pure) → `plan` (pure, per-device DAG) →
+//! `cpu` executor | CUDA lowering; `runtime` is the only module that talks to the CUDA driver.
+
+pub mod cli;
+pub mod cpu;
+pub mod dtype;
+pub mod plan;
+pub mod problem;
+pub mod reference;
+pub mod runtime;
+pub mod schedule;

@@ -1,0 +1,2 @@
+//! Device layer.
+pub mod index;

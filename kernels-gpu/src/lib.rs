@@ -1,0 +1,20 @@
+//! Device code of distgemm.
+#![cfg_attr(not(test), no_std)]
+#![cfg_attr(
+    target_arch = "nvptx64",
+    feature(abi_ptx, asm_experimental_arch, stdarch_nvptx, link_llvm_intrinsics)
+)]
+
+pub mod meta;
+
+#[cfg(target_arch = "nvptx64")]
+pub mod device;
+#[cfg(target_arch = "nvptx64")]
+pub mod kernels;
+
+#[cfg(target_arch = "nvptx64")]
+#[panic_handler]
+fn panic(_: &core::panic::PanicInfo) -> ! {
+    // A device-side panic has nowhere to go: trap, which the host sees as a launch error.
+    unsafe { core::arch::asm!("trap;", options(noreturn)) }
+}

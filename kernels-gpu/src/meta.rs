@@ -1,0 +1,32 @@
+//! What the host and the xtask need to know about each kernel entry point.
+//!
+//! One table, read by `cargo xtask build-ptx` (which adds `.maxntid`/`.minnctapersm` to the
+//! PTX entries that ask for it, because rustc cannot express launch bounds), by
+//! `cargo xtask check-ptx` (which gates register residency and `HGMMA` presence) and by the
+//! host runtime (which looks kernels up by these names).
+
+/// Static facts about one `extern "ptx-kernel"` entry point.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KernelInfo {
+    /// The exported (unmangled) symbol name.
+    pub name: &'static str,
+    /// Launch bounds to write into the PTX: (`.maxntid` x, `.minnctapersm`). `setmaxnreg` is
+    /// only honoured by ptxas when the register count at entry is known, which these give.
+    pub launch_bounds: Option<(u32, u32)>,
+    /// The kernel must keep everything in registers: check-ptx fails on any stack frame or spill.
+    pub register_resident: bool,
+    /// The kernel issues `wgmma`: check-ptx fails unless its SASS contains `HGMMA`.
+    pub uses_wgmma: bool,
+}
+
+const fn plain(name: &'static str) -> KernelInfo {
+    KernelInfo { name, launch_bounds: None, register_resident: false, uses_wgmma: false }
+}
+
+/// Every kernel in the PTX module.
+pub const KERNELS: &[KernelInfo] = &[plain("smoke_vector_add")];
+
+/// Looks a kernel up by name.
+pub fn kernel(name: &str) -> Option<&'static KernelInfo> {
+    KERNELS.iter().find(|k| k.name == name)
+}
