@@ -5,6 +5,7 @@
     feature(abi_ptx, asm_experimental_arch, stdarch_nvptx, link_llvm_intrinsics)
 )]
 
+pub mod layout;
 pub mod meta;
 
 #[cfg(target_arch = "nvptx64")]
