@@ -1,8 +1,17 @@
 //! Device code of distgemm.
 #![cfg_attr(not(test), no_std)]
+#![cfg_attr(target_arch = "nvptx64", allow(internal_features))]
 #![cfg_attr(
     target_arch = "nvptx64",
-    feature(abi_ptx, asm_experimental_arch, stdarch_nvptx, link_llvm_intrinsics)
+    feature(
+        abi_ptx,
+        asm_experimental_arch,
+        stdarch_nvptx,
+        link_llvm_intrinsics,
+        core_intrinsics,
+        gpu_intrinsics,
+        gpu_launch_sized_workgroup_mem
+    )
 )]
 
 pub mod layout;

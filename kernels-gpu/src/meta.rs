@@ -20,11 +20,35 @@ pub struct KernelInfo {
 }
 
 const fn plain(name: &'static str) -> KernelInfo {
-    KernelInfo { name, launch_bounds: None, register_resident: false, uses_wgmma: false }
+    KernelInfo {
+        name,
+        launch_bounds: None,
+        register_resident: false,
+        uses_wgmma: false,
+    }
+}
+
+/// A one-warpgroup `wgmma` smoke kernel: 128 threads, accumulators in registers.
+const fn wgmma_smoke(name: &'static str) -> KernelInfo {
+    KernelInfo {
+        name,
+        launch_bounds: Some((128, 1)),
+        register_resident: true,
+        uses_wgmma: true,
+    }
 }
 
 /// Every kernel in the PTX module.
-pub const KERNELS: &[KernelInfo] = &[plain("smoke_vector_add")];
+pub const KERNELS: &[KernelInfo] = &[
+    plain("smoke_vector_add"),
+    plain("smoke_tma_roundtrip"),
+    wgmma_smoke("smoke_wgmma_m64n64k16_bf16"),
+    wgmma_smoke("smoke_wgmma_m64n64k16_f16"),
+    wgmma_smoke("smoke_wgmma_m64n256k16_bf16"),
+    wgmma_smoke("smoke_wgmma_m64n256k16_f16"),
+    plain("smoke_pdl_primary"),
+    plain("smoke_pdl_secondary"),
+];
 
 /// Looks a kernel up by name.
 pub fn kernel(name: &str) -> Option<&'static KernelInfo> {

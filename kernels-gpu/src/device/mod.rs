@@ -1,2 +1,24 @@
-//! Device layer.
+//! The device layer: small, typed wrappers over the PTX instructions the kernels use.
+//!
+//! Every wrapper states the PTX semantics it relies on. Two rules shape how they are written
+//! (see `shared/reference/hopper-gemm.md` §7):
+//! - Instructions with `.aligned` semantics and no pointer operand (CTA/cluster barriers,
+//!   `wgmma.fence/commit/wait`, `setmaxnreg`, `griddepcontrol`) go through NVVM intrinsics,
+//!   which LLVM knows are `convergent`: a plain `asm!` block is not, and LLVM was seen
+//!   duplicating one into both arms of a divergent branch, which deadlocks.
+//! - Instructions that take shared-memory addresses (mbarrier, TMA, `stmatrix`, `mapa`,
+//!   `wgmma.mma_async`) stay in `asm!` with 32-bit shared-window addresses. `asm!` is volatile
+//!   and clobbers memory by default, which these need; none is marked `nomem`/`pure` unless it
+//!   only reads a special register or does arithmetic.
+pub mod cluster;
+pub mod fence;
+pub mod flags;
+pub mod gdc;
 pub mod index;
+pub mod mbarrier;
+pub mod regs;
+pub mod smem;
+pub mod stmatrix;
+pub mod sync;
+pub mod tma;
+pub mod wgmma;

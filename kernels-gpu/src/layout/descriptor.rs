@@ -57,7 +57,10 @@ mod tests {
         assert_eq!(k_major_sw128(0), 0x4000_0040_0001_0000);
         assert_eq!(k_major_sw128(0x400), 0x4000_0040_0001_0040);
         // Advancing one k16 step adds 2 to the encoded address.
-        assert_eq!(k_major_sw128(0x400 + K16_STEP_BYTES) - k_major_sw128(0x400), 2);
+        assert_eq!(
+            k_major_sw128(0x400 + K16_STEP_BYTES) - k_major_sw128(0x400),
+            2
+        );
     }
 
     #[test]

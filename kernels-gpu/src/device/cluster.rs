@@ -1,0 +1,33 @@
+//! Thread-block clusters: cluster barriers and distributed shared memory addresses.
+use core::arch::asm;
+
+unsafe extern "C" {
+    #[link_name = "llvm.nvvm.barrier.cluster.arrive"]
+    fn barrier_cluster_arrive();
+    #[link_name = "llvm.nvvm.barrier.cluster.wait"]
+    fn barrier_cluster_wait();
+}
+
+/// `barrier.cluster.arrive` + `barrier.cluster.wait`: every thread of every block in the
+/// cluster arrives, then waits for all of them. Release/acquire at cluster scope, so shared
+/// memory written before it (e.g. mbarrier initialisation) is visible to the other blocks.
+#[inline(always)]
+pub fn cluster_sync() {
+    unsafe {
+        barrier_cluster_arrive();
+        barrier_cluster_wait();
+    }
+}
+
+/// `mapa.shared::cluster.u32`: maps the shared-window address `addr` of this block to the
+/// address of the same variable in block `rank` of the cluster, for `.shared::cluster` accesses
+/// (remote `mbarrier.arrive`, `ld.shared::cluster`).
+#[inline(always)]
+pub fn map_shared_rank(addr: u32, rank: u32) -> u32 {
+    let r: u32;
+    unsafe {
+        asm!("mapa.shared::cluster.u32 {r}, {a}, {k};", r = out(reg32) r, a = in(reg32) addr, k = in(reg32) rank,
+            options(pure, nomem, nostack))
+    };
+    r
+}

@@ -1,0 +1,110 @@
+//! Shared-memory transaction barriers (`mbarrier`, PTX ISA §9.7.13.15).
+//!
+//! An mbarrier is an 8-byte object in shared memory with a *phase*, an expected arrival count
+//! and a transaction count. A phase completes when all expected arrivals have arrived and the
+//! transaction count (bytes announced with `expect_tx`, retired by TMA `complete_tx`) is back
+//! to zero; the phase bit then flips. Waiters wait on a *parity*: `wait(p)` returns once the
+//! phase with parity `p` has completed. A pipeline stage used for the n-th time (n = 0, 1, …)
+//! waits with parity `n & 1` on its *full* barrier; producers wait on *empty* barriers with
+//! the opposite parity, because a fresh buffer starts out empty (their first wait, on parity 1,
+//! returns at once: the "previous" phase of a fresh barrier counts as completed).
+use core::arch::asm;
+
+/// A handle to an mbarrier: its 32-bit shared-window address (8-byte aligned).
+#[derive(Clone, Copy)]
+pub struct MBarrier(pub u32);
+
+impl MBarrier {
+    /// `mbarrier.init.shared::cta.b64 [bar], count`: sets the expected arrival count of every
+    /// phase. One thread initialises; then [`crate::device::fence::mbarrier_init`] and a barrier.
+    #[inline(always)]
+    pub unsafe fn init(self, count: u32) {
+        unsafe {
+            asm!("mbarrier.init.shared::cta.b64 [{b}], {c};", b = in(reg32) self.0, c = in(reg32) count, options(nostack))
+        };
+    }
+
+    /// `mbarrier.arrive.shared::cta.b64`: one arrival on the current phase (release, CTA scope).
+    #[inline(always)]
+    pub unsafe fn arrive(self) {
+        unsafe {
+            asm!("mbarrier.arrive.shared::cta.b64 _, [{b}];", b = in(reg32) self.0, options(nostack))
+        };
+    }
+
+    /// Arrival on the barrier at the same offset in block `rank` of the cluster
+    /// (`mapa` + `mbarrier.arrive.release.cluster.shared::cluster`).
+    #[inline(always)]
+    pub unsafe fn arrive_cluster(self, rank: u32) {
+        let remote = crate::device::cluster::map_shared_rank(self.0, rank);
+        unsafe {
+            asm!("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [{b}];", b = in(reg32) remote, options(nostack))
+        };
+    }
+
+    /// `mbarrier.arrive.expect_tx`: one arrival plus `bytes` more expected transaction bytes.
+    /// The producer announces a stage's TMA bytes this way *before* issuing the copies.
+    #[inline(always)]
+    pub unsafe fn arrive_expect_tx(self, bytes: u32) {
+        unsafe {
+            asm!("mbarrier.arrive.expect_tx.shared::cta.b64 _, [{b}], {n};", b = in(reg32) self.0, n = in(reg32) bytes,
+                options(nostack))
+        };
+    }
+
+    /// `mbarrier.try_wait.parity` once: true when the phase with parity `parity` has completed.
+    /// The hardware may suspend the thread for a while before answering false.
+    #[inline(always)]
+    pub unsafe fn try_wait(self, parity: u32) -> bool {
+        let done: u32;
+        unsafe {
+            asm!(
+                "{{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [{b}], {ph}; selp.u32 {d}, 1, 0, p; }}",
+                b = in(reg32) self.0,
+                ph = in(reg32) parity,
+                d = out(reg32) done,
+                options(nostack),
+            )
+        };
+        done != 0
+    }
+
+    /// Spins on [`Self::try_wait`] until the phase with parity `parity` has completed
+    /// (acquire, CTA scope: the data the phase guards is then visible).
+    #[inline(always)]
+    pub unsafe fn wait(self, parity: u32) {
+        while !unsafe { self.try_wait(parity) } {}
+    }
+}
+
+/// Position in a ring of `STAGES` pipeline slots: the slot index and the parity of the
+/// current pass over the ring. Producer and consumers each keep one and advance it in step.
+#[derive(Clone, Copy)]
+pub struct PipelineState<const STAGES: u32> {
+    pub stage: u32,
+    pub phase: u32,
+}
+
+impl<const STAGES: u32> PipelineState<STAGES> {
+    /// The first slot, first pass.
+    #[inline(always)]
+    pub const fn new() -> Self {
+        Self { stage: 0, phase: 0 }
+    }
+
+    /// Moves to the next slot, flipping the parity after the last one.
+    #[inline(always)]
+    pub fn advance(&mut self) {
+        self.stage += 1;
+        if self.stage == STAGES {
+            self.stage = 0;
+            self.phase ^= 1;
+        }
+    }
+}
+
+impl<const STAGES: u32> Default for PipelineState<STAGES> {
+    fn default() -> Self {
+        Self::new()
+    }
+}

@@ -1,0 +1,51 @@
+//! Dynamic shared memory and 32-bit shared-window addresses.
+use core::arch::asm;
+
+/// Alignment of the dynamic shared-memory base: the 128-byte swizzle repeats every 1024 bytes,
+/// and `wgmma` descriptors assume a swizzled tile starts on that boundary (base offset 0).
+pub const DYNAMIC_SMEM_ALIGN: usize = 1024;
+
+#[repr(C, align(1024))]
+struct Aligned1024([u8; 0]);
+
+/// Generic pointer to the start of the block's dynamic shared memory (the `extern __shared__`
+/// array of CUDA), aligned to [`DYNAMIC_SMEM_ALIGN`] bytes. Its size is the launch's dynamic
+/// shared-memory size.
+#[inline(always)]
+pub fn dynamic_smem() -> *mut u8 {
+    core::intrinsics::gpu::gpu_launch_sized_workgroup_mem::<Aligned1024>() as *mut u8
+}
+
+/// `cvta.to.shared.u64` + `cvt.u32.u64`: the 32-bit shared-window address of a generic pointer
+/// into shared memory, the form TMA, mbarrier, `stmatrix` and `wgmma` descriptors take.
+#[inline(always)]
+pub fn shared_addr<T>(ptr: *const T) -> u32 {
+    let r: u32;
+    unsafe {
+        asm!(
+            "{{ .reg .u64 t; cvta.to.shared.u64 t, {p}; cvt.u32.u64 {r}, t; }}",
+            p = in(reg64) ptr,
+            r = out(reg32) r,
+            options(pure, nomem, nostack),
+        )
+    };
+    r
+}
+
+/// `ld.shared.u32` at a shared-window address.
+#[inline(always)]
+pub unsafe fn load_u32(addr: u32) -> u32 {
+    let v: u32;
+    unsafe {
+        asm!("ld.shared.u32 {v}, [{a}];", v = out(reg32) v, a = in(reg32) addr, options(nostack))
+    };
+    v
+}
+
+/// `st.shared.u32` at a shared-window address.
+#[inline(always)]
+pub unsafe fn store_u32(addr: u32, value: u32) {
+    unsafe {
+        asm!("st.shared.u32 [{a}], {v};", a = in(reg32) addr, v = in(reg32) value, options(nostack))
+    };
+}

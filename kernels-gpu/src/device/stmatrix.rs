@@ -1,0 +1,18 @@
+//! `stmatrix`: a warp stores 8×8 tiles of 16-bit elements from registers to shared memory.
+use core::arch::asm;
+
+/// `stmatrix.sync.aligned.m8n8.x4.shared.b16 [addr], {r0, r1, r2, r3}`: stores four 8×8
+/// matrices. Lane `l` provides the 16-byte aligned shared address of row `l % 8` of matrix
+/// `l / 8`; register `j` of lane `l` holds elements (row `l / 4`, cols `2(l % 4)`, `+1`) of
+/// matrix `j` — the same fragment layout as a `wgmma` accumulator pair, packed with `cvt.rn`.
+/// Every lane of the warp must execute it.
+#[inline(always)]
+pub unsafe fn store_x4(addr: u32, r0: u32, r1: u32, r2: u32, r3: u32) {
+    unsafe {
+        asm!(
+            "stmatrix.sync.aligned.m8n8.x4.shared.b16 [{a}], {{{r0}, {r1}, {r2}, {r3}}};",
+            a = in(reg32) addr, r0 = in(reg32) r0, r1 = in(reg32) r1, r2 = in(reg32) r2, r3 = in(reg32) r3,
+            options(nostack),
+        )
+    };
+}

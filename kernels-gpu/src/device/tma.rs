@@ -1,0 +1,84 @@
+//! The tensor-memory accelerator: bulk 2-D tensor copies between global and shared memory.
+//!
+//! A copy is described by a 128-byte `CUtensorMap` built on the host
+//! (`cuTensorMapEncodeTiled`) and kept in global memory; kernels receive its generic address.
+//! Coordinates are element coordinates, innermost (contiguous) dimension first: `(col, row)`.
+//! Out-of-bounds parts of a box read as zero and are not written by stores.
+use core::arch::asm;
+
+/// `prefetch.tensormap [map]`: pulls the descriptor into the descriptor cache early.
+#[inline(always)]
+pub unsafe fn prefetch_descriptor(map: u64) {
+    unsafe { asm!("prefetch.tensormap [{m}];", m = in(reg64) map, options(nostack)) };
+}
+
+/// `cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes`: copies
+/// the box at `(col, row)` into shared memory at `dst`; the bytes retire `bar`'s transaction
+/// count when they have landed. `dst` must be 128-byte aligned (1024 for the 128-byte swizzle).
+#[inline(always)]
+pub unsafe fn load_2d(dst: u32, map: u64, col: i32, row: i32, bar: u32) {
+    unsafe {
+        asm!(
+            "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [{d}], [{m}, {{{c}, {r}}}], [{b}];",
+            d = in(reg32) dst, m = in(reg64) map, c = in(reg32) col, r = in(reg32) row, b = in(reg32) bar,
+            options(nostack),
+        )
+    };
+}
+
+/// Like [`load_2d`], but the data and the `complete_tx` signal are delivered to the same
+/// shared-memory offsets in every block of the cluster whose bit is set in `cta_mask`.
+#[inline(always)]
+pub unsafe fn load_2d_multicast(dst: u32, map: u64, col: i32, row: i32, bar: u32, cta_mask: u16) {
+    unsafe {
+        asm!(
+            "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster [{d}], [{m}, {{{c}, {r}}}], [{b}], {k};",
+            d = in(reg32) dst, m = in(reg64) map, c = in(reg32) col, r = in(reg32) row, b = in(reg32) bar,
+            k = in(reg16) cta_mask,
+            options(nostack),
+        )
+    };
+}
+
+/// `cp.async.bulk.tensor.2d.global.shared::cta.bulk_group`: stores the box at `(col, row)` from
+/// shared memory at `src`. Writers of `src` must have executed
+/// [`crate::device::fence::proxy_async_shared`] and synchronised first.
+#[inline(always)]
+pub unsafe fn store_2d(map: u64, col: i32, row: i32, src: u32) {
+    unsafe {
+        asm!(
+            "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [{m}, {{{c}, {r}}}], [{s}];",
+            m = in(reg64) map, c = in(reg32) col, r = in(reg32) row, s = in(reg32) src,
+            options(nostack),
+        )
+    };
+}
+
+unsafe extern "C" {
+    #[link_name = "llvm.nvvm.cp.async.bulk.commit.group"]
+    fn commit_group_intr();
+    #[link_name = "llvm.nvvm.cp.async.bulk.wait.group.read"]
+    fn wait_group_read_intr(n: i32);
+    #[link_name = "llvm.nvvm.cp.async.bulk.wait.group"]
+    fn wait_group_intr(n: i32);
+}
+
+/// `cp.async.bulk.commit_group`: closes the group of bulk stores issued by this thread so far.
+#[inline(always)]
+pub fn commit_group() {
+    unsafe { commit_group_intr() }
+}
+
+/// `cp.async.bulk.wait_group.read N`: waits until at most `N` of this thread's committed store
+/// groups still have to *read* their shared-memory source (the buffers can then be reused).
+#[inline(always)]
+pub fn wait_group_read<const N: i32>() {
+    unsafe { wait_group_read_intr(N) }
+}
+
+/// `cp.async.bulk.wait_group N`: waits until at most `N` committed store groups are pending,
+/// their writes complete.
+#[inline(always)]
+pub fn wait_group<const N: i32>() {
+    unsafe { wait_group_intr(N) }
+}
