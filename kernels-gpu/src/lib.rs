@@ -14,6 +14,7 @@
     )
 )]
 
+pub mod gemm_abi;
 pub mod layout;
 pub mod meta;
 

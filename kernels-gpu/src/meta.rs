@@ -38,8 +38,20 @@ const fn wgmma_smoke(name: &'static str) -> KernelInfo {
     }
 }
 
+/// A GEMM stage kernel: 384 threads, one block per SM, consumers rebalanced to 232 registers.
+const fn gemm(name: &'static str) -> KernelInfo {
+    KernelInfo {
+        name,
+        launch_bounds: Some((384, 1)),
+        register_resident: true,
+        uses_wgmma: true,
+    }
+}
+
 /// Every kernel in the PTX module.
 pub const KERNELS: &[KernelInfo] = &[
+    gemm("gemm_bf16"),
+    gemm("gemm_f16"),
     plain("smoke_vector_add"),
     plain("smoke_tma_roundtrip"),
     wgmma_smoke("smoke_wgmma_m64n64k16_bf16"),

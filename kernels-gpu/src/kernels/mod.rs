@@ -1,2 +1,3 @@
 //! Kernel entry points (`extern "ptx-kernel"`). Each one is listed in [`crate::meta::KERNELS`].
+pub mod gemm;
 pub mod smoke;
