@@ -1,0 +1,201 @@
+#!/usr/bin/env bash
+# Runs distgemm's GPU tests (and, on request, its benches) from a bundle made by
+# `cargo xtask bundle`. Needs only an NVIDIA driver: no Rust, no CUDA toolkit, no network.
+# cuBLAS/cuBLASLt/NCCL (used by baselines) are looked up in a CUDA toolkit or in the
+# nvidia/*/lib folders of an installed PyTorch.
+#
+# Usage: ./run-gpu-tests.sh [--benches | --benches-only] [--list] [FILTER] [-- ARGS...]
+#   FILTER          run only tests (and benches) whose name contains FILTER (libtest filter)
+#   --benches       also run the bench binaries (after the tests)
+#   --benches-only  run only the bench binaries
+#   --list          list the tests of every binary instead of running them
+#   -- ARGS...      extra arguments passed to every test/bench binary
+# Exit status: 0 if every binary passed, 1 if any failed, 2 on bad usage.
+set -uo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+usage() { sed -n '2,13p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+
+filter=""
+run_tests=1
+run_benches=0
+list=0
+extra=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --benches) run_benches=1 ;;
+    --benches-only) run_benches=1; run_tests=0 ;;
+    --list) list=1 ;;
+    -h|--help) usage; exit 0 ;;
+    --) shift; extra=("$@"); break ;;
+    -*) echo "run-gpu-tests.sh: unknown option $1" >&2; usage >&2; exit 2 ;;
+    *)
+      if [ -n "$filter" ]; then
+        echo "run-gpu-tests.sh: only one FILTER allowed (got '$filter' and '$1')" >&2; exit 2
+      fi
+      filter="$1" ;;
+  esac
+  shift
+done
+
+export DISTGEMM_PTX="$HERE/kernels_gpu.ptx"
+export DISTGEMM_BUNDLE_DIR="$HERE"
+[ -d "$HERE/peers" ] && export DISTGEMM_PEERS_DIR="$HERE/peers"
+# No NVLink SHARP / multicast objects (not available to these jobs).
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export RUST_BACKTRACE="${RUST_BACKTRACE:-1}"
+
+if [ ! -f "$DISTGEMM_PTX" ]; then
+  echo "run-gpu-tests.sh: $DISTGEMM_PTX is missing: rebuild the bundle with 'cargo xtask bundle'" >&2
+  exit 1
+fi
+
+# ---- libraries for the baselines (cuBLAS, cuBLASLt, NCCL) --------------------------------
+lib_dirs=()
+has_libs() {
+  local d="$1" f
+  for f in "$d"/libcublas.so* "$d"/libcublasLt.so* "$d"/libnccl.so*; do
+    [ -e "$f" ] && return 0
+  done
+  return 1
+}
+add_dir() {
+  local d="$1" seen
+  [ -d "$d" ] || return 0
+  d="$(cd "$d" && pwd -P)"
+  for seen in "${lib_dirs[@]+"${lib_dirs[@]}"}"; do [ "$seen" = "$d" ] && return 0; done
+  has_libs "$d" && lib_dirs+=("$d")
+  return 0
+}
+for base in "${CUDA_HOME:-}" "${CUDA_PATH:-}" /usr/local/cuda /usr/local/cuda-*; do
+  [ -n "$base" ] || continue
+  add_dir "$base/lib64"
+  add_dir "$base/lib"
+  add_dir "$base/targets/x86_64-linux/lib"
+done
+# pip wheels (e.g. those PyTorch depends on): site-packages/nvidia/<pkg>/lib
+for py in python3 python; do
+  command -v "$py" >/dev/null 2>&1 || continue
+  while IFS= read -r d; do add_dir "$d"; done < <("$py" - 2>/dev/null <<'EOF'
+import glob, os, site, sys
+roots = []
+try:
+    import nvidia  # namespace package installed by the nvidia-* wheels
+    roots += list(getattr(nvidia, "__path__", []))
+except Exception:
+    pass
+sp = []
+try:
+    sp += site.getsitepackages()
+except Exception:
+    pass
+try:
+    sp.append(site.getusersitepackages())
+except Exception:
+    pass
+sp += [p for p in sys.path if p.endswith(("site-packages", "dist-packages"))]
+roots += [os.path.join(p, "nvidia") for p in sp]
+seen = set()
+for r in roots:
+    for d in sorted(glob.glob(os.path.join(r, "*", "lib")) + glob.glob(os.path.join(r, "*", "lib64"))):
+        if d not in seen:
+            seen.add(d)
+            print(d)
+EOF
+  )
+  break
+done
+for g in /usr/lib/python3*/site-packages/nvidia/*/lib /usr/local/lib/python3*/dist-packages/nvidia/*/lib \
+         /usr/local/lib/python3*/site-packages/nvidia/*/lib "$HOME"/.local/lib/python3*/site-packages/nvidia/*/lib \
+         /opt/conda/lib/python3*/site-packages/nvidia/*/lib; do
+  add_dir "$g"
+done
+if [ ${#lib_dirs[@]} -gt 0 ]; then
+  joined="$(IFS=:; echo "${lib_dirs[*]}")"
+  export LD_LIBRARY_PATH="$joined${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
+
+echo "== distgemm GPU bundle: $HERE"
+[ -f "$HERE/MANIFEST.txt" ] && sed -n '2,3p' "$HERE/MANIFEST.txt"
+echo "DISTGEMM_PTX=$DISTGEMM_PTX"
+echo "NCCL_NVLS_ENABLE=$NCCL_NVLS_ENABLE TORCH_SYMM_MEM_DISABLE_MULTICAST=$TORCH_SYMM_MEM_DISABLE_MULTICAST NVSHMEM_DISABLE_NVLS=$NVSHMEM_DISABLE_NVLS"
+echo "library folders added to LD_LIBRARY_PATH: ${lib_dirs[*]:-(none)}"
+for lib in libcublas.so libcublasLt.so libnccl.so; do
+  where=""
+  for d in "${lib_dirs[@]+"${lib_dirs[@]}"}"; do
+    f="$(ls "$d/$lib"* 2>/dev/null | head -n 1)"
+    if [ -n "$f" ]; then where="$f"; break; fi
+  done
+  if [ -z "$where" ] && command -v ldconfig >/dev/null 2>&1; then
+    where="$(ldconfig -p 2>/dev/null | awk -v l="$lib" 'index($1, l) == 1 { print $NF; exit }')"
+  fi
+  echo "  $lib: ${where:-NOT FOUND (baselines that need it will report an error)}"
+done
+
+if command -v nvidia-smi >/dev/null 2>&1; then
+  echo "== nvidia-smi"
+  nvidia-smi || echo "(nvidia-smi failed: rc $?)"
+  nvidia-smi topo -m 2>/dev/null || true
+else
+  echo "== nvidia-smi not found (is the NVIDIA driver installed?)"
+fi
+
+# ---- run --------------------------------------------------------------------------------
+cd "$HERE" || exit 1
+passed=()
+failed=()
+run_one() { # kind binary args...
+  local kind="$1" bin="$2" name rc start
+  shift 2
+  name="$kind/$(basename "$bin")"
+  echo
+  echo "== $name $*"
+  start=$SECONDS
+  "$bin" "$@"
+  rc=$?
+  if [ $rc -eq 0 ]; then
+    passed+=("$name ($((SECONDS - start))s)")
+  else
+    failed+=("$name (exit $rc, $((SECONDS - start))s)")
+  fi
+}
+
+ran=0
+if [ $run_tests -eq 1 ]; then
+  for bin in "$HERE"/tests/*; do
+    [ -f "$bin" ] && [ -x "$bin" ] || continue
+    ran=$((ran + 1))
+    if [ $list -eq 1 ]; then
+      run_one tests "$bin" --list ${filter:+"$filter"} "${extra[@]+"${extra[@]}"}"
+    else
+      run_one tests "$bin" --test-threads=1 --nocapture ${filter:+"$filter"} "${extra[@]+"${extra[@]}"}"
+    fi
+  done
+  [ $ran -eq 0 ] && echo "run-gpu-tests.sh: no test binaries in $HERE/tests"
+fi
+if [ $run_benches -eq 1 ]; then
+  nb=0
+  for bin in "$HERE"/benches/*; do
+    [ -f "$bin" ] && [ -x "$bin" ] || continue
+    nb=$((nb + 1))
+    # Like `cargo bench -- FILTER`: the filter, then --bench.
+    if [ $list -eq 1 ]; then
+      run_one benches "$bin" --list ${filter:+"$filter"} "${extra[@]+"${extra[@]}"}"
+    else
+      run_one benches "$bin" ${filter:+"$filter"} --bench "${extra[@]+"${extra[@]}"}"
+    fi
+  done
+  [ $nb -eq 0 ] && echo "run-gpu-tests.sh: no bench binaries in $HERE/benches"
+  ran=$((ran + nb))
+fi
+
+echo
+echo "== summary: ${#passed[@]} passed, ${#failed[@]} failed"
+for p in "${passed[@]+"${passed[@]}"}"; do echo "  PASS $p"; done
+for f in "${failed[@]+"${failed[@]}"}"; do echo "  FAIL $f"; done
+if [ $ran -eq 0 ]; then
+  echo "run-gpu-tests.sh: nothing was run" >&2
+  exit 1
+fi
+[ ${#failed[@]} -eq 0 ] || exit 1
+exit 0

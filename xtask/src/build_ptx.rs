@@ -1,0 +1,154 @@
+//! `cargo xtask build-ptx`: kernels-gpu → nvptx64 PTX, checked and patched, at
+//! `target/ptx/kernels_gpu.ptx`.
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use kernels_gpu::meta::KERNELS;
+
+use crate::bail;
+use crate::ptx::{self, LaunchBounds, PatchAction};
+use crate::util::{self, Result};
+
+/// RUSTFLAGS for the nvptx build: every crate (also `core` from `-Zbuild-std`) must get the same
+/// `target-cpu`; `+ptx86` is PTX ISA 8.6, which the H200 machines' driver (CUDA 13.0, ISA ≤ 9.0)
+/// accepts and which the NVVM intrinsics we use require.
+pub const RUSTFLAGS: &str = "-C target-cpu=sm_90a -C target-feature=+ptx86";
+pub const TARGET: &str = "nvptx64-nvidia-cuda";
+/// The newest PTX ISA the GPU machines' driver JIT accepts.
+pub const MAX_PTX_ISA: (u32, u32) = (9, 0);
+pub const SM: &str = "sm_90a";
+
+/// Builds, checks and patches the PTX; returns the path of the written file.
+pub fn build_ptx() -> Result<PathBuf> {
+    let root = util::workspace_root();
+    let target_dir = root.join("target/ptx-build");
+    let started = Instant::now();
+    println!("xtask build-ptx: compiling kernels-gpu for {TARGET} ({RUSTFLAGS})");
+    util::run(
+        util::cargo()
+            .current_dir(&root)
+            .env("RUSTFLAGS", RUSTFLAGS)
+            .env("CARGO_TARGET_DIR", &target_dir)
+            .args([
+                "rustc",
+                "-p",
+                "kernels-gpu",
+                "--release",
+                "--target",
+                TARGET,
+            ])
+            .args(["-Zbuild-std=core", "--crate-type", "cdylib"]),
+    )
+    .map_err(|e| {
+        util::Error(format!(
+            "{e}\n  (the nvptx build needs the pinned toolchain with the `rust-src` and \
+             `llvm-bitcode-linker` components: run `rustup toolchain install` in {})",
+            root.display()
+        ))
+    })?;
+    let built = target_dir.join(TARGET).join("release/kernels_gpu.ptx");
+    let text = util::read_to_string(&built).map_err(|e| {
+        util::Error(format!(
+            "{e}\n  (cargo succeeded but rustc wrote no PTX where expected)"
+        ))
+    })?;
+
+    let (patched, actions) = check_and_patch(&text)?;
+    for action in &actions {
+        match action {
+            PatchAction::Inserted {
+                kernel,
+                maxntid,
+                minnctapersm,
+            } => println!(
+                "xtask build-ptx: patched `.entry {kernel}`: added `.maxntid {maxntid}, 1, 1` \
+                 and `.minnctapersm {minnctapersm}` (rustc cannot emit launch bounds; ptxas \
+                 needs them to honour setmaxnreg)"
+            ),
+            PatchAction::AlreadyPresent { kernel } => {
+                println!("xtask build-ptx: `.entry {kernel}` already has its launch bounds")
+            }
+        }
+    }
+    if actions.is_empty() {
+        println!("xtask build-ptx: no kernel in meta::KERNELS has launch bounds; PTX unpatched");
+    }
+    let out = root.join(util::PTX_REL_PATH);
+    util::write(&out, &patched)?;
+    let entries = ptx::entries(&patched).map_err(|e| util::Error(e.0))?;
+    let (major, minor) = ptx::version(&patched).unwrap_or((0, 0));
+    println!(
+        "xtask build-ptx: wrote {} ({}, PTX ISA {major}.{minor}, .target {SM}, {} entries: {}) in {:.1}s",
+        util::rel(&out),
+        util::human_bytes(patched.len() as u64),
+        entries.len(),
+        entries
+            .iter()
+            .map(|e| e.name.as_str())
+            .collect::<Vec<_>>()
+            .join(", "),
+        started.elapsed().as_secs_f64()
+    );
+    Ok(out)
+}
+
+/// Checks rustc's PTX (ISA version, target, entries against `meta::KERNELS`) and applies the
+/// launch-bound patch.
+fn check_and_patch(text: &str) -> Result<(String, Vec<PatchAction>)> {
+    match ptx::version(text) {
+        Some(v) if v <= MAX_PTX_ISA => {}
+        Some((major, minor)) => bail!(
+            "the PTX has `.version {major}.{minor}`, newer than ISA {}.{} that the GPU machines' \
+             driver (CUDA 13.0) accepts; lower `+ptxNN` in build_ptx::RUSTFLAGS",
+            MAX_PTX_ISA.0,
+            MAX_PTX_ISA.1
+        ),
+        None => bail!("the PTX has no `.version` directive: not a PTX module?"),
+    }
+    match ptx::target(text) {
+        Some(t) if t == SM => {}
+        other => bail!(
+            "the PTX targets `{}`, expected `.target {SM}` (is `-C target-cpu={SM}` in RUSTFLAGS?)",
+            other.as_deref().unwrap_or("<none>")
+        ),
+    }
+    let entries = ptx::entries(text).map_err(|e| util::Error(e.0))?;
+    let in_ptx: BTreeSet<&str> = entries.iter().map(|e| e.name.as_str()).collect();
+    let in_meta: BTreeSet<&str> = KERNELS.iter().map(|k| k.name).collect();
+    let missing: Vec<&str> = in_meta.difference(&in_ptx).copied().collect();
+    if !missing.is_empty() {
+        bail!(
+            "kernel(s) listed in kernels-gpu/src/meta.rs (KERNELS) but not found as `.entry` in \
+             the PTX: {}\n  (is each one `#[unsafe(no_mangle)] pub unsafe extern \"ptx-kernel\" fn` \
+             in a module compiled for nvptx64?)",
+            missing.join(", ")
+        );
+    }
+    let unlisted: Vec<&str> = entries
+        .iter()
+        .filter(|e| e.visible && !in_meta.contains(e.name.as_str()))
+        .map(|e| e.name.as_str())
+        .collect();
+    if !unlisted.is_empty() {
+        bail!(
+            "kernel(s) exported by the PTX (`.visible .entry`) but missing from \
+             kernels-gpu/src/meta.rs (KERNELS): {}\n  (add a KernelInfo for each so the host, \
+             build-ptx and check-ptx know about it)",
+            unlisted.join(", ")
+        );
+    }
+    let bounds: Vec<LaunchBounds<'_>> = KERNELS
+        .iter()
+        .filter_map(|k| {
+            let (maxntid, minnctapersm) = k.launch_bounds?;
+            Some(LaunchBounds {
+                kernel: k.name,
+                maxntid,
+                minnctapersm,
+            })
+        })
+        .collect();
+    ptx::patch_launch_bounds(text, &bounds).map_err(|e| util::Error(e.0))
+}

@@ -1,0 +1,305 @@
+//! `cargo xtask bundle [--out DIR]`: everything a machine with only a CUDA driver needs to run
+//! the GPU tests and benches, in one folder.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+use crate::util::{self, Result};
+use crate::{bail, build_ptx};
+
+/// The runner script written into every bundle.
+pub const RUN_SCRIPT: &str = include_str!("../assets/run-gpu-tests.sh");
+/// The carry limit of the GPU machines' file transfer: the bundle must stay well below it.
+const LIMIT: u64 = 64 * 1024 * 1024;
+/// Marker file that says a folder is a bundle (so `bundle` may clear it).
+const MANIFEST: &str = "MANIFEST.txt";
+
+pub struct Options {
+    pub out: Option<PathBuf>,
+}
+
+/// One executable cargo built, from `--message-format=json` output.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Artifact {
+    pub target_name: String,
+    pub kinds: Vec<String>,
+    pub executable: PathBuf,
+}
+
+/// The executables among cargo's `compiler-artifact` messages whose target has one of `kinds`.
+pub fn executables(json_lines: &str, kinds: &[&str]) -> Result<Vec<Artifact>> {
+    let mut out = Vec::new();
+    for line in json_lines.lines().filter(|l| l.starts_with('{')) {
+        let msg: serde_json::Value = serde_json::from_str(line)
+            .map_err(|e| util::Error(format!("cannot parse cargo's JSON message: {e}: {line}")))?;
+        if msg["reason"] != "compiler-artifact" {
+            continue;
+        }
+        let Some(exe) = msg["executable"].as_str() else {
+            continue;
+        };
+        let target_kinds: Vec<String> = msg["target"]["kind"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|k| k.as_str().map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default();
+        if !target_kinds.iter().any(|k| kinds.contains(&k.as_str())) {
+            continue;
+        }
+        let Some(name) = msg["target"]["name"].as_str() else {
+            continue;
+        };
+        out.push(Artifact {
+            target_name: name.to_string(),
+            kinds: target_kinds,
+            executable: PathBuf::from(exe),
+        });
+    }
+    Ok(out)
+}
+
+fn cargo_json(args: &[&str], what: &str, kinds: &[&str]) -> Result<Vec<Artifact>> {
+    let root = util::workspace_root();
+    let mut cmd = util::cargo();
+    cmd.current_dir(&root)
+        .args(args)
+        .arg("--message-format=json-render-diagnostics");
+    let stdout = util::stdout_of(&mut cmd)
+        .map_err(|e| util::Error(format!("building the {what} failed: {e}")))?;
+    executables(&stdout, kinds)
+}
+
+pub fn bundle(opts: &Options) -> Result<()> {
+    let started = Instant::now();
+    let root = util::workspace_root();
+    let out = opts.out.clone().unwrap_or_else(|| root.join("bundle"));
+    let out = if out.is_absolute() {
+        out
+    } else {
+        std::env::current_dir()
+            .map_err(|e| util::Error(format!("no current dir: {e}")))?
+            .join(out)
+    };
+
+    let ptx = build_ptx::build_ptx()?;
+    println!("xtask bundle: building release binaries (stripped: [profile.release] strip)");
+    let bins = cargo_json(
+        &["build", "--release", "-p", "distgemm", "--bins"],
+        "host binaries",
+        &["bin"],
+    )?;
+    let tests = cargo_json(
+        &["test", "--release", "--no-run", "-p", "distgemm-tests"],
+        "integration tests",
+        &["test"],
+    )?;
+    let benches = cargo_json(
+        &["bench", "--no-run", "-p", "distgemm-benches"],
+        "benches",
+        &["bench"],
+    )?;
+
+    prepare_out_dir(&out)?;
+    let mut files: Vec<(String, u64)> = Vec::new();
+    let mut copy = |from: &Path, to_rel: &str| -> Result<()> {
+        let to = out.join(to_rel);
+        if let Some(dir) = to.parent() {
+            util::create_dir_all(dir)?;
+        }
+        let n = std::fs::copy(from, &to).map_err(|e| {
+            util::Error(format!(
+                "cannot copy {} to {}: {e}",
+                from.display(),
+                to.display()
+            ))
+        })?;
+        files.push((to_rel.to_string(), n));
+        Ok(())
+    };
+    copy(&ptx, "kernels_gpu.ptx")?;
+    for a in unique_names(&bins) {
+        copy(&a.1.executable, &format!("bin/{}", a.0))?;
+    }
+    for a in unique_names(&tests) {
+        copy(&a.1.executable, &format!("tests/{}", a.0))?;
+    }
+    for a in unique_names(&benches) {
+        copy(&a.1.executable, &format!("benches/{}", a.0))?;
+    }
+    let peers = root.join("benches/peers");
+    if let Ok(dir) = std::fs::read_dir(&peers) {
+        let mut scripts: Vec<PathBuf> = dir
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "py") && p.is_file())
+            .collect();
+        scripts.sort();
+        for p in scripts {
+            let name = p
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            copy(&p, &format!("peers/{name}"))?;
+        }
+    }
+    let script = out.join("run-gpu-tests.sh");
+    util::write(&script, RUN_SCRIPT)?;
+    set_executable(&script)?;
+    files.push(("run-gpu-tests.sh".into(), RUN_SCRIPT.len() as u64));
+
+    let total: u64 = files.iter().map(|f| f.1).sum();
+    let manifest = manifest(&files, total);
+    util::write(&out.join(MANIFEST), &manifest)?;
+    print!("{manifest}");
+    if tests.is_empty() {
+        println!(
+            "xtask bundle: warning: package distgemm-tests has no integration-test targets yet"
+        );
+    }
+    if benches.is_empty() {
+        println!("xtask bundle: note: package distgemm-benches has no bench targets yet");
+    }
+    if total >= LIMIT {
+        bail!(
+            "the bundle is {} — over the 64 MiB that can be carried to a GPU machine",
+            util::human_bytes(total)
+        );
+    }
+    println!(
+        "xtask bundle: wrote {} ({} in {} files) in {:.1}s\n  on the GPU machine: {}/run-gpu-tests.sh [--benches] [FILTER]",
+        out.display(),
+        util::human_bytes(total),
+        files.len() + 1,
+        started.elapsed().as_secs_f64(),
+        out.file_name()
+            .map_or("bundle".into(), |n| n.to_string_lossy().into_owned()),
+    );
+    Ok(())
+}
+
+/// Target names, made unique (`name`, `name-2`, ...) if two artifacts share one.
+fn unique_names(artifacts: &[Artifact]) -> Vec<(String, &Artifact)> {
+    let mut seen: Vec<String> = Vec::new();
+    artifacts
+        .iter()
+        .map(|a| {
+            let mut name = a.target_name.clone();
+            let mut i = 2;
+            while seen.contains(&name) {
+                name = format!("{}-{i}", a.target_name);
+                i += 1;
+            }
+            seen.push(name.clone());
+            (name, a)
+        })
+        .collect()
+}
+
+/// Creates `out`, or empties it if it is a previous bundle; refuses to clear anything else.
+fn prepare_out_dir(out: &Path) -> Result<()> {
+    if out.exists() {
+        let is_empty = std::fs::read_dir(out)
+            .map(|mut d| d.next().is_none())
+            .unwrap_or(false);
+        if !is_empty && !out.join(MANIFEST).exists() {
+            bail!(
+                "{} exists and is not a bundle (no {MANIFEST}); refusing to overwrite it — pass \
+                 another --out",
+                out.display()
+            );
+        }
+        std::fs::remove_dir_all(out)
+            .map_err(|e| util::Error(format!("cannot clear {}: {e}", out.display())))?;
+    }
+    util::create_dir_all(out)
+}
+
+fn set_executable(path: &Path) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755))
+        .map_err(|e| util::Error(format!("cannot chmod {}: {e}", path.display())))
+}
+
+fn manifest(files: &[(String, u64)], total: u64) -> String {
+    let git = |args: &[&str]| {
+        util::capture(
+            Command::new("git")
+                .current_dir(util::workspace_root())
+                .args(args),
+        )
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_else(|| "unknown".into())
+    };
+    let commit = git(&["rev-parse", "HEAD"]);
+    let dirty = git(&["status", "--porcelain", "--untracked-files=no"]);
+    let date = util::capture(Command::new("date").args(["-u", "+%Y-%m-%dT%H:%M:%SZ"]))
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default();
+    let mut s = format!(
+        "distgemm GPU bundle (cargo xtask bundle)\ncommit: {commit}{}\nbuilt: {date}\n\n",
+        if dirty.is_empty() || dirty == "unknown" {
+            ""
+        } else {
+            " (+ uncommitted changes)"
+        }
+    );
+    for (name, size) in files {
+        s.push_str(&format!("{:>10}  {name}\n", util::human_bytes(*size)));
+    }
+    s.push_str(&format!("{:>10}  total\n", util::human_bytes(total)));
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn picks_test_executables_from_cargo_json() {
+        let json = r#"{"reason":"compiler-artifact","package_id":"p","target":{"kind":["lib"],"crate_types":["lib"],"name":"distgemm_tests","src_path":"/x/support/lib.rs","test":true},"profile":{"test":true},"executable":"/t/release/deps/distgemm_tests-1"}
+{"reason":"compiler-artifact","target":{"kind":["test"],"name":"gpu_smoke"},"profile":{"test":true},"executable":"/t/release/deps/gpu_smoke-abc","fresh":true}
+{"reason":"compiler-artifact","target":{"kind":["lib"],"name":"half"},"profile":{"test":false},"executable":null}
+{"reason":"build-finished","success":true}
+"#;
+        let tests = executables(json, &["test"]).expect("parses");
+        assert_eq!(
+            tests,
+            [Artifact {
+                target_name: "gpu_smoke".into(),
+                kinds: vec!["test".into()],
+                executable: "/t/release/deps/gpu_smoke-abc".into()
+            }]
+        );
+        assert!(executables(json, &["bench"]).expect("parses").is_empty());
+        assert!(
+            executables("garbage\n", &["test"])
+                .expect("non-JSON lines skipped")
+                .is_empty()
+        );
+        assert!(executables("{not json\n", &["test"]).is_err());
+    }
+
+    #[test]
+    fn names_are_unique() {
+        let a = |n: &str| Artifact {
+            target_name: n.into(),
+            kinds: vec![],
+            executable: "/x".into(),
+        };
+        let arts = [a("t"), a("u"), a("t")];
+        let names: Vec<String> = unique_names(&arts).into_iter().map(|(n, _)| n).collect();
+        assert_eq!(names, ["t", "u", "t-2"]);
+    }
+
+    #[test]
+    fn run_script_is_bash() {
+        assert!(RUN_SCRIPT.starts_with("#!/usr/bin/env bash\n"));
+        assert!(RUN_SCRIPT.contains("DISTGEMM_PTX="));
+        assert!(RUN_SCRIPT.contains("NCCL_NVLS_ENABLE=0"));
+    }
+}

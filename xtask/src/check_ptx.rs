@@ -1,0 +1,254 @@
+//! `cargo xtask check-ptx`: assembles the PTX with CUDA 13.0 `ptxas -arch=sm_90a -v`, prints
+//! each kernel's resources and gates on the things rustc's PTX gets wrong silently.
+
+use std::time::Instant;
+
+use kernels_gpu::meta::{KERNELS, KernelInfo};
+
+use crate::ptx;
+use crate::ptxas::{self, PtxasReport};
+use crate::util::{self, Result};
+use crate::{bail, build_ptx, tools};
+
+/// ptxas diagnostics that mean the kernel will not run at the speed it was written for:
+/// setmaxnreg ignored (C7508), wgmma serialized or waits injected (C7510/C7511/C7515/C7517).
+pub const FATAL_DIAGNOSTICS: &[&str] = &["C7508", "C7510", "C7511", "C7515", "C7517"];
+
+pub struct Options {
+    /// Skip `build-ptx` and check the existing `target/ptx/kernels_gpu.ptx`.
+    pub no_build: bool,
+}
+
+pub fn check_ptx(opts: &Options) -> Result<()> {
+    let root = util::workspace_root();
+    let ptx_path = if opts.no_build {
+        root.join(util::PTX_REL_PATH)
+    } else {
+        build_ptx::build_ptx()?
+    };
+    if !ptx_path.is_file() {
+        bail!(
+            "{} does not exist: run `cargo xtask build-ptx` first",
+            ptx_path.display()
+        );
+    }
+    let ptx_text = util::read_to_string(&ptx_path)?;
+    let tools = tools::find_or_install()?;
+    println!(
+        "xtask check-ptx: ptxas {} ({}); cuobjdump {}; nvdisasm {}",
+        tools.ptxas_version,
+        util::rel(&tools.ptxas),
+        util::rel(&tools.cuobjdump),
+        util::rel(&tools.nvdisasm)
+    );
+
+    let started = Instant::now();
+    let cubin = ptx_path.with_extension("cubin");
+    let mut cmd = tools.command(&tools.ptxas);
+    cmd.args([&format!("-arch={}", build_ptx::SM), "-v", "-o"])
+        .arg(&cubin)
+        .arg(&ptx_path);
+    println!("xtask: $ {}", util::display_cmd(&cmd));
+    let out = util::capture(&mut cmd)?;
+    let log = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let log_path = ptx_path.with_extension("ptxas.log");
+    util::write(&log_path, &log)?;
+    if !out.status.success() {
+        bail!(
+            "ptxas rejected {} ({}):\n{log}",
+            util::rel(&ptx_path),
+            out.status
+        );
+    }
+    let names: Vec<&str> = KERNELS.iter().map(|k| k.name).collect();
+    let report = ptxas::parse_ptxas_verbose(&log, &names);
+
+    let mut cmd = tools.command(&tools.cuobjdump);
+    cmd.arg("--dump-sass").arg(&cubin);
+    let sass = util::stdout_of(&mut cmd)?;
+    let sass_path = ptx_path.with_extension("sass");
+    util::write(&sass_path, &sass)?;
+    let functions = ptxas::split_sass(&sass);
+    let hgmma = |name: &str| {
+        functions
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, body)| ptxas::hgmma_count(body))
+    };
+    println!(
+        "xtask check-ptx: ptxas + cuobjdump took {:.1}s; full log {}, SASS {}",
+        started.elapsed().as_secs_f64(),
+        util::rel(&log_path),
+        util::rel(&sass_path)
+    );
+
+    print_table(&report, &hgmma);
+    let failures = failures(&report, &ptx_text, &hgmma);
+    if failures.is_empty() {
+        println!(
+            "xtask check-ptx: OK ({} kernels, {})",
+            KERNELS.len(),
+            util::rel(&cubin)
+        );
+        Ok(())
+    } else {
+        for f in &failures {
+            eprintln!("xtask check-ptx: FAIL: {f}");
+        }
+        bail!(
+            "check-ptx found {} problem(s) (see FAIL lines above)",
+            failures.len()
+        )
+    }
+}
+
+fn flags(k: &KernelInfo) -> String {
+    let mut f = Vec::new();
+    if let Some((n, m)) = k.launch_bounds {
+        f.push(format!("bounds {n}x{m}"));
+    }
+    if k.register_resident {
+        f.push("reg-resident".into());
+    }
+    if k.uses_wgmma {
+        f.push("wgmma".into());
+    }
+    f.join(", ")
+}
+
+fn print_table(report: &PtxasReport, hgmma: &dyn Fn(&str) -> Option<usize>) {
+    let width = KERNELS
+        .iter()
+        .map(|k| k.name.len())
+        .max()
+        .unwrap_or(6)
+        .max(6);
+    println!();
+    println!(
+        "{:<width$}  {:>4}  {:>8}  {:>6}  {:>8}  {:>8}  {:>5}  meta",
+        "kernel", "regs", "smem", "stack", "spill-st", "spill-ld", "HGMMA"
+    );
+    for k in KERNELS {
+        let hg = hgmma(k.name).map_or("-".to_string(), |n| n.to_string());
+        match report.kernel(k.name) {
+            Some(r) => println!(
+                "{:<width$}  {:>4}  {:>8}  {:>6}  {:>8}  {:>8}  {:>5}  {}",
+                k.name,
+                r.registers.map_or("?".into(), |n| n.to_string()),
+                r.smem_bytes,
+                r.stack_frame,
+                r.spill_stores,
+                r.spill_loads,
+                hg,
+                flags(k)
+            ),
+            None => println!("{:<width$}  (not in ptxas output)", k.name),
+        }
+    }
+    println!("(smem = static shared memory in bytes; dynamic shared memory is set at launch)");
+    for d in &report.diagnostics {
+        println!(
+            "ptxas {}: {} [{}]",
+            d.code,
+            d.line,
+            d.kernel.as_deref().unwrap_or("module")
+        );
+    }
+    println!();
+}
+
+fn failures(
+    report: &PtxasReport,
+    ptx_text: &str,
+    hgmma: &dyn Fn(&str) -> Option<usize>,
+) -> Vec<String> {
+    let mut out = Vec::new();
+    for d in report
+        .diagnostics
+        .iter()
+        .filter(|d| FATAL_DIAGNOSTICS.contains(&d.code.as_str()))
+    {
+        let whom = match &d.kernel {
+            Some(k) => format!("kernel `{k}`"),
+            None => suspects(&d.code, ptx_text),
+        };
+        out.push(format!("ptxas {} in {whom}: {}", d.code, d.line));
+    }
+    for k in KERNELS {
+        let Some(r) = report.kernel(k.name) else {
+            out.push(format!(
+                "kernel `{}` (in meta::KERNELS) was not compiled by ptxas",
+                k.name
+            ));
+            continue;
+        };
+        if k.register_resident && (r.stack_frame > 0 || r.spill_stores > 0 || r.spill_loads > 0) {
+            out.push(format!(
+                "kernel `{}` must be register-resident but has a {}-byte stack frame, {} bytes \
+                 spill stores, {} bytes spill loads (an array indexed at run time or a loop LLVM \
+                 did not unroll puts accumulators in local memory; see hopper-gemm.md §7 P3)",
+                k.name, r.stack_frame, r.spill_stores, r.spill_loads
+            ));
+        }
+        if k.uses_wgmma {
+            match hgmma(k.name) {
+                Some(n) if n > 0 => {}
+                Some(_) => out.push(format!(
+                    "kernel `{}` uses wgmma (meta) but its SASS has no HGMMA instruction",
+                    k.name
+                )),
+                None => out.push(format!("kernel `{}` has no SASS in the cubin", k.name)),
+            }
+        }
+    }
+    let missing = ptx::missing_required(ptx_text);
+    if !missing.is_empty() {
+        let what: Vec<String> = ptx::REQUIRED_PTX
+            .iter()
+            .filter(|(n, _)| missing.contains(n))
+            .map(|(n, why)| format!("`{n}` ({why})"))
+            .collect();
+        out.push(format!(
+            "the PTX lacks {}: issue 2 requires the module to contain them (expected to fail \
+             until the kernels that use them are written)",
+            what.join(", ")
+        ));
+    }
+    out
+}
+
+/// For a diagnostic ptxas printed without naming a kernel, the entries most likely at fault.
+fn suspects(code: &str, ptx_text: &str) -> String {
+    let Ok(entries) = ptx::entries(ptx_text) else {
+        return "the module".into();
+    };
+    let likely: Vec<&str> = entries
+        .iter()
+        .filter(|e| match code {
+            "C7508" => {
+                e.body(ptx_text).contains("setmaxnreg")
+                    && !e.directives(ptx_text).contains(".maxntid")
+            }
+            _ => e.body(ptx_text).contains("wgmma"),
+        })
+        .map(|e| e.name.as_str())
+        .collect();
+    if likely.is_empty() {
+        "the module (ptxas named no kernel)".into()
+    } else if code == "C7508" {
+        format!(
+            "the module (ptxas named no kernel; setmaxnreg without .maxntid in: {} — give it \
+             `launch_bounds` in meta.rs)",
+            likely.join(", ")
+        )
+    } else {
+        format!(
+            "the module (ptxas named no kernel; kernels using wgmma: {})",
+            likely.join(", ")
+        )
+    }
+}
