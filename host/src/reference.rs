@@ -1,1 +1,258 @@
-//! (in progress)
+//! Reference GEMMs and the error bound `--check` and the tests use.
+//!
+//! - [`gemm_f64`]: `A·Bᵀ` accumulated in f64 from element inputs (products of 16-bit floats
+//!   are exact in f64, so this is the exact result up to ~K·2^-53 relative).
+//! - [`gemm_f32`]: the stage kernel's arithmetic, shared with the CPU executor: f32
+//!   accumulation in increasing k, epilogue `alpha·acc + beta·c` in f32, one rounding to the
+//!   element type. An all-gather schedule must reproduce it bit for bit.
+//! - [`check`]: compares an output against the f64 reference with the bound
+//!   `|D − D_ref| ≤ 1.05·(r·u + (K + P + 2)·2^-24)·(|alpha|·Σ_k|a_ik·b_jk| + |beta·c_ij|) + r·s`,
+//!   where r = number of roundings to the element type on the way to D (1 for all-gather, P for
+//!   the pipelined reduce-scatter, 2 for the single-stage one), u the element type's unit
+//!   roundoff, the 2^-24 term the f32 accumulation (K products, P partial additions) and s half
+//!   the subnormal spacing. It is the standard forward-error bound, relative to the magnitude
+//!   of the products rather than to |D|, so cancellation cannot make it fail spuriously.
+
+use serde::{Deserialize, Serialize};
+
+use crate::dtype::{Dtype, Element};
+
+/// `A·Bᵀ` in f64: A is m×k (ld `lda`), B is n×k (ld `ldb`); returns m×n row-major.
+#[must_use]
+pub fn gemm_f64<T: Element>(m: usize, n: usize, k: usize, a: &[T], lda: usize, b: &[T], ldb: usize) -> Vec<f64> {
+    gemm_f64_map(m, n, k, a, lda, b, ldb, |x| x)
+}
+
+/// `|A|·|B|ᵀ` in f64 (the magnitude the error bound is relative to).
+#[must_use]
+pub fn gemm_abs_f64<T: Element>(m: usize, n: usize, k: usize, a: &[T], lda: usize, b: &[T], ldb: usize) -> Vec<f64> {
+    gemm_f64_map(m, n, k, a, lda, b, ldb, f64::abs)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn gemm_f64_map<T: Element>(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: &[T],
+    lda: usize,
+    b: &[T],
+    ldb: usize,
+    map: impl Fn(f64) -> f64,
+) -> Vec<f64> {
+    let a64: Vec<f64> = (0..m).flat_map(|i| a[i * lda..i * lda + k].iter().map(|x| map(f64::from(x.to_f32())))).collect();
+    let b64: Vec<f64> = (0..n).flat_map(|j| b[j * ldb..j * ldb + k].iter().map(|x| map(f64::from(x.to_f32())))).collect();
+    let mut d = vec![0.0; m * n];
+    for i in 0..m {
+        let ai = &a64[i * k..(i + 1) * k];
+        for j in 0..n {
+            let bj = &b64[j * k..(j + 1) * k];
+            d[i * n + j] = ai.iter().zip(bj).map(|(x, y)| x * y).sum();
+        }
+    }
+    d
+}
+
+/// The epilogue scalars and optional C (`(values, ldc)`, m×n) of [`gemm_f32`].
+#[derive(Clone, Copy, Debug)]
+pub struct EpilogueInput<'a> {
+    /// Scale of the accumulator.
+    pub alpha: f32,
+    /// Scale of C.
+    pub beta: f32,
+    /// C as f32 with its leading dimension, when beta ≠ 0.
+    pub c: Option<(&'a [f32], usize)>,
+}
+
+/// The stage kernel's arithmetic on f32 operands (already widened from the element type):
+/// `D[i][j] = round(alpha·Σ_k a[i][k]·b[j][k] + beta·c[i][j])`, the sum in f32 in increasing k.
+/// Returns m×n row-major.
+#[must_use]
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_f32<T: Element>(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: &[f32],
+    lda: usize,
+    b: &[f32],
+    ldb: usize,
+    epilogue: EpilogueInput<'_>,
+) -> Vec<T> {
+    let mut d = Vec::with_capacity(m * n);
+    for i in 0..m {
+        let ai = &a[i * lda..i * lda + k];
+        for j in 0..n {
+            let bj = &b[j * ldb..j * ldb + k];
+            let acc = ai.iter().zip(bj).fold(0.0f32, |acc, (x, y)| acc + x * y);
+            let mut v = epilogue.alpha * acc;
+            if let Some((c, ldc)) = epilogue.c {
+                v += epilogue.beta * c[i * ldc + j];
+            }
+            d.push(T::from_f32(v));
+        }
+    }
+    d
+}
+
+/// Widens elements to f32.
+#[must_use]
+pub fn widen<T: Element>(x: &[T]) -> Vec<f32> {
+    x.iter().map(|v| v.to_f32()).collect()
+}
+
+/// [`gemm_f32`] on element inputs: the single-device GEMM "computed the same way as the stage
+/// kernel" (A m×k ld lda, B n×k ld ldb, C m×n ld n when given).
+#[must_use]
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_like_stage<T: Element>(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: &[T],
+    lda: usize,
+    b: &[T],
+    ldb: usize,
+    alpha: f32,
+    beta: f32,
+    c: Option<&[T]>,
+) -> Vec<T> {
+    let c32 = c.map(widen);
+    let epilogue = EpilogueInput { alpha, beta, c: c32.as_deref().map(|c| (c, n)) };
+    gemm_f32(m, n, k, &widen(a), lda, &widen(b), ldb, epilogue)
+}
+
+/// The error bound of [`check`] for one dtype and path.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ErrorBound {
+    /// Relative factor applied to `|alpha|·Σ|a·b| + |beta·c|`.
+    pub relative: f64,
+    /// Absolute floor (subnormal rounding).
+    pub absolute: f64,
+}
+
+impl ErrorBound {
+    /// The bound for `roundings` roundings to `dtype`, K = `k`, `p` devices.
+    #[must_use]
+    pub fn new(dtype: Dtype, roundings: usize, k: usize, p: usize) -> Self {
+        let r = roundings as f64;
+        let f32_terms = (k + p + 2) as f64 * 2f64.powi(-24);
+        ErrorBound {
+            relative: 1.05 * (r * dtype.unit_roundoff() + f32_terms),
+            absolute: r * dtype.subnormal_half_spacing(),
+        }
+    }
+}
+
+/// Result of comparing an output with the f64 reference.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CheckReport {
+    /// Elements compared (all of D).
+    pub elements: usize,
+    /// Elements outside the bound (NaN counts as outside).
+    pub mismatches: usize,
+    /// Largest |D − D_ref|.
+    pub max_abs_error: f64,
+    /// Largest |D − D_ref| / bound (≤ 1 passes; infinite for NaN).
+    pub worst_ratio: f64,
+    /// Flat index (i·N + j) of the worst element.
+    pub worst_index: usize,
+    /// The bound used.
+    pub bound: ErrorBound,
+}
+
+impl CheckReport {
+    /// Whether every element is within the bound.
+    #[must_use]
+    pub fn passed(&self) -> bool {
+        self.mismatches == 0
+    }
+}
+
+/// Global operands of a check: A (M×K), B (N×K), optional C (M×N), all packed row-major.
+#[derive(Clone, Copy, Debug)]
+pub struct CheckInputs<'a, T> {
+    /// A.
+    pub a: &'a [T],
+    /// B.
+    pub b: &'a [T],
+    /// C (when beta ≠ 0).
+    pub c: Option<&'a [T]>,
+}
+
+/// Compares `d` (global M×N) against `alpha·A·Bᵀ + beta·C` computed in f64, element by element,
+/// with the bound of the module documentation.
+#[must_use]
+pub fn check<T: Element>(
+    problem: &crate::problem::Problem,
+    roundings: usize,
+    tp: usize,
+    inputs: CheckInputs<'_, T>,
+    d: &[T],
+) -> CheckReport {
+    let (m, n, k) = (problem.m, problem.n, problem.k);
+    let exact = gemm_f64(m, n, k, inputs.a, k, inputs.b, k);
+    let magnitude = gemm_abs_f64(m, n, k, inputs.a, k, inputs.b, k);
+    let bound = ErrorBound::new(problem.dtype, roundings, k, tp);
+    let (alpha, beta) = (f64::from(problem.alpha), f64::from(problem.beta));
+    let mut report =
+        CheckReport { elements: m * n, mismatches: 0, max_abs_error: 0.0, worst_ratio: 0.0, worst_index: 0, bound };
+    for (idx, out) in d.iter().enumerate().take(m * n) {
+        let c = inputs.c.map_or(0.0, |c| f64::from(c[idx].to_f32()));
+        let want = alpha * exact[idx] + beta * c;
+        let tol = bound.relative * (alpha.abs() * magnitude[idx] + (beta * c).abs()) + bound.absolute;
+        let err = (f64::from(out.to_f32()) - want).abs();
+        let ratio = if err.is_nan() { f64::INFINITY } else { err / tol.max(f64::MIN_POSITIVE) };
+        if ratio > 1.0 {
+            report.mismatches += 1;
+        }
+        if ratio > report.worst_ratio || (ratio.is_infinite() && report.worst_ratio.is_finite()) {
+            report.worst_ratio = ratio;
+            report.worst_index = idx;
+        }
+        if err.is_finite() {
+            report.max_abs_error = report.max_abs_error.max(err);
+        }
+    }
+    if d.len() != m * n {
+        report.mismatches += (m * n).abs_diff(d.len());
+        report.worst_ratio = f64::INFINITY;
+    }
+    report
+}
+
+#[cfg(test)]
+mod tests {
+    use half::bf16;
+
+    use super::*;
+    use crate::problem::Problem;
+
+    fn el(v: &[f32]) -> Vec<bf16> {
+        v.iter().map(|&x| bf16::from_f32(x)).collect()
+    }
+
+    #[test]
+    fn f64_reference_is_a_times_b_transposed() {
+        // A = [[1,2],[3,4]], B = [[5,6],[7,8]] → A·Bᵀ = [[17,23],[39,53]].
+        let d = gemm_f64(2, 2, 2, &el(&[1., 2., 3., 4.]), 2, &el(&[5., 6., 7., 8.]), 2);
+        assert_eq!(d, vec![17.0, 23.0, 39.0, 53.0]);
+    }
+
+    #[test]
+    fn stage_arithmetic_matches_f64_on_exact_values_and_check_catches_errors() {
+        let (a, b, c) = (el(&[1., 2., 3., 4.]), el(&[5., 6., 7., 8.]), el(&[1., 1., 1., 1.]));
+        let d = gemm_like_stage(2, 2, 2, &a, 2, &b, 2, 0.5, 2.0, Some(&c));
+        let want: Vec<bf16> = el(&[10.5, 13.5, 21.5, 28.5]);
+        assert_eq!(d, want);
+        let problem = Problem::new(2, 2, 2).with_scalars(0.5, 2.0);
+        let inputs = CheckInputs { a: &a, b: &b, c: Some(&c) };
+        assert!(check(&problem, 1, 1, inputs, &d).passed());
+        let mut wrong = d.clone();
+        wrong[3] = bf16::from_f32(29.0);
+        let report = check(&problem, 1, 1, inputs, &wrong);
+        assert_eq!((report.mismatches, report.worst_index), (1, 3));
+        wrong[3] = bf16::NAN;
+        assert!(check(&problem, 1, 1, inputs, &wrong).worst_ratio.is_infinite());
+    }
+}

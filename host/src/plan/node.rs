@@ -1,0 +1,149 @@
+//! The node and edge types of a per-device plan DAG.
+
+use serde::{Deserialize, Serialize};
+
+use crate::schedule::{FlagRef, GemmStage, ReduceStep, Region};
+
+/// The value a kernel stores into a peer's stage flag (any non-zero value means "set").
+pub const KERNEL_SIGNAL_VALUE: u32 = 1;
+
+/// The value a [`FlagSetNode`] stores (CUTLASS's 4-byte memset of 0xFF).
+pub const FLAG_SET_VALUE: u32 = 0xFFFF_FFFF;
+
+/// The all-device rendezvous at the start of every run (a 1-thread kernel on the GPU):
+/// 1. store 0 into every flag of `reset_flags` (the device's own stage flags);
+/// 2. atomically add 1 (release) to the barrier counter of every device in `arrive_at`;
+/// 3. spin (acquire loads, bounded) until the own counter is ≥ `arrivals`;
+/// 4. atomically subtract `arrivals` from the own counter.
+///
+/// The counter is a running counter: a fast peer may already have arrived for the next run,
+/// and step 4 keeps that arrival instead of zeroing it. Because every device resets its flags
+/// before it arrives, and every peer signals those flags only after it has passed the barrier,
+/// no signal of this run can be wiped by the reset.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BarrierNode {
+    /// The own flags to reset (all P).
+    pub reset_flags: Vec<FlagRef>,
+    /// The devices whose counter receives an arrival (all but the own device).
+    pub arrive_at: Vec<usize>,
+    /// Arrivals to wait for (P − 1).
+    pub arrivals: u32,
+}
+
+/// A flat copy of `bytes` bytes from `src` (a peer's buffer) into `dst` (own workspace): a
+/// copy-engine memcpy on the GPU, `copy_from_slice` on the CPU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PeerCopyNode {
+    /// The stage whose GEMM reads the copied data.
+    pub stage: usize,
+    /// Source region.
+    pub src: Region,
+    /// Destination region (same length).
+    pub dst: Region,
+    /// `len · element size`.
+    pub bytes: usize,
+}
+
+/// Stores `value` into a stage flag (release: everything before it in the DAG is visible to
+/// whoever acquires the flag). A 4-byte memset node on the GPU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FlagSetNode {
+    /// The stage whose GEMM waits on the flag.
+    pub stage: usize,
+    /// The flag.
+    pub flag: FlagRef,
+    /// The value stored ([`FLAG_SET_VALUE`]).
+    pub value: u32,
+}
+
+/// A node of a device's DAG.
+///
+/// Kernel nodes ([`Node::Gemm`], [`Node::Reduce`]) run this prologue before touching memory:
+/// wait for their predecessors (`griddepcontrol.wait` on the GPU), then store
+/// [`KERNEL_SIGNAL_VALUE`] (release) into every flag they signal, then wait (acquire, bounded)
+/// until every flag they wait on is non-zero. Signal-before-wait matters: the reduce-scatter
+/// ring would deadlock the other way round.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "node", rename_all = "snake_case")]
+pub enum Node {
+    /// The start-of-run rendezvous.
+    Barrier(BarrierNode),
+    /// A copy from a peer into the workspace.
+    PeerCopy(PeerCopyNode),
+    /// A flag store after a copy.
+    FlagSet(FlagSetNode),
+    /// A stage GEMM (views, epilogue, flags).
+    Gemm(GemmStage),
+    /// The single-stage reduce-scatter's reduction.
+    Reduce(ReduceStep),
+}
+
+impl Node {
+    /// The stage the node belongs to (the barrier: 0).
+    #[must_use]
+    pub fn stage(&self) -> usize {
+        match self {
+            Node::Barrier(_) => 0,
+            Node::PeerCopy(c) => c.stage,
+            Node::FlagSet(f) => f.stage,
+            Node::Gemm(g) => g.stage,
+            Node::Reduce(r) => r.stage,
+        }
+    }
+
+    /// Flags this node stores into: a flag set's flag, a kernel's signals.
+    #[must_use]
+    pub fn flags_set(&self) -> Vec<FlagRef> {
+        match self {
+            Node::FlagSet(f) => vec![f.flag],
+            Node::Gemm(g) => g.signals.into_iter().collect(),
+            Node::Reduce(r) => r.signals.clone(),
+            Node::Barrier(_) | Node::PeerCopy(_) => Vec::new(),
+        }
+    }
+
+    /// Flags this node waits on.
+    #[must_use]
+    pub fn flags_awaited(&self) -> Vec<FlagRef> {
+        match self {
+            Node::Gemm(g) => g.waits.into_iter().collect(),
+            Node::Reduce(r) => r.waits.clone(),
+            Node::Barrier(_) | Node::PeerCopy(_) | Node::FlagSet(_) => Vec::new(),
+        }
+    }
+
+    /// A short name: `barrier`, `copy`, `flag`, `gemm`, `reduce`.
+    #[must_use]
+    pub fn name(&self) -> &'static str {
+        match self {
+            Node::Barrier(_) => "barrier",
+            Node::PeerCopy(_) => "copy",
+            Node::FlagSet(_) => "flag",
+            Node::Gemm(_) => "gemm",
+            Node::Reduce(_) => "reduce",
+        }
+    }
+}
+
+/// How a node depends on its predecessor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EdgeKind {
+    /// The successor starts after the predecessor has completed (a default graph edge).
+    Full,
+    /// Programmatic dependent launch: the successor may be launched early, and its prologue's
+    /// `griddepcontrol.wait` blocks until the predecessor has completed and flushed. Since every
+    /// kernel of a plan waits before touching memory, the CPU executor treats it like `Full`.
+    Programmatic,
+}
+
+/// `nodes[from] → nodes[to]`, both indices into the same device's node list.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Edge {
+    /// Predecessor node index.
+    pub from: usize,
+    /// Successor node index.
+    pub to: usize,
+    /// Dependency type.
+    pub kind: EdgeKind,
+}

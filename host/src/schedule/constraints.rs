@@ -1,0 +1,186 @@
+//! `can_implement`: which (schedule, problem, TP) triples a plan exists for.
+//!
+//! Constraints, in the order they are checked:
+//! 1. `1 ≤ TP ≤ 8`;
+//! 2. M, N, K > 0, and every global matrix has fewer than 2^40 elements (so no index overflows);
+//! 3. TP divides the dimensions the schedule splits: M and N for all-gather, M (TilingA) or
+//!    N (TilingB) and K for reduce-scatter;
+//! 4. K is a multiple of 8: every row of A and B is 16-byte aligned;
+//! 5. every view's element offset and leading dimension is a multiple of 8 elements. Per
+//!    schedule that is one or two quantities (see [`alignment_quantities`]);
+//! 6. reduce-scatter schedules need beta = 0: C's place in the epilogue carries the partials.
+
+use thiserror::Error;
+
+use super::{Collective, MAX_TP, ScheduleKind};
+use crate::problem::Problem;
+
+/// Elements per 16 bytes (both dtypes are 2 bytes wide).
+pub(crate) const ALIGN_ELEMENTS: usize = 8;
+
+/// Largest number of elements of one global matrix (2^40: indices stay far from overflow).
+const MAX_ELEMENTS: usize = 1 << 40;
+
+/// Why a (schedule, problem, TP) triple has no plan.
+#[derive(Clone, Debug, PartialEq, Error)]
+pub enum ScheduleError {
+    /// TP outside `1..=8`.
+    #[error("TP={tp} is out of range: TP must be between 1 and {max}")]
+    TpOutOfRange {
+        /// The requested TP.
+        tp: usize,
+        /// The largest supported TP.
+        max: usize,
+    },
+    /// A zero dimension.
+    #[error("{dim}=0: every dimension must be at least 1")]
+    ZeroDimension {
+        /// "M", "N" or "K".
+        dim: &'static str,
+    },
+    /// A global matrix too large to index.
+    #[error("{matrix} has {rows}×{cols} elements, more than the supported 2^40")]
+    TooLarge {
+        /// "A", "B" or "C/D".
+        matrix: &'static str,
+        /// Its rows.
+        rows: usize,
+        /// Its columns.
+        cols: usize,
+    },
+    /// TP does not divide a dimension the schedule splits.
+    #[error("{dim}={value} is not divisible by TP={tp} for {schedule}")]
+    NotDivisible {
+        /// "M", "N" or "K".
+        dim: &'static str,
+        /// Its value.
+        value: usize,
+        /// The TP.
+        tp: usize,
+        /// The schedule.
+        schedule: ScheduleKind,
+    },
+    /// K is not a multiple of 8.
+    #[error("K={k} is not a multiple of 8: rows of A and B must be 16-byte aligned")]
+    KNotAligned {
+        /// The K.
+        k: usize,
+    },
+    /// A quantity that becomes a view offset or leading dimension is not a multiple of 8.
+    #[error(
+        "{quantity}={value} is not a multiple of 8 for {schedule}: it is a view offset or leading \
+         dimension, which must be 16-byte aligned"
+    )]
+    Misaligned {
+        /// E.g. "N/TP".
+        quantity: &'static str,
+        /// Its value.
+        value: usize,
+        /// The schedule.
+        schedule: ScheduleKind,
+    },
+    /// beta ≠ 0 with a reduce-scatter schedule.
+    #[error(
+        "beta={beta} is not supported by {schedule}: reduce-scatter uses C for the partial sums, \
+         so beta must be 0"
+    )]
+    BetaUnsupported {
+        /// The beta.
+        beta: f32,
+        /// The schedule.
+        schedule: ScheduleKind,
+    },
+}
+
+/// The dimensions TP must divide, as (name, value).
+fn split_dimensions(kind: ScheduleKind, p: &Problem) -> [(&'static str, usize); 2] {
+    match (kind.collective(), kind.tiles_rows()) {
+        (Collective::AllGather, _) => [("M", p.m), ("N", p.n)],
+        (Collective::ReduceScatter, true) => [("M", p.m), ("K", p.k)],
+        (Collective::ReduceScatter, false) => [("N", p.n), ("K", p.k)],
+    }
+}
+
+/// The quantities that appear as view offsets or leading dimensions beyond K (checked first),
+/// as (name, value); `tp` divides the split dimensions when this is called.
+///
+/// - ag-a, ag-a-single: D is M×(N/P) with column-block leading dimension N/P;
+/// - ag-b: D column blocks start at p·N/P; ag-b-single: D (M/P×N) has leading dimension N;
+/// - rs-a, rs-a-single: A is M×(K/P) (leading dimension K/P); partials and D have ld N;
+/// - rs-b, rs-b-single: A and B have ld K/P; D blocks have ld N/P (and start at d·N/P).
+fn alignment_quantities(kind: ScheduleKind, p: &Problem, tp: usize) -> Vec<(&'static str, usize)> {
+    match kind {
+        ScheduleKind::AllGatherRotatingA
+        | ScheduleKind::AllGatherRotatingB
+        | ScheduleKind::AllGatherSingleStageA => vec![("N/TP", p.n / tp)],
+        ScheduleKind::AllGatherSingleStageB => vec![("N", p.n)],
+        ScheduleKind::ReduceScatterTilingA | ScheduleKind::ReduceScatterSingleStageA => {
+            vec![("K/TP", p.k / tp), ("N", p.n)]
+        }
+        ScheduleKind::ReduceScatterTilingB | ScheduleKind::ReduceScatterSingleStageB => {
+            vec![("K/TP", p.k / tp), ("N/TP", p.n / tp)]
+        }
+    }
+}
+
+/// Checks that `kind` can run `problem` on `tp` devices; the error names the first violated
+/// constraint (see the module documentation for the list).
+pub fn can_implement(kind: ScheduleKind, problem: &Problem, tp: usize) -> Result<(), ScheduleError> {
+    if tp == 0 || tp > MAX_TP {
+        return Err(ScheduleError::TpOutOfRange { tp, max: MAX_TP });
+    }
+    for (dim, value) in [("M", problem.m), ("N", problem.n), ("K", problem.k)] {
+        if value == 0 {
+            return Err(ScheduleError::ZeroDimension { dim });
+        }
+    }
+    for (matrix, rows, cols) in
+        [("A", problem.m, problem.k), ("B", problem.n, problem.k), ("C/D", problem.m, problem.n)]
+    {
+        if rows.checked_mul(cols).is_none_or(|e| e > MAX_ELEMENTS) {
+            return Err(ScheduleError::TooLarge { matrix, rows, cols });
+        }
+    }
+    for (dim, value) in split_dimensions(kind, problem) {
+        if value % tp != 0 {
+            return Err(ScheduleError::NotDivisible { dim, value, tp, schedule: kind });
+        }
+    }
+    if problem.k % ALIGN_ELEMENTS != 0 {
+        return Err(ScheduleError::KNotAligned { k: problem.k });
+    }
+    for (quantity, value) in alignment_quantities(kind, problem, tp) {
+        if value % ALIGN_ELEMENTS != 0 {
+            return Err(ScheduleError::Misaligned { quantity, value, schedule: kind });
+        }
+    }
+    if kind.collective() == Collective::ReduceScatter && problem.has_c() {
+        return Err(ScheduleError::BetaUnsupported { beta: problem.beta, schedule: kind });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn message_names_dimension_tp_and_schedule() {
+        let err = can_implement(ScheduleKind::AllGatherRotatingA, &Problem::new(1001, 64, 64), 8)
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "M=1001 is not divisible by TP=8 for AllGather1D_TilingCD_RotatingA"
+        );
+    }
+
+    #[test]
+    fn reduce_scatter_splits_k() {
+        let p = Problem::new(48, 64, 24);
+        assert!(matches!(
+            can_implement(ScheduleKind::ReduceScatterTilingA, &p, 2),
+            Err(ScheduleError::Misaligned { quantity: "K/TP", value: 12, .. })
+        ));
+        assert!(can_implement(ScheduleKind::ReduceScatterTilingA, &p, 3).is_ok());
+    }
+}
