@@ -1,0 +1,375 @@
+//! PTX modules and kernel handles.
+//!
+//! The PTX comes from the file named by `DISTGEMM_PTX` when that is set (so a bundle or a
+//! developer can swap kernels without rebuilding the host), else from the copy embedded at
+//! build time (`host/build.rs` embeds `target/ptx/kernels_gpu.ptx` when `cargo xtask
+//! build-ptx` has written it). [`select_ptx_source`] makes that choice without touching the
+//! driver, so it is unit-tested.
+//!
+//! Loading uses `cuModuleLoadDataEx` with `CU_JIT_INFO_LOG_BUFFER` / `CU_JIT_ERROR_LOG_BUFFER`
+//! so that, when the driver's JIT (ptxas) rejects the PTX, its log ends up in
+//! [`RuntimeError::PtxRejected`] instead of a bare `CUDA_ERROR_INVALID_PTX`. cudarc's
+//! `CudaContext::load_module` uses `cuModuleLoadData`, which has no logs, hence this wrapper.
+
+use super::device::Gpu;
+use super::error::{Result, RuntimeError};
+use cudarc::driver::{DriverError, result, sys};
+use std::borrow::Cow;
+use std::ffi::{CString, OsString, c_void};
+use std::fmt;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+/// Environment variable naming a PTX file that replaces the embedded PTX.
+pub const PTX_ENV_VAR: &str = "DISTGEMM_PTX";
+
+/// Dynamic shared memory every kernel may use without opting in (48 KiB).
+pub const DEFAULT_DYNAMIC_SMEM_LIMIT: u32 = 48 * 1024;
+
+/// Bytes reserved for each JIT log.
+const JIT_LOG_BYTES: usize = 64 * 1024;
+
+/// The PTX embedded at build time, if `cargo xtask build-ptx` had run.
+#[cfg(distgemm_embedded_ptx)]
+pub const EMBEDDED_PTX: Option<&str> =
+    Some(include_str!(concat!(env!("OUT_DIR"), "/kernels_gpu.ptx")));
+/// The PTX embedded at build time, if `cargo xtask build-ptx` had run.
+#[cfg(not(distgemm_embedded_ptx))]
+pub const EMBEDDED_PTX: Option<&str> = None;
+
+/// Where a module's PTX came from (shown in errors).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PtxOrigin {
+    /// A file named by `DISTGEMM_PTX`.
+    EnvPath(PathBuf),
+    /// The PTX embedded at build time.
+    Embedded,
+    /// PTX text handed to [`Module::from_ptx`], with a label.
+    Custom(String),
+}
+
+impl fmt::Display for PtxOrigin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PtxOrigin::EnvPath(p) => write!(f, "{PTX_ENV_VAR}={}", p.display()),
+            PtxOrigin::Embedded => write!(
+                f,
+                "the PTX embedded at build time (target/ptx/kernels_gpu.ptx)"
+            ),
+            PtxOrigin::Custom(label) => write!(f, "{label}"),
+        }
+    }
+}
+
+/// Which PTX to load.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PtxSource {
+    /// Read this file (from `DISTGEMM_PTX`).
+    File(PathBuf),
+    /// Use the embedded text.
+    Embedded(&'static str),
+}
+
+/// Chooses the PTX: a non-empty `DISTGEMM_PTX` value wins, then the embedded PTX; with
+/// neither, [`RuntimeError::PtxMissing`]. Pure: the caller passes the environment value.
+pub fn select_ptx_source(
+    env_value: Option<OsString>,
+    embedded: Option<&'static str>,
+) -> Result<PtxSource> {
+    match (env_value.filter(|v| !v.is_empty()), embedded) {
+        (Some(path), _) => Ok(PtxSource::File(PathBuf::from(path))),
+        (None, Some(text)) => Ok(PtxSource::Embedded(text)),
+        (None, None) => Err(RuntimeError::PtxMissing),
+    }
+}
+
+/// Reads the PTX a source designates.
+pub fn read_ptx(source: PtxSource) -> Result<(Cow<'static, str>, PtxOrigin)> {
+    match source {
+        PtxSource::Embedded(text) => Ok((Cow::Borrowed(text), PtxOrigin::Embedded)),
+        PtxSource::File(path) => match std::fs::read_to_string(&path) {
+            Ok(text) => Ok((Cow::Owned(text), PtxOrigin::EnvPath(path))),
+            Err(source) => Err(RuntimeError::PtxUnreadable { path, source }),
+        },
+    }
+}
+
+/// The PTX distgemm runs: `DISTGEMM_PTX` if set, else the embedded PTX.
+pub fn default_ptx() -> Result<(Cow<'static, str>, PtxOrigin)> {
+    read_ptx(select_ptx_source(
+        std::env::var_os(PTX_ENV_VAR),
+        EMBEDDED_PTX,
+    )?)
+}
+
+/// The kernel names kernels-gpu declares, for error messages.
+fn known_kernels() -> String {
+    kernels_gpu::meta::KERNELS
+        .iter()
+        .map(|k| k.name)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Turns a NUL-terminated log buffer of which the driver filled `len` bytes into text.
+fn log_text(buffer: &[u8], len: usize) -> String {
+    let filled = &buffer[..len.min(buffer.len())];
+    let end = filled.iter().position(|&b| b == 0).unwrap_or(filled.len());
+    String::from_utf8_lossy(&filled[..end])
+        .trim_end()
+        .to_owned()
+}
+
+/// A loaded PTX module (`CUmodule`) on one GPU; unloaded on drop.
+#[derive(Debug)]
+pub struct Module {
+    raw: sys::CUmodule,
+    gpu: Gpu,
+    origin: PtxOrigin,
+    info_log: String,
+}
+
+// SAFETY: a CUmodule may be used from any thread once its context is current, which every
+// method ensures with `bind`.
+unsafe impl Send for Module {}
+// SAFETY: as above; the module is immutable after loading.
+unsafe impl Sync for Module {}
+
+impl Module {
+    /// Loads distgemm's PTX ([`default_ptx`]) on `gpu`.
+    pub fn load(gpu: &Gpu) -> Result<Arc<Module>> {
+        let (ptx, origin) = default_ptx()?;
+        Self::from_ptx(gpu, &ptx, origin)
+    }
+
+    /// JIT-compiles `ptx` for `gpu` (`cuModuleLoadDataEx` with info and error log buffers).
+    pub fn from_ptx(gpu: &Gpu, ptx: &str, origin: PtxOrigin) -> Result<Arc<Module>> {
+        let image = CString::new(ptx).map_err(|e| RuntimeError::PtxMalformed {
+            origin: origin.to_string(),
+            reason: format!("it contains a NUL byte at offset {}", e.nul_position()),
+        })?;
+        let mut info = vec![0u8; JIT_LOG_BYTES];
+        let mut error = vec![0u8; JIT_LOG_BYTES];
+        use sys::CUjit_option as O;
+        let mut options = [
+            O::CU_JIT_INFO_LOG_BUFFER,
+            O::CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES,
+            O::CU_JIT_ERROR_LOG_BUFFER,
+            O::CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES,
+            O::CU_JIT_LOG_VERBOSE,
+        ];
+        // Option values are pointer-sized slots: buffers by address, sizes and flags by value.
+        // The driver writes the number of log bytes it used back into the size slots.
+        let mut values: [*mut c_void; 5] = [
+            info.as_mut_ptr().cast(),
+            JIT_LOG_BYTES as *mut c_void,
+            error.as_mut_ptr().cast(),
+            JIT_LOG_BYTES as *mut c_void,
+            1usize as *mut c_void,
+        ];
+        gpu.bind()?;
+        let mut raw: sys::CUmodule = std::ptr::null_mut();
+        // SAFETY: `image` is NUL-terminated PTX; options and values have the same length; the
+        // log buffers are JIT_LOG_BYTES long and outlive the call.
+        let status = unsafe {
+            sys::cuModuleLoadDataEx(
+                &mut raw,
+                image.as_ptr().cast(),
+                options.len() as u32,
+                options.as_mut_ptr(),
+                values.as_mut_ptr(),
+            )
+        };
+        let info_log = log_text(&info, values[1] as usize);
+        let error_log = log_text(&error, values[3] as usize);
+        if let Err(source) = status.result() {
+            let log = match (error_log.is_empty(), info_log.is_empty()) {
+                (true, true) => "(the JIT wrote no log)".to_owned(),
+                (false, true) => error_log,
+                (true, false) => info_log,
+                (false, false) => format!("{error_log}\n{info_log}"),
+            };
+            return Err(RuntimeError::PtxRejected {
+                origin: origin.to_string(),
+                source,
+                log,
+            });
+        }
+        Ok(Arc::new(Module {
+            raw,
+            gpu: gpu.clone(),
+            origin,
+            info_log,
+        }))
+    }
+
+    /// Looks a kernel up by its exported name (`cuModuleGetFunction`).
+    pub fn kernel(self: &Arc<Self>, name: &str) -> Result<Kernel> {
+        let not_found = || RuntimeError::KernelNotInModule {
+            name: name.to_owned(),
+            origin: self.origin.to_string(),
+            known: known_kernels(),
+        };
+        let c_name = CString::new(name).map_err(|_| not_found())?;
+        self.gpu.bind()?;
+        // SAFETY: the module is loaded and its context current.
+        match unsafe { result::module::get_function(self.raw, c_name) } {
+            Ok(func) => Ok(Kernel {
+                func,
+                name: name.to_owned(),
+                module: Arc::clone(self),
+                dynamic_smem_limit: Arc::new(AtomicU32::new(DEFAULT_DYNAMIC_SMEM_LIMIT)),
+            }),
+            Err(DriverError(sys::CUresult::CUDA_ERROR_NOT_FOUND)) => Err(not_found()),
+            Err(source) => Err(RuntimeError::Driver {
+                call: "cuModuleGetFunction",
+                source,
+            }),
+        }
+    }
+
+    /// Where the PTX came from.
+    pub fn origin(&self) -> &PtxOrigin {
+        &self.origin
+    }
+
+    /// The JIT's info log (verbose: registers, shared memory, spills per kernel).
+    pub fn jit_info_log(&self) -> &str {
+        &self.info_log
+    }
+
+    /// The GPU the module is loaded on.
+    pub fn gpu(&self) -> &Gpu {
+        &self.gpu
+    }
+}
+
+impl Drop for Module {
+    /// `cuModuleUnload`; errors are recorded in the cudarc context (cannot return from drop).
+    fn drop(&mut self) {
+        let ctx = self.gpu.context();
+        ctx.record_err(ctx.bind_to_thread());
+        // SAFETY: loaded by cuModuleLoadDataEx, unloaded once; Kernels hold an Arc<Module>.
+        ctx.record_err(unsafe { result::module::unload(self.raw) });
+    }
+}
+
+/// A kernel of a loaded [`Module`] (`CUfunction`), launched with [`super::launch()`].
+/// Clones share the handle and its shared-memory opt-in state.
+#[derive(Debug, Clone)]
+pub struct Kernel {
+    func: sys::CUfunction,
+    name: String,
+    module: Arc<Module>,
+    /// Dynamic shared memory the function is currently allowed (`MAX_DYNAMIC_SHARED_SIZE_BYTES`),
+    /// shared by clones because the attribute belongs to the `CUfunction`.
+    dynamic_smem_limit: Arc<AtomicU32>,
+}
+
+// SAFETY: a CUfunction is a handle valid in any thread with its context current.
+unsafe impl Send for Kernel {}
+// SAFETY: the only mutable state is an atomic.
+unsafe impl Sync for Kernel {}
+
+impl Kernel {
+    /// The exported name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The GPU the kernel's module is loaded on.
+    pub fn gpu(&self) -> &Gpu {
+        &self.module.gpu
+    }
+
+    /// The raw handle (valid while this `Kernel` lives).
+    pub fn cu_function(&self) -> sys::CUfunction {
+        self.func
+    }
+
+    /// Makes sure a launch may use `bytes` of dynamic shared memory: above the 48 KiB default,
+    /// the kernel must opt in with `cuFuncSetAttribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES)`.
+    /// Done once per size increase. The caller checks `bytes` against the device's opt-in limit.
+    pub fn reserve_dynamic_smem(&self, bytes: u32) -> Result<()> {
+        if bytes <= self.dynamic_smem_limit.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let value = i32::try_from(bytes).map_err(|_| RuntimeError::InvalidLaunch {
+            kernel: self.name.clone(),
+            reason: format!("{bytes} bytes of dynamic shared memory is not a valid size"),
+        })?;
+        self.gpu().bind()?;
+        // SAFETY: the function handle is alive (we hold its module) and the context current.
+        unsafe {
+            result::function::set_function_attribute(
+                self.func,
+                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                value,
+            )
+        }
+        .map_err(RuntimeError::driver(
+            "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)",
+        ))?;
+        self.dynamic_smem_limit.fetch_max(bytes, Ordering::AcqRel);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn env_path_wins_over_embedded_ptx() {
+        let s = select_ptx_source(Some("/tmp/k.ptx".into()), Some(".version 8.0")).unwrap();
+        assert_eq!(s, PtxSource::File("/tmp/k.ptx".into()));
+    }
+
+    #[test]
+    fn embedded_ptx_is_used_without_env_and_empty_env_counts_as_unset() {
+        assert_eq!(
+            select_ptx_source(None, Some("x")).unwrap(),
+            PtxSource::Embedded("x")
+        );
+        assert_eq!(
+            select_ptx_source(Some("".into()), Some("x")).unwrap(),
+            PtxSource::Embedded("x")
+        );
+    }
+
+    #[test]
+    fn no_ptx_at_all_says_how_to_get_some() {
+        let e = select_ptx_source(None, None).unwrap_err();
+        assert!(matches!(e, RuntimeError::PtxMissing));
+        let msg = e.to_string();
+        assert!(
+            msg.contains("cargo xtask build-ptx") && msg.contains("DISTGEMM_PTX"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn unreadable_env_path_is_named_in_the_error() {
+        let path = PathBuf::from("/nonexistent/distgemm/kernels_gpu.ptx");
+        let e = read_ptx(PtxSource::File(path.clone())).unwrap_err();
+        assert!(matches!(&e, RuntimeError::PtxUnreadable { path: p, .. } if *p == path));
+        assert!(
+            e.to_string()
+                .contains("/nonexistent/distgemm/kernels_gpu.ptx")
+        );
+    }
+
+    #[test]
+    fn jit_logs_stop_at_nul_and_at_the_reported_length() {
+        assert_eq!(log_text(b"ptxas error\0garbage", 19), "ptxas error");
+        assert_eq!(log_text(b"abcdef", 3), "abc");
+        assert_eq!(log_text(b"abc", 99), "abc");
+        assert_eq!(log_text(b"\0", 1), "");
+    }
+
+    #[test]
+    fn known_kernels_lists_the_metadata_table() {
+        assert!(known_kernels().contains("smoke_vector_add"));
+    }
+}
