@@ -3,6 +3,7 @@
 //! Layering (see README.md): `problem` + `schedule` (pure) → `plan` (pure, per-device DAG) →
 //! `cpu` executor | CUDA lowering; `runtime` is the only module that talks to the CUDA driver.
 
+pub mod baseline;
 pub mod cli;
 pub mod cpu;
 pub mod dtype;

@@ -184,8 +184,10 @@ impl<T: DeviceCopy> DeviceBuffer<T> {
 }
 
 impl<T: DeviceCopy> Drop for DeviceBuffer<T> {
-    /// `cuMemFree`; errors cannot be returned from `drop`, so they are recorded in the cudarc
-    /// context (its `check_err` reports them on the next call), as cudarc does for its own types.
+    /// `cuMemFree`, which waits for the context's outstanding work before freeing (implicit
+    /// synchronization), so queued kernels never see freed memory. Errors cannot be returned
+    /// from `drop`, so they are recorded in the cudarc context (its `check_err` reports them on
+    /// the next call), as cudarc does for its own types.
     fn drop(&mut self) {
         if self.ptr == 0 {
             return;

@@ -163,10 +163,10 @@ impl Module {
         // The driver writes the number of log bytes it used back into the size slots.
         let mut values: [*mut c_void; 5] = [
             info.as_mut_ptr().cast(),
-            JIT_LOG_BYTES as *mut c_void,
+            std::ptr::without_provenance_mut(JIT_LOG_BYTES),
             error.as_mut_ptr().cast(),
-            JIT_LOG_BYTES as *mut c_void,
-            1usize as *mut c_void,
+            std::ptr::without_provenance_mut(JIT_LOG_BYTES),
+            std::ptr::without_provenance_mut(1),
         ];
         gpu.bind()?;
         let mut raw: sys::CUmodule = std::ptr::null_mut();
@@ -181,8 +181,8 @@ impl Module {
                 values.as_mut_ptr(),
             )
         };
-        let info_log = log_text(&info, values[1] as usize);
-        let error_log = log_text(&error, values[3] as usize);
+        let info_log = log_text(&info, values[1].addr());
+        let error_log = log_text(&error, values[3].addr());
         if let Err(source) = status.result() {
             let log = match (error_log.is_empty(), info_log.is_empty()) {
                 (true, true) => "(the JIT wrote no log)".to_owned(),

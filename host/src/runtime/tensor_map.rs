@@ -199,11 +199,11 @@ impl TensorMapSpec {
                 self.ld, self.cols
             ));
         }
-        if base % 16 != 0 {
+        if !base.is_multiple_of(16) {
             return Err(format!("base address {base:#x} is not 16-byte aligned"));
         }
         let pitch = self.ld * elem;
-        if pitch % 16 != 0 {
+        if !pitch.is_multiple_of(16) {
             return Err(format!(
                 "row pitch {pitch} bytes (ld {} × {elem} B) is not a multiple of 16: the leading \
                  dimension must be a multiple of {}",
@@ -220,7 +220,7 @@ impl TensorMapSpec {
             }
         }
         let box_bytes = u64::from(self.box_cols) * elem;
-        if box_bytes % 16 != 0 {
+        if !box_bytes.is_multiple_of(16) {
             return Err(format!(
                 "box width {} × {elem} B = {box_bytes} B is not a multiple of 16 bytes",
                 self.box_cols
