@@ -1,1 +1,337 @@
-//! (in progress)
+//! The CPU executor: runs a [`Plan`] with one thread per logical device (plus one per extra
+//! branch of its DAG), per-device host buffers, real copies between them, and `AtomicU32`
+//! flags and barrier counters used with the acquire/release protocol of the GPU.
+//!
+//! A run of `iters` iterations starts every device's thread once; each thread replays its DAG
+//! `iters` times back to back, like graph launches queued on one stream, so fast devices reach
+//! the next barrier while slow ones are still finishing (which is what the running barrier
+//! counter is for). Every wait is bounded: a protocol error fails the run with an error naming
+//! the device, stage and flag.
+
+mod chains;
+mod memory;
+mod node;
+mod wait;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread;
+use std::time::Duration;
+
+use thiserror::Error;
+
+use self::memory::{DeviceMemory, ExclusiveWorkspace};
+use self::node::Context;
+use self::wait::{WaitFailure, Waiter};
+use crate::dtype::{Dtype, Element};
+use crate::plan::{DeviceInputs, Plan};
+use crate::schedule::{BufferKind, FlagRef};
+
+/// The default bound of every wait.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Why a CPU run failed.
+#[derive(Clone, Debug, PartialEq, Error)]
+pub enum ExecError {
+    /// A kernel waited too long for a flag: a missing or misdirected signal.
+    #[error(
+        "deadlock: device {device}, stage {stage} ({node}) waited {timeout:?} for flag {} of device {} \
+         and it was never set",
+        flag.index,
+        flag.device
+    )]
+    FlagTimeout {
+        /// The waiting device.
+        device: usize,
+        /// Its stage.
+        stage: usize,
+        /// The waiting node ("gemm" or "reduce").
+        node: &'static str,
+        /// The flag.
+        flag: FlagRef,
+        /// The bound that elapsed.
+        timeout: Duration,
+    },
+    /// The barrier did not see all arrivals.
+    #[error("deadlock: device {device}'s barrier waited {timeout:?}; counter is {counter}, needs {arrivals}")]
+    BarrierTimeout {
+        /// The waiting device.
+        device: usize,
+        /// The counter's value at the timeout.
+        counter: u32,
+        /// Arrivals needed.
+        arrivals: u32,
+        /// The bound that elapsed.
+        timeout: Duration,
+    },
+    /// A node waited too long for a predecessor in another branch of its device's DAG.
+    #[error("deadlock: device {device}, node {node} waited {timeout:?} for its predecessor node {pred}")]
+    DependencyTimeout {
+        /// The device.
+        device: usize,
+        /// The waiting node.
+        node: usize,
+        /// The predecessor.
+        pred: usize,
+        /// The bound that elapsed.
+        timeout: Duration,
+    },
+    /// Another device failed first (never returned by [`CpuExecutor::run`]).
+    #[error("aborted because another device failed")]
+    Aborted,
+    /// The executor's element type is not the plan's.
+    #[error("the plan is for {plan} but the executor holds {executor} elements")]
+    DtypeMismatch {
+        /// The plan's dtype.
+        plan: Dtype,
+        /// The executor's.
+        executor: Dtype,
+    },
+    /// Input shards of the wrong size.
+    #[error("device {device}: the {buffer:?} shard has {got} elements, the plan needs {expected}")]
+    InputSize {
+        /// The device.
+        device: usize,
+        /// The buffer.
+        buffer: BufferKind,
+        /// Elements given.
+        got: usize,
+        /// Elements expected.
+        expected: usize,
+    },
+    /// A device thread panicked (a bug).
+    #[error("device {device}'s thread panicked")]
+    Panicked {
+        /// The device.
+        device: usize,
+    },
+}
+
+/// A snapshot of one device's exclusive workspace.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ExclusiveState {
+    /// The barrier counter.
+    pub counter: u32,
+    /// The stage flags.
+    pub flags: Vec<u32>,
+}
+
+/// Runs one plan on host memory.
+#[derive(Debug)]
+pub struct CpuExecutor<T> {
+    plan: Plan,
+    memory: Vec<DeviceMemory<T>>,
+    exclusive: Vec<ExclusiveWorkspace>,
+    chains: Vec<Vec<Vec<usize>>>,
+    timeout: Duration,
+}
+
+impl<T: Element> CpuExecutor<T> {
+    /// Allocates zeroed buffers and exclusive workspaces for every device of `plan`.
+    pub fn new(plan: Plan) -> Result<Self, ExecError> {
+        if plan.problem.dtype != T::DTYPE {
+            return Err(ExecError::DtypeMismatch { plan: plan.problem.dtype, executor: T::DTYPE });
+        }
+        let memory = plan.devices.iter().map(DeviceMemory::new).collect();
+        let exclusive = plan.devices.iter().map(|_| ExclusiveWorkspace::new(plan.exclusive.flag_count)).collect();
+        let chains = plan.devices.iter().map(chains::chains).collect();
+        Ok(CpuExecutor { plan, memory, exclusive, chains, timeout: DEFAULT_TIMEOUT })
+    }
+
+    /// The same executor with another bound on every wait.
+    #[must_use]
+    pub fn with_timeout(self, timeout: Duration) -> Self {
+        CpuExecutor { timeout, ..self }
+    }
+
+    /// The plan being executed.
+    #[must_use]
+    pub fn plan(&self) -> &Plan {
+        &self.plan
+    }
+
+    /// Copies every device's input shards in (see [`Plan::shard_inputs`]).
+    pub fn load_inputs(&mut self, shards: &[DeviceInputs<T>]) -> Result<(), ExecError> {
+        for ((dev, mem), inputs) in self.plan.devices.iter().zip(&mut self.memory).zip(shards) {
+            let empty = Vec::new();
+            let given = [(BufferKind::A, &inputs.a), (BufferKind::B, &inputs.b), (BufferKind::C, inputs.c.as_ref().unwrap_or(&empty))];
+            for (buffer, data) in given {
+                let expected = dev.buffer_elements(buffer);
+                if data.len() != expected {
+                    return Err(ExecError::InputSize { device: dev.device, buffer, got: data.len(), expected });
+                }
+                mem.get_mut(buffer).copy_from_slice(data);
+            }
+        }
+        Ok(())
+    }
+
+    /// Fills every output and workspace element with NaN, so that anything a run fails to write
+    /// (or reads before it is written) shows up in the result.
+    pub fn poison(&mut self) {
+        for mem in &mut self.memory {
+            for buffer in [BufferKind::D, BufferKind::Workspace] {
+                mem.get_mut(buffer).fill(T::nan());
+            }
+        }
+    }
+
+    /// Runs the plan `iters` times back to back on every device.
+    pub fn run(&self, iters: usize) -> Result<(), ExecError> {
+        self.run_with_progress(iters, &|_| {})
+    }
+
+    /// As [`Self::run`], calling `progress(i)` on device 0 after its i-th iteration (1-based).
+    pub fn run_with_progress(&self, iters: usize, progress: &(dyn Fn(usize) + Sync)) -> Result<(), ExecError> {
+        let abort = AtomicBool::new(false);
+        let waiter = Waiter { timeout: self.timeout, abort: &abort };
+        let ctx = Context { memory: &self.memory, exclusive: &self.exclusive, waiter };
+        let results: Vec<Result<(), ExecError>> = thread::scope(|s| {
+            let handles: Vec<_> = (0..self.plan.tp)
+                .map(|d| {
+                    let ctx = &ctx;
+                    let abort = &abort;
+                    s.spawn(move || {
+                        for i in 0..iters {
+                            self.run_device(ctx, d).inspect_err(|_| abort.store(true, Ordering::Relaxed))?;
+                            if d == 0 {
+                                progress(i + 1);
+                            }
+                        }
+                        Ok(())
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .enumerate()
+                .map(|(device, h)| h.join().unwrap_or(Err(ExecError::Panicked { device })))
+                .collect()
+        });
+        first_error(results)
+    }
+
+    /// One replay of device `d`'s DAG: chain 0 on this thread, the others on scoped threads.
+    fn run_device(&self, ctx: &Context<'_, T>, d: usize) -> Result<(), ExecError> {
+        let dev = &self.plan.devices[d];
+        let done: Vec<AtomicBool> = dev.nodes.iter().map(|_| AtomicBool::new(false)).collect();
+        let run_chain = |chain: &[usize]| -> Result<(), ExecError> {
+            for &n in chain {
+                for (pred, _) in dev.predecessors(n) {
+                    let flag = &done[pred];
+                    ctx.waiter.until(|| flag.load(Ordering::Acquire)).map_err(|e| match e {
+                        WaitFailure::Aborted => ExecError::Aborted,
+                        WaitFailure::TimedOut => {
+                            ExecError::DependencyTimeout { device: d, node: n, pred, timeout: self.timeout }
+                        }
+                    })?;
+                }
+                ctx.run(d, &dev.nodes[n]).inspect_err(|_| ctx.waiter.abort.store(true, Ordering::Relaxed))?;
+                done[n].store(true, Ordering::Release);
+            }
+            Ok(())
+        };
+        let chains = &self.chains[d];
+        thread::scope(|s| {
+            let others: Vec<_> = chains.iter().skip(1).map(|c| s.spawn(|| run_chain(c))).collect();
+            let mut results = vec![chains.first().map_or(Ok(()), |c| run_chain(c))];
+            results.extend(others.into_iter().map(|h| h.join().unwrap_or(Err(ExecError::Panicked { device: d }))));
+            first_error(results)
+        })
+    }
+
+    /// Every device's output shard.
+    #[must_use]
+    pub fn outputs(&self) -> Vec<Vec<T>> {
+        self.memory.iter().map(|m| m.read(BufferKind::D).clone()).collect()
+    }
+
+    /// The global D assembled from the output shards.
+    #[must_use]
+    pub fn gathered_output(&self) -> Vec<T> {
+        self.plan.gather_output(&self.outputs())
+    }
+
+    /// Every device's barrier counter and flags (a run leaves all counters at 0).
+    #[must_use]
+    pub fn exclusive_state(&self) -> Vec<ExclusiveState> {
+        self.exclusive
+            .iter()
+            .map(|e| ExclusiveState {
+                counter: e.counter.load(Ordering::Acquire),
+                flags: e.flags.iter().map(|f| f.load(Ordering::Acquire)).collect(),
+            })
+            .collect()
+    }
+}
+
+/// The first real error (an `Aborted` only when nothing else failed).
+fn first_error(results: Vec<Result<(), ExecError>>) -> Result<(), ExecError> {
+    let mut aborted = false;
+    for r in results {
+        match r {
+            Ok(()) => {}
+            Err(ExecError::Aborted) => aborted = true,
+            Err(e) => return Err(e),
+        }
+    }
+    if aborted { Err(ExecError::Aborted) } else { Ok(()) }
+}
+
+#[cfg(test)]
+mod tests {
+    use half::f16;
+
+    use super::*;
+    use crate::plan::{GlobalInputs, Node};
+    use crate::problem::Problem;
+    use crate::reference::{CheckInputs, check};
+    use crate::schedule::ScheduleKind;
+
+    fn executor(kind: ScheduleKind, tp: usize) -> (CpuExecutor<f16>, GlobalInputs<f16>) {
+        let problem = Problem::new(16 * tp, 16 * tp, 16 * tp).with_dtype(Dtype::F16);
+        let plan = Plan::build(kind, problem, tp).unwrap_or_else(|e| panic!("{e}"));
+        let inputs = GlobalInputs::random(&problem, 1);
+        let mut exec = CpuExecutor::new(plan).unwrap_or_else(|e| panic!("{e}"));
+        exec.load_inputs(&exec.plan().shard_inputs(&inputs)).unwrap_or_else(|e| panic!("{e}"));
+        exec.poison();
+        (exec, inputs)
+    }
+
+    #[test]
+    fn reduce_scatter_runs_and_leaves_counters_at_zero() {
+        let (exec, inputs) = executor(ScheduleKind::ReduceScatterTilingB, 3);
+        exec.run(3).unwrap_or_else(|e| panic!("{e}"));
+        let plan = exec.plan();
+        let report = check(
+            &plan.problem,
+            plan.schedule.roundings(plan.tp),
+            plan.tp,
+            CheckInputs { a: &inputs.a, b: &inputs.b, c: None },
+            &exec.gathered_output(),
+        );
+        assert!(report.passed(), "{report:?}");
+        assert!(exec.exclusive_state().iter().all(|e| e.counter == 0));
+    }
+
+    #[test]
+    fn a_missing_signal_is_a_named_deadlock() {
+        let (mut exec, _) = executor(ScheduleKind::ReduceScatterTilingA, 2);
+        if let Some(Node::Gemm(g)) = exec.plan.devices[0].nodes.get_mut(2) {
+            g.signals = None;
+        }
+        let exec = exec.with_timeout(Duration::from_millis(200));
+        let err = exec.run(1).err();
+        let flag = FlagRef { device: 1, index: 1 };
+        assert!(
+            matches!(err, Some(ExecError::FlagTimeout { device: 1, stage: 1, flag: f, .. }) if f == flag),
+            "{err:?}"
+        );
+    }
+
+    #[test]
+    fn wrong_dtype_is_refused() {
+        let plan = Plan::build(ScheduleKind::AllGatherRotatingA, Problem::new(16, 16, 16), 1)
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(matches!(CpuExecutor::<f16>::new(plan), Err(ExecError::DtypeMismatch { .. })));
+    }
+}

@@ -28,6 +28,7 @@
 mod exclusive;
 mod node;
 mod render;
+mod shard;
 
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
@@ -37,6 +38,7 @@ pub use node::{
     BarrierNode, Edge, EdgeKind, FLAG_SET_VALUE, FlagSetNode, KERNEL_SIGNAL_VALUE, Node,
     PeerCopyNode,
 };
+pub use shard::{DeviceInputs, GlobalInputs, random_normal};
 
 use crate::problem::Problem;
 use crate::schedule::{
@@ -94,7 +96,10 @@ impl DevicePlan {
 
     /// The predecessors of node `index`, with the edge kinds.
     pub fn predecessors(&self, index: usize) -> impl Iterator<Item = (usize, EdgeKind)> + '_ {
-        self.edges.iter().filter(move |e| e.to == index).map(|e| (e.from, e.kind))
+        self.edges
+            .iter()
+            .filter(move |e| e.to == index)
+            .map(|e| (e.from, e.kind))
     }
 
     /// The stage GEMM nodes, in stage order.
@@ -126,9 +131,22 @@ impl Plan {
     pub fn build(schedule: ScheduleKind, problem: Problem, tp: usize) -> Result<Plan, PlanError> {
         can_implement(schedule, &problem, tp)?;
         let devices = (0..tp)
-            .map(|d| wire(schedule, &problem, tp, device_program(schedule, &problem, tp, d)))
+            .map(|d| {
+                wire(
+                    schedule,
+                    &problem,
+                    tp,
+                    device_program(schedule, &problem, tp, d),
+                )
+            })
             .collect();
-        let plan = Plan { schedule, problem, tp, exclusive: ExclusiveLayout::new(tp), devices };
+        let plan = Plan {
+            schedule,
+            problem,
+            tp,
+            exclusive: ExclusiveLayout::new(tp),
+            devices,
+        };
         plan.validate()?;
         Ok(plan)
     }
@@ -138,7 +156,11 @@ impl Plan {
     pub fn validate(&self) -> Result<(), PlanError> {
         for dev in &self.devices {
             for node in &dev.nodes {
-                let fail = |what: String| PlanError::InvalidView { device: dev.device, node: node.name(), what };
+                let fail = |what: String| PlanError::InvalidView {
+                    device: dev.device,
+                    node: node.name(),
+                    what,
+                };
                 for view in node_views(node) {
                     self.check_view(&view).map_err(fail)?;
                 }
@@ -147,7 +169,10 @@ impl Plan {
                 }
                 for flag in node.flags_set().into_iter().chain(node.flags_awaited()) {
                     if flag.device >= self.tp || flag.index >= self.exclusive.flag_count {
-                        return Err(fail(format!("flag {} of device {} does not exist", flag.index, flag.device)));
+                        return Err(fail(format!(
+                            "flag {} of device {} does not exist",
+                            flag.index, flag.device
+                        )));
                     }
                 }
             }
@@ -191,10 +216,15 @@ impl Plan {
 /// Every matrix view a node reads or writes.
 fn node_views(node: &Node) -> Vec<View> {
     match node {
-        Node::Gemm(g) => [Some(g.a), Some(g.b), Some(g.d), g.epilogue.source.view().copied()]
-            .into_iter()
-            .flatten()
-            .collect(),
+        Node::Gemm(g) => [
+            Some(g.a),
+            Some(g.b),
+            Some(g.d),
+            g.epilogue.source.view().copied(),
+        ]
+        .into_iter()
+        .flatten()
+        .collect(),
         Node::Reduce(r) => r.sources.iter().copied().chain([r.dst]).collect(),
         Node::Barrier(_) | Node::PeerCopy(_) | Node::FlagSet(_) => Vec::new(),
     }
@@ -219,7 +249,11 @@ fn wire(kind: ScheduleKind, problem: &Problem, tp: usize, program: DeviceProgram
     let mut edges = Vec::new();
     let mut push = |nodes: &mut Vec<Node>, node: Node, from: usize, kind: EdgeKind| {
         nodes.push(node);
-        edges.push(Edge { from, to: nodes.len() - 1, kind });
+        edges.push(Edge {
+            from,
+            to: nodes.len() - 1,
+            kind,
+        });
         nodes.len() - 1
     };
 
@@ -227,10 +261,19 @@ fn wire(kind: ScheduleKind, problem: &Problem, tp: usize, program: DeviceProgram
     let mut copy_tail = 0;
     for copy in &program.copies {
         let bytes = copy.src.len * problem.dtype.size_bytes();
-        let node = Node::PeerCopy(PeerCopyNode { stage: copy.stage, src: copy.src, dst: copy.dst, bytes });
+        let node = Node::PeerCopy(PeerCopyNode {
+            stage: copy.stage,
+            src: copy.src,
+            dst: copy.dst,
+            bytes,
+        });
         copy_tail = push(&mut nodes, node, copy_tail, EdgeKind::Full);
         if let Some(flag) = copy.sets_flag {
-            let node = Node::FlagSet(FlagSetNode { stage: copy.stage, flag, value: FLAG_SET_VALUE });
+            let node = Node::FlagSet(FlagSetNode {
+                stage: copy.stage,
+                flag,
+                value: FLAG_SET_VALUE,
+            });
             copy_tail = push(&mut nodes, node, copy_tail, EdgeKind::Full);
         }
     }
@@ -238,13 +281,22 @@ fn wire(kind: ScheduleKind, problem: &Problem, tp: usize, program: DeviceProgram
     // The kernel chain: PDL edges, except that a single-stage all-gather's GEMM needs the
     // whole gathered operand, so it follows the copy chain with a full edge.
     let gated_by_copies = !kind.is_pipelined() && kind.collective() == Collective::AllGather;
-    let (mut tail, mut edge) = if gated_by_copies { (copy_tail, EdgeKind::Full) } else { (0, EdgeKind::Programmatic) };
+    let (mut tail, mut edge) = if gated_by_copies {
+        (copy_tail, EdgeKind::Full)
+    } else {
+        (0, EdgeKind::Programmatic)
+    };
     for gemm in program.gemms {
         tail = push(&mut nodes, Node::Gemm(gemm), tail, edge);
         edge = EdgeKind::Programmatic;
     }
     if let Some(reduce) = program.reduce {
-        push(&mut nodes, Node::Reduce(reduce), tail, EdgeKind::Programmatic);
+        push(
+            &mut nodes,
+            Node::Reduce(reduce),
+            tail,
+            EdgeKind::Programmatic,
+        );
     }
 
     DevicePlan {
@@ -283,8 +335,12 @@ mod tests {
 
     #[test]
     fn pipelined_workspace_is_p_minus_one_slices() {
-        let plan = Plan::build(ScheduleKind::AllGatherRotatingA, Problem::new(64, 64, 64), 4)
-            .unwrap_or_else(|e| panic!("{e}"));
+        let plan = Plan::build(
+            ScheduleKind::AllGatherRotatingA,
+            Problem::new(64, 64, 64),
+            4,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
         let ws = plan.devices[0].workspace;
         assert_eq!((ws.slots, ws.slot_elements), (3, 16 * 64));
         assert_eq!(plan.devices[0].workspace_bytes, 3 * 16 * 64 * 2);

@@ -7,19 +7,40 @@ use crate::schedule::{CSource, Collective, Region, View};
 
 /// `ws@1024 16×64 ld64`, prefixed with `devN:` when the buffer is a peer's.
 fn view(own: usize, v: &View) -> String {
-    let peer = if v.device == own { String::new() } else { format!("dev{}:", v.device) };
-    format!("{peer}{}@{} {}×{} ld{}", v.buffer.name(), v.offset, v.rows, v.cols, v.ld)
+    let peer = if v.device == own {
+        String::new()
+    } else {
+        format!("dev{}:", v.device)
+    };
+    format!(
+        "{peer}{}@{} {}×{} ld{}",
+        v.buffer.name(),
+        v.offset,
+        v.rows,
+        v.cols,
+        v.ld
+    )
 }
 
 fn region(r: &Region) -> String {
-    format!("dev{}:{}[{}..{}]", r.device, r.buffer.name(), r.offset, r.offset + r.len)
+    format!(
+        "dev{}:{}[{}..{}]",
+        r.device,
+        r.buffer.name(),
+        r.offset,
+        r.offset + r.len
+    )
 }
 
 fn flags(flags: &[crate::schedule::FlagRef]) -> String {
     if flags.is_empty() {
         return "-".into();
     }
-    flags.iter().map(|f| format!("dev{}.flag{}", f.device, f.index)).collect::<Vec<_>>().join(",")
+    flags
+        .iter()
+        .map(|f| format!("dev{}.flag{}", f.device, f.index))
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 fn opt(x: Option<usize>) -> String {
@@ -27,7 +48,13 @@ fn opt(x: Option<usize>) -> String {
 }
 
 fn block(name: &str, b: &crate::schedule::Block) -> String {
-    format!("{name} rows {}..{} cols {}..{}", b.row0, b.row0 + b.rows, b.col0, b.col0 + b.cols)
+    format!(
+        "{name} rows {}..{} cols {}..{}",
+        b.row0,
+        b.row0 + b.rows,
+        b.col0,
+        b.col0 + b.cols
+    )
 }
 
 impl Plan {
@@ -35,15 +62,20 @@ impl Plan {
     fn index_maps(&self) -> String {
         let p = self.tp;
         match (self.schedule.collective(), self.schedule.is_pipelined()) {
-            (Collective::AllGather, true) => format!("peer(d,t) = tile(d,t) = (d+t) mod {p}; stage t>0 reads ws slot t-1"),
+            (Collective::AllGather, true) => {
+                format!("peer(d,t) = tile(d,t) = (d+t) mod {p}; stage t>0 reads ws slot t-1")
+            }
             (Collective::ReduceScatter, true) => format!(
                 "peer = left = (d-1) mod {p}; tile(d,t) = (d-1-t) mod {p}; stage t>0 adds left's ws slot t-1, \
                  writes own slot t (t<{last}) or D (t={last})",
                 last = p - 1
             ),
-            (Collective::AllGather, false) => "gather all shards into ws slots (global order), then one GEMM".into(),
+            (Collective::AllGather, false) => {
+                "gather all shards into ws slots (global order), then one GEMM".into()
+            }
             (Collective::ReduceScatter, false) => {
-                "one GEMM into the M×N partial (ws), then D = Σ_q block d of device q's partial".into()
+                "one GEMM into the M×N partial (ws), then D = Σ_q block d of device q's partial"
+                    .into()
             }
         }
     }
@@ -86,10 +118,15 @@ impl Plan {
     /// dotted red edges from each flag store to the nodes that wait on that flag.
     #[must_use]
     pub fn render_dot(&self) -> String {
-        let mut out = String::from("digraph plan {\n  rankdir=LR;\n  node [shape=box, fontname=monospace];\n");
+        let mut out = String::from(
+            "digraph plan {\n  rankdir=LR;\n  node [shape=box, fontname=monospace];\n",
+        );
         for dev in &self.devices {
             let d = dev.device;
-            let _ = writeln!(out, "  subgraph cluster_dev{d} {{\n    label=\"device {d}\";");
+            let _ = writeln!(
+                out,
+                "  subgraph cluster_dev{d} {{\n    label=\"device {d}\";"
+            );
             for (i, node) in dev.nodes.iter().enumerate() {
                 let _ = writeln!(out, "    d{d}n{i} [label=\"{}\"];", dot_label(d, node));
             }
@@ -126,8 +163,17 @@ impl Plan {
 fn dot_label(d: usize, node: &Node) -> String {
     match node {
         Node::Barrier(b) => format!("barrier\\nwait {} arrivals", b.arrivals),
-        Node::PeerCopy(c) => format!("copy t={}\\n{} → {}\\n{} B", c.stage, region(&c.src), region(&c.dst), c.bytes),
-        Node::FlagSet(f) => format!("flag set t={}\\ndev{}.flag{}", f.stage, f.flag.device, f.flag.index),
+        Node::PeerCopy(c) => format!(
+            "copy t={}\\n{} → {}\\n{} B",
+            c.stage,
+            region(&c.src),
+            region(&c.dst),
+            c.bytes
+        ),
+        Node::FlagSet(f) => format!(
+            "flag set t={}\\ndev{}.flag{}",
+            f.stage, f.flag.device, f.flag.index
+        ),
         Node::Gemm(g) => format!(
             "gemm t={} tile {}\\n{}×{}×{}\\nD={}",
             g.stage,
@@ -144,8 +190,16 @@ fn dot_label(d: usize, node: &Node) -> String {
 fn render_device(out: &mut String, dev: &DevicePlan) {
     let d = dev.device;
     let s = &dev.shards;
-    let c = s.c.map(|c| format!(", {}", block("C", &c))).unwrap_or_default();
-    let _ = writeln!(out, "\ndevice {d}: {}, {}{c}, {}", block("A", &s.a), block("B", &s.b), block("D", &s.d));
+    let c =
+        s.c.map(|c| format!(", {}", block("C", &c)))
+            .unwrap_or_default();
+    let _ = writeln!(
+        out,
+        "\ndevice {d}: {}, {}{c}, {}",
+        block("A", &s.a),
+        block("B", &s.b),
+        block("D", &s.d)
+    );
     let _ = writeln!(
         out,
         "  {:<5} {:<4} {:<4} {:<14} {:<22} {:<22} {:<24} {:<22} {:<11} {}",
@@ -156,7 +210,9 @@ fn render_device(out: &mut String, dev: &DevicePlan) {
             Node::Gemm(g) => {
                 let c = match &g.epilogue.source {
                     CSource::None => "-".to_string(),
-                    CSource::Local(v) | CSource::Peer(v) => format!("{} ({})", view(d, v), g.epilogue.beta),
+                    CSource::Local(v) | CSource::Peer(v) => {
+                        format!("{} ({})", view(d, v), g.epilogue.beta)
+                    }
                 };
                 let _ = writeln!(
                     out,
@@ -195,7 +251,11 @@ fn render_device(out: &mut String, dev: &DevicePlan) {
                 );
             }
             Node::FlagSet(f) => {
-                let _ = writeln!(out, "  then set dev{}.flag{} = {:#x}", f.flag.device, f.flag.index, f.value);
+                let _ = writeln!(
+                    out,
+                    "  then set dev{}.flag{} = {:#x}",
+                    f.flag.device, f.flag.index, f.value
+                );
             }
             Node::Barrier(_) => {}
         }

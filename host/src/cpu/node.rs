@@ -1,0 +1,127 @@
+//! Executing one plan node on the CPU, with the memory orderings the GPU uses.
+
+use std::sync::atomic::Ordering;
+
+use super::memory::{DeviceMemory, ExclusiveWorkspace, copy_region, read_view_f32, write_view};
+use super::wait::{WaitFailure, Waiter};
+use super::ExecError;
+use crate::dtype::Element;
+use crate::plan::{BarrierNode, KERNEL_SIGNAL_VALUE, Node};
+use crate::reference::{EpilogueInput, gemm_f32};
+use crate::schedule::{FlagRef, GemmStage, ReduceStep};
+
+/// What a node needs to run: all devices' memory, all exclusive workspaces, the waiter.
+pub(crate) struct Context<'a, T> {
+    pub(crate) memory: &'a [DeviceMemory<T>],
+    pub(crate) exclusive: &'a [ExclusiveWorkspace],
+    pub(crate) waiter: Waiter<'a>,
+}
+
+impl<T: Element> Context<'_, T> {
+    fn flag(&self, f: &FlagRef) -> &std::sync::atomic::AtomicU32 {
+        &self.exclusive[f.device].flags[f.index]
+    }
+
+    /// Runs `node` of `device`.
+    pub(crate) fn run(&self, device: usize, node: &Node) -> Result<(), ExecError> {
+        match node {
+            Node::Barrier(b) => self.barrier(device, b),
+            Node::PeerCopy(c) => {
+                copy_region(self.memory, &c.src, &c.dst);
+                Ok(())
+            }
+            Node::FlagSet(f) => {
+                // Release: the copy before it (same chain) is visible to the acquirer.
+                self.flag(&f.flag).store(f.value, Ordering::Release);
+                Ok(())
+            }
+            Node::Gemm(g) => {
+                self.prologue(device, g.stage, "gemm", g.signals.as_slice(), g.waits.as_slice())?;
+                self.gemm(g);
+                Ok(())
+            }
+            Node::Reduce(r) => {
+                self.prologue(device, r.stage, "reduce", &r.signals, &r.waits)?;
+                self.reduce(r);
+                Ok(())
+            }
+        }
+    }
+
+    /// Reset own flags, release-arrive at every peer, acquire-wait for P−1 arrivals, consume
+    /// them (running counter: early arrivals for the next run survive).
+    fn barrier(&self, device: usize, b: &BarrierNode) -> Result<(), ExecError> {
+        for f in &b.reset_flags {
+            self.flag(f).store(0, Ordering::Relaxed);
+        }
+        for &q in &b.arrive_at {
+            // Release orders the resets above before the arrival.
+            self.exclusive[q].counter.fetch_add(1, Ordering::Release);
+        }
+        let counter = &self.exclusive[device].counter;
+        match self.waiter.until(|| counter.load(Ordering::Acquire) >= b.arrivals) {
+            Ok(()) => {
+                counter.fetch_sub(b.arrivals, Ordering::AcqRel);
+                Ok(())
+            }
+            Err(WaitFailure::Aborted) => Err(ExecError::Aborted),
+            Err(WaitFailure::TimedOut) => Err(ExecError::BarrierTimeout {
+                device,
+                counter: counter.load(Ordering::Relaxed),
+                arrivals: b.arrivals,
+                timeout: self.waiter.timeout,
+            }),
+        }
+    }
+
+    /// Kernel prologue: signal (release) first, then wait (acquire) — the other order would
+    /// close a cycle around the reduce-scatter ring.
+    fn prologue(
+        &self,
+        device: usize,
+        stage: usize,
+        node: &'static str,
+        signals: &[FlagRef],
+        waits: &[FlagRef],
+    ) -> Result<(), ExecError> {
+        for f in signals {
+            self.flag(f).store(KERNEL_SIGNAL_VALUE, Ordering::Release);
+        }
+        for f in waits {
+            let flag = self.flag(f);
+            self.waiter.until(|| flag.load(Ordering::Acquire) != 0).map_err(|e| match e {
+                WaitFailure::Aborted => ExecError::Aborted,
+                WaitFailure::TimedOut => {
+                    ExecError::FlagTimeout { device, stage, node, flag: *f, timeout: self.waiter.timeout }
+                }
+            })?;
+        }
+        Ok(())
+    }
+
+    fn gemm(&self, g: &GemmStage) {
+        let a = read_view_f32(self.memory, &g.a);
+        let b = read_view_f32(self.memory, &g.b);
+        let c = g.epilogue.source.view().map(|v| (read_view_f32(self.memory, v), v.cols));
+        let epilogue = EpilogueInput {
+            alpha: g.epilogue.alpha,
+            beta: g.epilogue.beta,
+            c: c.as_ref().map(|(values, ld)| (values.as_slice(), *ld)),
+        };
+        let (m, n, k) = (g.shape.m, g.shape.n, g.shape.k);
+        let d: Vec<T> = gemm_f32(m, n, k, &a, g.a.cols, &b, g.b.cols, epilogue);
+        write_view(self.memory, &g.d, &d);
+    }
+
+    /// `dst = Σ sources` in f32, in source order, rounded once.
+    fn reduce(&self, r: &ReduceStep) {
+        let mut sum = vec![0.0f32; r.dst.elements()];
+        for src in &r.sources {
+            for (s, x) in sum.iter_mut().zip(read_view_f32(self.memory, src)) {
+                *s += x;
+            }
+        }
+        let out: Vec<T> = sum.into_iter().map(T::from_f32).collect();
+        write_view(self.memory, &r.dst, &out);
+    }
+}
