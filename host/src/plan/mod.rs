@@ -64,6 +64,17 @@ pub enum PlanError {
     },
 }
 
+/// Why a JSON plan was not accepted.
+#[derive(Debug, Error)]
+pub enum PlanFromJsonError {
+    /// Not a plan.
+    #[error("not a distgemm plan: {0}")]
+    Json(#[from] serde_json::Error),
+    /// A plan whose views escape their buffers.
+    #[error(transparent)]
+    Invalid(#[from] PlanError),
+}
+
 /// The plan of one device.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct DevicePlan {
@@ -205,6 +216,13 @@ impl Plan {
             return Err(format!("region {r:?} exceeds its buffer of {len} elements"));
         }
         Ok(())
+    }
+
+    /// Reads a plan written by [`Plan::to_json`] and validates it.
+    pub fn from_json(json: &str) -> Result<Plan, PlanFromJsonError> {
+        let plan: Plan = serde_json::from_str(json)?;
+        plan.validate()?;
+        Ok(plan)
     }
 
     /// The plan as pretty-printed JSON.

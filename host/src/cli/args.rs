@@ -1,0 +1,157 @@
+//! Command-line arguments (clap derive) and the problem they describe.
+
+use clap::builder::PossibleValue;
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use super::CliError;
+use crate::dtype::Dtype;
+use crate::problem::{DEFAULT_TOKENS, Preset, Problem};
+use crate::schedule::ScheduleKind;
+
+/// distgemm: tensor-parallel GEMM schedules, plans and a CPU executor.
+#[derive(Debug, Parser)]
+#[command(name = "distgemm", version, about)]
+pub(crate) struct Cli {
+    #[command(subcommand)]
+    pub(crate) command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum Command {
+    /// Print the per-device plan: what runs where, what moves, which flags.
+    Plan(PlanArgs),
+    /// Run the plan on random data (CPU executor for now), optionally checking the result.
+    Run(RunArgs),
+}
+
+/// The problem: a schedule, a TP and either explicit sizes or a preset.
+#[derive(Debug, Args)]
+pub(crate) struct ProblemArgs {
+    /// The schedule.
+    #[arg(long)]
+    pub(crate) schedule: ScheduleKind,
+    /// Tensor-parallel degree (number of devices), 1..=8.
+    #[arg(long)]
+    pub(crate) tp: usize,
+    /// Rows of A and D (tokens).
+    #[arg(long)]
+    pub(crate) m: Option<usize>,
+    /// Rows of B, columns of D.
+    #[arg(long)]
+    pub(crate) n: Option<usize>,
+    /// Reduction dimension.
+    #[arg(long)]
+    pub(crate) k: Option<usize>,
+    /// A LLaMA-3 projection (instead of --m/--n/--k).
+    #[arg(long)]
+    pub(crate) preset: Option<Preset>,
+    /// Tokens (M) of a preset [default: 16384].
+    #[arg(long)]
+    pub(crate) tokens: Option<usize>,
+    /// Element type.
+    #[arg(long, default_value = "bf16")]
+    pub(crate) dtype: Dtype,
+}
+
+/// Output format of `plan`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub(crate) enum Format {
+    /// Per device and stage, aligned columns.
+    Table,
+    /// The plan as JSON (the data the executors consume).
+    Json,
+    /// Graphviz: one cluster per device, flag dependencies across devices.
+    Dot,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct PlanArgs {
+    #[command(flatten)]
+    pub(crate) problem: ProblemArgs,
+    /// Output format.
+    #[arg(long, value_enum, default_value = "table")]
+    pub(crate) format: Format,
+}
+
+/// Where `run` executes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub(crate) enum Backend {
+    /// CUDA when available, else the CPU executor (with a notice).
+    Auto,
+    /// The CPU executor.
+    Cpu,
+    /// The CUDA runtime (not available yet).
+    Cuda,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct RunArgs {
+    #[command(flatten)]
+    pub(crate) problem: ProblemArgs,
+    /// Execution backend.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub(crate) backend: Backend,
+    /// Verify D against an f64 reference; exit 1 on mismatch.
+    #[arg(long)]
+    pub(crate) check: bool,
+    /// Consecutive runs of the plan.
+    #[arg(long, default_value_t = 1)]
+    pub(crate) iters: usize,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    pub(crate) json: bool,
+    /// Seed of the random inputs.
+    #[arg(long, default_value_t = 0)]
+    pub(crate) seed: u64,
+    /// Bound of every executor wait, in milliseconds.
+    #[arg(long, default_value_t = 5000)]
+    pub(crate) timeout_ms: u64,
+}
+
+impl ProblemArgs {
+    /// The problem the arguments describe (validity against the schedule is checked by the plan).
+    pub(crate) fn problem(&self) -> Result<Problem, CliError> {
+        let problem = match (self.preset, self.m, self.n, self.k) {
+            (Some(preset), None, None, None) => preset.problem(self.tokens.unwrap_or(DEFAULT_TOKENS)),
+            (Some(_), ..) => {
+                return Err(CliError::Usage("--preset cannot be combined with --m, --n or --k".into()));
+            }
+            (None, Some(m), Some(n), Some(k)) if self.tokens.is_none() => Problem::new(m, n, k),
+            (None, Some(_), Some(_), Some(_)) => {
+                return Err(CliError::Usage("--tokens only applies to --preset; use --m".into()));
+            }
+            (None, ..) => return Err(CliError::Usage("give either --m, --n and --k, or --preset".into())),
+        };
+        Ok(problem.with_dtype(self.dtype))
+    }
+}
+
+impl ValueEnum for ScheduleKind {
+    fn value_variants<'a>() -> &'a [Self] {
+        &ScheduleKind::ALL
+    }
+
+    fn to_possible_value(&self) -> Option<PossibleValue> {
+        Some(PossibleValue::new(self.cli_name()).help(self.full_name()))
+    }
+}
+
+impl ValueEnum for Preset {
+    fn value_variants<'a>() -> &'a [Self] {
+        &Preset::ALL
+    }
+
+    fn to_possible_value(&self) -> Option<PossibleValue> {
+        Some(PossibleValue::new(self.name()))
+    }
+}
+
+impl ValueEnum for Dtype {
+    fn value_variants<'a>() -> &'a [Self] {
+        &Dtype::ALL
+    }
+
+    fn to_possible_value(&self) -> Option<PossibleValue> {
+        Some(PossibleValue::new(self.name()))
+    }
+}

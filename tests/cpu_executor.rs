@@ -1,0 +1,172 @@
+//! The CPU executor against the f64 reference: every schedule, random TP 1..=8, random shapes
+//! meeting the schedule's constraints, random normal data (never zero), outputs and workspace
+//! poisoned with NaN before each run, several consecutive runs of one plan (fresh data each,
+//! the last one two iterations back to back). Bound: `reference::check`'s
+//! `|D − D_ref| ≤ 1.05·(r·u + (K+P+2)·2^-24)·(|alpha|·Σ|a·b| + |beta·c|)` per element.
+//! All-gather schedules must also equal, bit for bit, a single-device GEMM computed the way the
+//! stage kernel computes.
+
+use std::time::Duration;
+
+use distgemm::cpu::{CpuExecutor, ExecError};
+use distgemm::dtype::{Dtype, Element};
+use distgemm::plan::{Node, Plan};
+use distgemm::problem::Problem;
+use distgemm::reference::gemm_like_stage;
+use distgemm::schedule::{Collective, FlagRef, ScheduleKind};
+use distgemm_tests::cpu::{run_checked, shape};
+use half::{bf16, f16};
+use proptest::prelude::*;
+
+/// Builds the plan and runs it 3 times (the last with 2 back-to-back iterations), checking
+/// every element each time and, for all-gather, bit-identity with the single-device GEMM.
+fn check_schedule<T: Element>(kind: ScheduleKind, tp: usize, (m, n, k): (usize, usize, usize), alpha: f32, beta: f32, seed: u64) {
+    let beta = if kind.collective() == Collective::AllGather { beta } else { 0.0 };
+    let problem = Problem::new(m, n, k).with_dtype(T::DTYPE).with_scalars(alpha, beta);
+    let plan = Plan::build(kind, problem, tp).unwrap_or_else(|e| panic!("{kind} TP={tp} {problem}: {e}"));
+    let mut exec = CpuExecutor::<T>::new(plan).unwrap_or_else(|e| panic!("{e}"));
+    for run in 0..3u64 {
+        let iters = if run == 2 { 2 } else { 1 };
+        let (inputs, d, report) = run_checked(&mut exec, seed.wrapping_add(run), iters);
+        assert!(report.passed(), "{kind} TP={tp} {problem} run {run}: {report:?}");
+        if kind.collective() == Collective::AllGather {
+            let single = gemm_like_stage(m, n, k, &inputs.a, k, &inputs.b, k, alpha, beta, inputs.c.as_deref());
+            let differing = d.iter().zip(&single).filter(|(x, y)| x.to_bits() != y.to_bits()).count();
+            assert_eq!(differing, 0, "{kind} TP={tp} {problem}: not bit-identical to one device");
+        }
+    }
+    assert!(exec.exclusive_state().iter().all(|e| e.counter == 0), "barrier counters must return to 0");
+}
+
+fn cases() -> impl Strategy<Value = (ScheduleKind, usize, (usize, usize, usize), bool, f32, f32, u64)> {
+    (proptest::sample::select(ScheduleKind::ALL.to_vec()), 1..=8usize).prop_flat_map(|(kind, tp)| {
+        (
+            Just(kind),
+            Just(tp),
+            shape(kind, tp),
+            any::<bool>(),
+            proptest::sample::select(vec![1.0f32, 0.5, -1.25]),
+            proptest::sample::select(vec![0.0f32, 0.75]),
+            any::<u64>(),
+        )
+    })
+}
+
+proptest! {
+    // 48 cases over 8 schedules × 8 TPs × 2 dtypes; each runs the plan 3 times (~4 s in debug).
+    #![proptest_config(ProptestConfig { cases: 48, failure_persistence: None, ..ProptestConfig::default() })]
+    #[test]
+    fn every_schedule_matches_the_reference((kind, tp, dims, use_f16, alpha, beta, seed) in cases()) {
+        if use_f16 {
+            check_schedule::<f16>(kind, tp, dims, alpha, beta, seed);
+        } else {
+            check_schedule::<bf16>(kind, tp, dims, alpha, beta, seed);
+        }
+    }
+}
+
+#[test]
+fn every_schedule_at_every_tp() {
+    for kind in ScheduleKind::ALL {
+        for tp in 1..=8 {
+            check_schedule::<bf16>(kind, tp, (8 * tp, 8 * tp, 8 * tp), 1.0, 0.5, tp as u64);
+        }
+    }
+}
+
+fn executor(kind: ScheduleKind, tp: usize) -> CpuExecutor<bf16> {
+    let plan = Plan::build(kind, Problem::new(16 * tp, 16 * tp, 16 * tp), tp).unwrap_or_else(|e| panic!("{e}"));
+    CpuExecutor::new(plan).unwrap_or_else(|e| panic!("{e}")).with_timeout(Duration::from_millis(300))
+}
+
+fn mutate(exec: CpuExecutor<bf16>, f: impl FnOnce(&mut Plan)) -> CpuExecutor<bf16> {
+    let mut plan = exec.plan().clone();
+    f(&mut plan);
+    CpuExecutor::new(plan).unwrap_or_else(|e| panic!("{e}")).with_timeout(Duration::from_millis(300))
+}
+
+#[test]
+fn a_misdirected_flag_set_is_a_deadlock_naming_device_stage_and_flag() {
+    let exec = mutate(executor(ScheduleKind::AllGatherRotatingA, 4), |plan| {
+        for node in &mut plan.devices[1].nodes {
+            if let Node::FlagSet(f) = node
+                && f.stage == 2
+            {
+                f.flag.index = 1;
+            }
+        }
+    });
+    let err = exec.run(1).expect_err("must deadlock");
+    assert_eq!(
+        err,
+        ExecError::FlagTimeout { device: 1, stage: 2, node: "gemm", flag: FlagRef { device: 1, index: 2 }, timeout: Duration::from_millis(300) }
+    );
+    assert!(err.to_string().contains("device 1, stage 2 (gemm)") && err.to_string().contains("flag 2 of device 1"), "{err}");
+}
+
+#[test]
+fn a_missing_reduce_signal_is_a_deadlock() {
+    let exec = mutate(executor(ScheduleKind::ReduceScatterSingleStageA, 3), |plan| {
+        if let Some(Node::Reduce(r)) = plan.devices[2].nodes.last_mut() {
+            r.signals.retain(|f| f.device != 0);
+        }
+    });
+    let err = exec.run(1).expect_err("must deadlock");
+    assert!(matches!(err, ExecError::FlagTimeout { device: 0, node: "reduce", flag: FlagRef { device: 0, index: 2 }, .. }), "{err}");
+}
+
+#[test]
+fn a_missing_barrier_arrival_is_a_deadlock() {
+    let exec = mutate(executor(ScheduleKind::ReduceScatterTilingB, 2), |plan| {
+        if let Node::Barrier(b) = &mut plan.devices[0].nodes[0] {
+            b.arrive_at.clear();
+        }
+    });
+    assert!(matches!(exec.run(1), Err(ExecError::BarrierTimeout { device: 1, counter: 0, arrivals: 1, .. })));
+}
+
+#[test]
+fn a_wrong_slot_or_peer_fails_the_check() {
+    // Reading the left neighbour's slot t instead of t−1: stale (NaN-poisoned) data.
+    let mut wrong_slot = mutate(executor(ScheduleKind::ReduceScatterTilingA, 4), |plan| {
+        for node in &mut plan.devices[2].nodes {
+            if let Node::Gemm(g) = node
+                && g.stage == 1
+                && let distgemm::schedule::CSource::Peer(c) = &mut g.epilogue.source
+            {
+                c.offset += c.rows * c.cols;
+            }
+        }
+    });
+    assert!(!run_checked(&mut wrong_slot, 1, 1).2.passed());
+    // Copying from the wrong peer: wrong A rows.
+    let mut wrong_peer = mutate(executor(ScheduleKind::AllGatherRotatingA, 3), |plan| {
+        for node in &mut plan.devices[0].nodes {
+            if let Node::PeerCopy(c) = node
+                && c.stage == 1
+            {
+                c.src.device = 2;
+            }
+        }
+    });
+    assert!(!run_checked(&mut wrong_peer, 1, 1).2.passed());
+}
+
+#[test]
+fn many_back_to_back_iterations_keep_the_running_counter_consistent() {
+    let mut exec = executor(ScheduleKind::ReduceScatterTilingA, 8);
+    let (_, _, report) = run_checked(&mut exec, 3, 25);
+    assert!(report.passed(), "{report:?}");
+    assert!(exec.exclusive_state().iter().all(|e| e.counter == 0));
+}
+
+#[test]
+fn plans_roundtrip_through_json() {
+    for kind in ScheduleKind::ALL {
+        let plan = Plan::build(kind, Problem::new(48, 48, 48).with_dtype(Dtype::F16), 3).unwrap_or_else(|e| panic!("{e}"));
+        let json = plan.to_json().unwrap_or_else(|e| panic!("{e}"));
+        let back = Plan::from_json(&json).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(back, plan, "{kind}");
+    }
+}
+

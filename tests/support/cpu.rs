@@ -1,0 +1,56 @@
+//! Helpers of the CPU-executor tests: valid random shapes per schedule, and a checked run.
+
+use distgemm::cpu::CpuExecutor;
+use distgemm::dtype::Element;
+use distgemm::plan::{GlobalInputs, Plan};
+use distgemm::reference::{CheckInputs, CheckReport, check};
+use distgemm::schedule::{Collective, ScheduleKind};
+use proptest::prelude::*;
+
+/// Random (M, N, K) meeting `kind`'s constraints at `tp`, kept small for debug builds:
+/// a dimension TP splits is a multiple of TP (of 8·TP where its TP-slice is a view offset or
+/// leading dimension); K and every leading dimension a multiple of 8.
+pub fn shape(kind: ScheduleKind, tp: usize) -> impl Strategy<Value = (usize, usize, usize)> {
+    let splits_m = kind.collective() == Collective::AllGather || kind.tiles_rows();
+    let m_unit = if splits_m { tp } else { 1 };
+    let n_unit = match kind {
+        ScheduleKind::ReduceScatterTilingA | ScheduleKind::ReduceScatterSingleStageA => 8,
+        ScheduleKind::AllGatherSingleStageB => num_lcm(tp, 8),
+        _ => 8 * tp,
+    };
+    let k_unit = if kind.collective() == Collective::ReduceScatter { 8 * tp } else { 8 };
+    (1..=24 / m_unit.min(24) + 1, 1..=2usize, 1..=2usize).prop_map(move |(m, n, k)| (m * m_unit, n * n_unit, k * k_unit))
+}
+
+fn num_lcm(a: usize, b: usize) -> usize {
+    let gcd = (1..=a.min(b)).rev().find(|g| a % g == 0 && b % g == 0).unwrap_or(1);
+    a / gcd * b
+}
+
+/// Loads fresh random inputs (from `seed`), poisons outputs and workspace with NaN, runs
+/// `iters` back-to-back iterations and checks every element of D against the f64 reference.
+/// Returns the inputs, the gathered D and the report.
+pub fn run_checked<T: Element>(
+    exec: &mut CpuExecutor<T>,
+    seed: u64,
+    iters: usize,
+) -> (GlobalInputs<T>, Vec<T>, CheckReport) {
+    let plan: &Plan = exec.plan();
+    let problem = plan.problem;
+    let inputs = GlobalInputs::<T>::random(&problem, seed);
+    let shards = plan.shard_inputs(&inputs);
+    exec.load_inputs(&shards).unwrap_or_else(|e| panic!("load: {e}"));
+    exec.poison();
+    exec.run(iters).unwrap_or_else(|e| panic!("run: {e}"));
+    let d = exec.gathered_output();
+    let plan = exec.plan();
+    let report = check(
+        &problem,
+        plan.schedule.roundings(plan.tp),
+        plan.tp,
+        CheckInputs { a: &inputs.a, b: &inputs.b, c: inputs.c.as_deref() },
+        &d,
+    );
+    (inputs, d, report)
+}
+
