@@ -1,1 +1,2 @@
 //! Shared helpers of the integration tests.
+pub mod cpu;
