@@ -1,2 +1,3 @@
 //! Shared helpers of the integration tests.
 pub mod cpu;
+pub mod gpu;

@@ -42,11 +42,11 @@ pub enum BaselineError {
     #[error(
         "cuBLASLt (libcublasLt.so) could not be loaded, so the cuBLAS baseline cannot run. Add the \
          folder that holds it to LD_LIBRARY_PATH: a CUDA toolkit's lib64, or the \
-         site-packages/nvidia/cublas/lib folder of an installed PyTorch (searched for: {searched})"
+         site-packages/nvidia/cublas/lib folder of an installed PyTorch"
     )]
     CublasLtNotFound {
-        /// Library names tried, comma-separated.
-        searched: String,
+        /// Library names tried (cudarc's candidates).
+        searched: Vec<String>,
     },
     /// A cuBLASLt call failed.
     #[error("{call} failed: {source:?}")]
@@ -272,7 +272,7 @@ impl<T: CublasLtElement> CublasLtGemm<T> {
         // called before this says the library loads (cudarc would panic otherwise).
         if !unsafe { sys::is_culib_present() } {
             return Err(BaselineError::CublasLtNotFound {
-                searched: cudarc::get_lib_name_candidates("cublasLt").join(", "),
+                searched: cudarc::get_lib_name_candidates("cublasLt"),
             });
         }
         gpu.bind()?;

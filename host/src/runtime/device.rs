@@ -56,6 +56,7 @@ const REQUIRED_DRIVER_SYMBOLS: &[&str] = &[
     "cuModuleLoadDataEx",
     "cuModuleGetFunction",
     "cuModuleUnload",
+    "cuFuncGetAttribute",
     "cuFuncSetAttribute",
     "cuLaunchKernelEx",
     "cuTensorMapEncodeTiled",
@@ -102,8 +103,7 @@ pub fn probe_driver() -> Result<DriverVersion> {
         let searched = ["cuda", "nvcuda"]
             .iter()
             .flat_map(|l| cudarc::get_lib_name_candidates(l))
-            .collect::<Vec<_>>()
-            .join(", ");
+            .collect();
         return Err(RuntimeError::DriverNotFound { searched });
     }
     // SAFETY: the library loads (checked above), so `culib` returns it instead of panicking;

@@ -36,7 +36,7 @@ pub struct LaunchConfig {
 /// The device limits a launch is checked against.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LaunchLimits {
-    /// Dynamic shared memory a block may opt in to.
+    /// Dynamic shared memory a launch may ask for (opt-in maximum minus static shared memory).
     pub max_dynamic_smem: u32,
 }
 
@@ -119,7 +119,8 @@ impl LaunchConfig {
         }
         if self.dynamic_smem > limits.max_dynamic_smem {
             return Err(format!(
-                "{} bytes of dynamic shared memory exceed the device's opt-in maximum of {} bytes",
+                "{} bytes of dynamic shared memory exceed the {} bytes this kernel may use \
+                 (the device's opt-in maximum minus the kernel's static shared memory)",
                 self.dynamic_smem, limits.max_dynamic_smem
             ));
         }
@@ -288,7 +289,7 @@ pub unsafe fn launch(
         reason,
     };
     let limits = LaunchLimits {
-        max_dynamic_smem: gpu.max_shared_memory_per_block_optin(),
+        max_dynamic_smem: kernel.max_dynamic_smem(),
     };
     cfg.validate(&limits).map_err(invalid)?;
     if stream.context().ordinal() != gpu.ordinal() {

@@ -24,9 +24,6 @@ use std::sync::atomic::{AtomicU32, Ordering};
 /// Environment variable naming a PTX file that replaces the embedded PTX.
 pub const PTX_ENV_VAR: &str = "DISTGEMM_PTX";
 
-/// Dynamic shared memory every kernel may use without opting in (48 KiB).
-pub const DEFAULT_DYNAMIC_SMEM_LIMIT: u32 = 48 * 1024;
-
 /// Bytes reserved for each JIT log.
 const JIT_LOG_BYTES: usize = 64 * 1024;
 
@@ -204,7 +201,9 @@ impl Module {
         }))
     }
 
-    /// Looks a kernel up by its exported name (`cuModuleGetFunction`).
+    /// Looks a kernel up by its exported name (`cuModuleGetFunction`) and reads its static
+    /// shared memory and current dynamic-shared-memory limit (`cuFuncGetAttribute`; the limit
+    /// starts at 48 KiB minus the static part).
     pub fn kernel(self: &Arc<Self>, name: &str) -> Result<Kernel> {
         let not_found = || RuntimeError::KernelNotInModule {
             name: name.to_owned(),
@@ -214,19 +213,32 @@ impl Module {
         let c_name = CString::new(name).map_err(|_| not_found())?;
         self.gpu.bind()?;
         // SAFETY: the module is loaded and its context current.
-        match unsafe { result::module::get_function(self.raw, c_name) } {
-            Ok(func) => Ok(Kernel {
-                func,
-                name: name.to_owned(),
-                module: Arc::clone(self),
-                dynamic_smem_limit: Arc::new(AtomicU32::new(DEFAULT_DYNAMIC_SMEM_LIMIT)),
-            }),
-            Err(DriverError(sys::CUresult::CUDA_ERROR_NOT_FOUND)) => Err(not_found()),
-            Err(source) => Err(RuntimeError::Driver {
-                call: "cuModuleGetFunction",
-                source,
-            }),
-        }
+        let func = match unsafe { result::module::get_function(self.raw, c_name) } {
+            Ok(func) => func,
+            Err(DriverError(sys::CUresult::CUDA_ERROR_NOT_FOUND)) => return Err(not_found()),
+            Err(source) => {
+                return Err(RuntimeError::Driver {
+                    call: "cuModuleGetFunction",
+                    source,
+                });
+            }
+        };
+        let attribute = |attr| {
+            // SAFETY: `func` was just returned by cuModuleGetFunction; the module is alive.
+            unsafe { result::function::get_function_attribute(func, attr) }
+                .map(|v| u32::try_from(v).unwrap_or(0))
+                .map_err(RuntimeError::driver("cuFuncGetAttribute"))
+        };
+        use sys::CUfunction_attribute as A;
+        let static_smem = attribute(A::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)?;
+        let dynamic_limit = attribute(A::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES)?;
+        Ok(Kernel {
+            func,
+            name: name.to_owned(),
+            module: Arc::clone(self),
+            static_smem,
+            dynamic_smem_limit: Arc::new(AtomicU32::new(dynamic_limit)),
+        })
     }
 
     /// Where the PTX came from.
@@ -262,6 +274,8 @@ pub struct Kernel {
     func: sys::CUfunction,
     name: String,
     module: Arc<Module>,
+    /// Static shared memory of the function (`.shared` variables), bytes.
+    static_smem: u32,
     /// Dynamic shared memory the function is currently allowed (`MAX_DYNAMIC_SHARED_SIZE_BYTES`),
     /// shared by clones because the attribute belongs to the `CUfunction`.
     dynamic_smem_limit: Arc<AtomicU32>,
@@ -288,12 +302,37 @@ impl Kernel {
         self.func
     }
 
-    /// Makes sure a launch may use `bytes` of dynamic shared memory: above the 48 KiB default,
-    /// the kernel must opt in with `cuFuncSetAttribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES)`.
-    /// Done once per size increase. The caller checks `bytes` against the device's opt-in limit.
+    /// Static shared memory of the kernel, bytes (counts against the per-block maximum).
+    pub fn static_smem(&self) -> u32 {
+        self.static_smem
+    }
+
+    /// Largest dynamic shared memory a launch of this kernel may ask for on its GPU: the
+    /// device's opt-in maximum minus the kernel's static shared memory.
+    pub fn max_dynamic_smem(&self) -> u32 {
+        self.gpu()
+            .max_shared_memory_per_block_optin()
+            .saturating_sub(self.static_smem)
+    }
+
+    /// Makes sure a launch may use `bytes` of dynamic shared memory. Without opting in, static
+    /// plus dynamic shared memory is limited to 48 KiB; above that the kernel must raise its
+    /// limit with `cuFuncSetAttribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES)`. Done
+    /// once per increase; `bytes` beyond [`Kernel::max_dynamic_smem`] is an error.
     pub fn reserve_dynamic_smem(&self, bytes: u32) -> Result<()> {
         if bytes <= self.dynamic_smem_limit.load(Ordering::Acquire) {
             return Ok(());
+        }
+        if bytes > self.max_dynamic_smem() {
+            return Err(RuntimeError::InvalidLaunch {
+                kernel: self.name.clone(),
+                reason: format!(
+                    "{bytes} bytes of dynamic shared memory plus {} static exceed the device's \
+                     opt-in maximum of {} bytes per block",
+                    self.static_smem,
+                    self.gpu().max_shared_memory_per_block_optin()
+                ),
+            });
         }
         let value = i32::try_from(bytes).map_err(|_| RuntimeError::InvalidLaunch {
             kernel: self.name.clone(),
