@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::time::Instant;
 
-use kernels_gpu::meta::KERNELS;
+use kernels_gpu::meta::{KERNELS, KernelInfo};
 
 use crate::bail;
 use crate::ptx::{self, LaunchBounds, PatchAction};
@@ -55,7 +55,7 @@ pub fn build_ptx() -> Result<PathBuf> {
         ))
     })?;
 
-    let (patched, actions) = check_and_patch(&text)?;
+    let (patched, actions) = check_and_patch(&text, KERNELS)?;
     for action in &actions {
         match action {
             PatchAction::Inserted {
@@ -96,7 +96,7 @@ pub fn build_ptx() -> Result<PathBuf> {
 
 /// Checks rustc's PTX (ISA version, target, entries against `meta::KERNELS`) and applies the
 /// launch-bound patch.
-fn check_and_patch(text: &str) -> Result<(String, Vec<PatchAction>)> {
+fn check_and_patch(text: &str, kernels: &[KernelInfo]) -> Result<(String, Vec<PatchAction>)> {
     match ptx::version(text) {
         Some(v) if v <= MAX_PTX_ISA => {}
         Some((major, minor)) => bail!(
@@ -116,7 +116,7 @@ fn check_and_patch(text: &str) -> Result<(String, Vec<PatchAction>)> {
     }
     let entries = ptx::entries(text).map_err(|e| util::Error(e.0))?;
     let in_ptx: BTreeSet<&str> = entries.iter().map(|e| e.name.as_str()).collect();
-    let in_meta: BTreeSet<&str> = KERNELS.iter().map(|k| k.name).collect();
+    let in_meta: BTreeSet<&str> = kernels.iter().map(|k| k.name).collect();
     let missing: Vec<&str> = in_meta.difference(&in_ptx).copied().collect();
     if !missing.is_empty() {
         bail!(
@@ -139,7 +139,7 @@ fn check_and_patch(text: &str) -> Result<(String, Vec<PatchAction>)> {
             unlisted.join(", ")
         );
     }
-    let bounds: Vec<LaunchBounds<'_>> = KERNELS
+    let bounds: Vec<LaunchBounds<'_>> = kernels
         .iter()
         .filter_map(|k| {
             let (maxntid, minnctapersm) = k.launch_bounds?;
@@ -151,4 +151,63 @@ fn check_and_patch(text: &str) -> Result<(String, Vec<PatchAction>)> {
         })
         .collect();
     ptx::patch_launch_bounds(text, &bounds).map_err(|e| util::Error(e.0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const fn info(name: &'static str, launch_bounds: Option<(u32, u32)>) -> KernelInfo {
+        KernelInfo {
+            name,
+            launch_bounds,
+            register_resident: false,
+            uses_wgmma: false,
+        }
+    }
+
+    const PTX: &str = ".version 8.6\n.target sm_90a\n.address_size 64\n\
+                       .visible .entry gemm(\n.param .u64 gemm_param_0\n)\n{\nret;\n}\n\
+                       .visible .entry add()\n{\nret;\n}\n";
+
+    #[test]
+    fn patches_kernels_with_bounds() {
+        let table = [info("gemm", Some((384, 1))), info("add", None)];
+        let (out, actions) = check_and_patch(PTX, &table).expect("ok");
+        assert_eq!(actions.len(), 1);
+        assert!(out.contains("gemm_param_0\n)\n.maxntid 384, 1, 1\n.minnctapersm 1\n{"));
+        assert!(out.contains(".visible .entry add()\n{"));
+    }
+
+    #[test]
+    fn meta_and_ptx_must_agree() {
+        let err = check_and_patch(PTX, &[info("gemm", None)]).expect_err("add not in meta");
+        assert!(err.0.contains("missing from kernels-gpu/src/meta.rs") && err.0.contains("add"));
+        let table = [info("gemm", None), info("add", None), info("gone", None)];
+        let err = check_and_patch(PTX, &table).expect_err("gone not in PTX");
+        assert!(
+            err.0.contains("not found as `.entry`") && err.0.contains("gone"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn rejects_new_isa_and_wrong_target() {
+        let table = [info("gemm", None), info("add", None)];
+        let newer = PTX.replace(".version 8.6", ".version 9.1");
+        assert!(
+            check_and_patch(&newer, &table)
+                .expect_err("9.1")
+                .0
+                .contains("9.1")
+        );
+        assert!(check_and_patch(&PTX.replace(".version 8.6", ".version 9.0"), &table).is_ok());
+        let sm80 = PTX.replace("sm_90a", "sm_80");
+        assert!(
+            check_and_patch(&sm80, &table)
+                .expect_err("sm_80")
+                .0
+                .contains("sm_80")
+        );
+    }
 }

@@ -86,8 +86,8 @@ pub fn check_ptx(opts: &Options) -> Result<()> {
         util::rel(&sass_path)
     );
 
-    print_table(&report, &hgmma);
-    let failures = failures(&report, &ptx_text, &hgmma);
+    print_table(&report, &hgmma, KERNELS);
+    let failures = failures(&report, &ptx_text, &hgmma, KERNELS);
     if failures.is_empty() {
         println!(
             "xtask check-ptx: OK ({} kernels, {})",
@@ -120,8 +120,12 @@ fn flags(k: &KernelInfo) -> String {
     f.join(", ")
 }
 
-fn print_table(report: &PtxasReport, hgmma: &dyn Fn(&str) -> Option<usize>) {
-    let width = KERNELS
+fn print_table(
+    report: &PtxasReport,
+    hgmma: &dyn Fn(&str) -> Option<usize>,
+    kernels: &[KernelInfo],
+) {
+    let width = kernels
         .iter()
         .map(|k| k.name.len())
         .max()
@@ -132,7 +136,7 @@ fn print_table(report: &PtxasReport, hgmma: &dyn Fn(&str) -> Option<usize>) {
         "{:<width$}  {:>4}  {:>8}  {:>6}  {:>8}  {:>8}  {:>5}  meta",
         "kernel", "regs", "smem", "stack", "spill-st", "spill-ld", "HGMMA"
     );
-    for k in KERNELS {
+    for k in kernels {
         let hg = hgmma(k.name).map_or("-".to_string(), |n| n.to_string());
         match report.kernel(k.name) {
             Some(r) => println!(
@@ -165,6 +169,7 @@ fn failures(
     report: &PtxasReport,
     ptx_text: &str,
     hgmma: &dyn Fn(&str) -> Option<usize>,
+    kernels: &[KernelInfo],
 ) -> Vec<String> {
     let mut out = Vec::new();
     for d in report
@@ -178,7 +183,7 @@ fn failures(
         };
         out.push(format!("ptxas {} in {whom}: {}", d.code, d.line));
     }
-    for k in KERNELS {
+    for k in kernels {
         let Some(r) = report.kernel(k.name) else {
             out.push(format!(
                 "kernel `{}` (in meta::KERNELS) was not compiled by ptxas",
@@ -250,5 +255,87 @@ fn suspects(code: &str, ptx_text: &str) -> String {
             "the module (ptxas named no kernel; kernels using wgmma: {})",
             likely.join(", ")
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const fn info(name: &'static str, resident: bool, wgmma: bool) -> KernelInfo {
+        KernelInfo {
+            name,
+            launch_bounds: None,
+            register_resident: resident,
+            uses_wgmma: wgmma,
+        }
+    }
+
+    const PTX: &str = ".version 8.6\n.target sm_90a\n\
+        .visible .entry gemm()\n{\nsetmaxnreg.inc.sync.aligned.u32 232;\n\
+        wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 ...;\n\
+        cp.async.bulk.tensor.2d ...;\ngriddepcontrol.wait;\n}\n\
+        .visible .entry add()\n{\nret;\n}\n";
+
+    fn report(gemm_stack: u64, diag: Option<&str>) -> PtxasReport {
+        let mut text = String::new();
+        if let Some(code) = diag {
+            text.push_str(&format!(
+                "ptxas info    : ({code}) Potential Performance Loss: x\n"
+            ));
+        }
+        for (name, stack) in [("gemm", gemm_stack), ("add", 0)] {
+            text.push_str(&format!(
+                "ptxas info    : Compiling entry function '{name}' for 'sm_90a'\n\
+                 ptxas info    : Function properties for {name}\n\
+                 \x20   {stack} bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n\
+                 ptxas info    : Used 168 registers, used 1 barriers\n"
+            ));
+        }
+        ptxas::parse_ptxas_verbose(&text, &["gemm", "add"])
+    }
+
+    const TABLE: [KernelInfo; 2] = [info("gemm", true, true), info("add", false, false)];
+
+    #[test]
+    fn clean_module_passes() {
+        let hg = |n: &str| Some(if n == "gemm" { 4 } else { 0 });
+        assert_eq!(
+            failures(&report(0, None), PTX, &hg, &TABLE),
+            Vec::<String>::new()
+        );
+    }
+
+    #[test]
+    fn gates() {
+        let hg = |_: &str| Some(0);
+        let f = failures(&report(512, Some("C7508")), PTX, &hg, &TABLE);
+        assert_eq!(f.len(), 3, "{f:#?}");
+        assert!(f[0].contains("C7508") && f[0].contains("setmaxnreg without .maxntid in: gemm"));
+        assert!(f[1].contains("`gemm` must be register-resident") && f[1].contains("512-byte"));
+        assert!(f[2].contains("no HGMMA"));
+        // Diagnostics outside the gated set are only printed.
+        let hg4 = |_: &str| Some(4);
+        assert!(failures(&report(0, Some("C7777")), PTX, &hg4, &TABLE).is_empty());
+    }
+
+    #[test]
+    fn missing_kernel_and_required_instructions() {
+        let hg = |_: &str| Some(4);
+        let table = [
+            info("gemm", true, true),
+            info("add", false, false),
+            info("gone", false, false),
+        ];
+        let f = failures(&report(0, None), ".version 8.6\n", &hg, &table);
+        assert!(
+            f.iter()
+                .any(|m| m.contains("`gone`") && m.contains("not compiled")),
+            "{f:#?}"
+        );
+        assert!(
+            f.iter()
+                .any(|m| m.contains("wgmma.mma_async") && m.contains("griddepcontrol"))
+        );
     }
 }
