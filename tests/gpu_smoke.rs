@@ -493,6 +493,50 @@ fn no_ptx_anywhere_says_how_to_build_it() {
     assert_eq!(given, PtxSource::File("/x/k.ptx".into()));
 }
 
+/// The kernels these tests launch.
+const SMOKE_KERNELS: &[&str] = &[
+    "smoke_vector_add",
+    "smoke_tma_roundtrip",
+    "smoke_wgmma_m64n64k16_bf16",
+    "smoke_wgmma_m64n64k16_f16",
+    "smoke_wgmma_m64n256k16_bf16",
+    "smoke_wgmma_m64n256k16_f16",
+    "smoke_pdl_primary",
+    "smoke_pdl_secondary",
+];
+
+#[test]
+fn smoke_kernels_are_declared_and_embedded() {
+    // Runs without a GPU: every kernel these tests launch must be in kernels-gpu's table and,
+    // when PTX was embedded at build time, defined in it — otherwise the GPU run would fail
+    // with "not in module".
+    let undeclared: Vec<&str> = SMOKE_KERNELS
+        .iter()
+        .copied()
+        .filter(|n| kernels_gpu::meta::kernel(n).is_none())
+        .collect();
+    assert!(
+        undeclared.is_empty(),
+        "kernels-gpu does not declare {undeclared:?}"
+    );
+    let Some(ptx) = module::EMBEDDED_PTX else {
+        gpu::visible_line(
+            "SKIPPED gpu_smoke::smoke_kernels_are_declared_and_embedded (PTX part): no PTX \
+             embedded (run `cargo xtask build-ptx` before building the tests)",
+        );
+        return;
+    };
+    let missing: Vec<&str> = SMOKE_KERNELS
+        .iter()
+        .copied()
+        .filter(|n| !ptx.contains(&format!(".entry {n}(")))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "the embedded PTX lacks {missing:?}: run `cargo xtask build-ptx` and rebuild"
+    );
+}
+
 #[test]
 fn discovery_reports_instead_of_panicking() {
     // Runs everywhere: on a machine without libcuda or without a Hopper GPU this must be an
