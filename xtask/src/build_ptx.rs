@@ -76,11 +76,16 @@ pub fn build_ptx() -> Result<PathBuf> {
         println!("xtask build-ptx: no kernel in meta::KERNELS has launch bounds; PTX unpatched");
     }
     let out = root.join(util::PTX_REL_PATH);
-    util::write(&out, &patched)?;
+    // Rewrite only on change: host/build.rs embeds this file and reruns when it is touched.
+    let changed = std::fs::read_to_string(&out).ok().as_deref() != Some(patched.as_str());
+    if changed {
+        util::write(&out, &patched)?;
+    }
     let entries = ptx::entries(&patched).map_err(|e| util::Error(e.0))?;
     let (major, minor) = ptx::version(&patched).unwrap_or((0, 0));
     println!(
-        "xtask build-ptx: wrote {} ({}, PTX ISA {major}.{minor}, .target {SM}, {} entries: {}) in {:.1}s",
+        "xtask build-ptx: {} {} ({}, PTX ISA {major}.{minor}, .target {SM}, {} entries: {}) in {:.1}s",
+        if changed { "wrote" } else { "unchanged:" },
         util::rel(&out),
         util::human_bytes(patched.len() as u64),
         entries.len(),

@@ -14,6 +14,9 @@ use crate::{bail, build_ptx, tools};
 /// setmaxnreg ignored (C7508), wgmma serialized or waits injected (C7510/C7511/C7515/C7517).
 pub const FATAL_DIAGNOSTICS: &[&str] = &["C7508", "C7510", "C7511", "C7515", "C7517"];
 
+/// Where check-ptx writes the cubin, the ptxas log and the SASS listing.
+pub const CHECK_DIR_REL: &str = "target/ptx-check";
+
 pub struct Options {
     /// Skip `build-ptx` and check the existing `target/ptx/kernels_gpu.ptx`.
     pub no_build: bool,
@@ -43,7 +46,11 @@ pub fn check_ptx(opts: &Options) -> Result<()> {
     );
 
     let started = Instant::now();
-    let cubin = ptx_path.with_extension("cubin");
+    // Outputs go next to, not into, target/ptx: host/build.rs watches that folder and would
+    // rebuild the host crate whenever a file in it changes.
+    let out_dir = root.join(CHECK_DIR_REL);
+    util::create_dir_all(&out_dir)?;
+    let cubin = out_dir.join("kernels_gpu.cubin");
     let mut cmd = tools.command(&tools.ptxas);
     cmd.args([&format!("-arch={}", build_ptx::SM), "-v", "-o"])
         .arg(&cubin)
@@ -55,7 +62,7 @@ pub fn check_ptx(opts: &Options) -> Result<()> {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    let log_path = ptx_path.with_extension("ptxas.log");
+    let log_path = out_dir.join("kernels_gpu.ptxas.log");
     util::write(&log_path, &log)?;
     if !out.status.success() {
         bail!(
@@ -70,7 +77,7 @@ pub fn check_ptx(opts: &Options) -> Result<()> {
     let mut cmd = tools.command(&tools.cuobjdump);
     cmd.arg("--dump-sass").arg(&cubin);
     let sass = util::stdout_of(&mut cmd)?;
-    let sass_path = ptx_path.with_extension("sass");
+    let sass_path = out_dir.join("kernels_gpu.sass");
     util::write(&sass_path, &sass)?;
     let functions = ptxas::split_sass(&sass);
     let hgmma = |name: &str| {
