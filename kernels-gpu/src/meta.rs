@@ -52,6 +52,8 @@ const fn gemm(name: &'static str) -> KernelInfo {
 pub const KERNELS: &[KernelInfo] = &[
     gemm("gemm_bf16"),
     gemm("gemm_f16"),
+    plain("fill_normal_bf16"),
+    plain("fill_normal_f16"),
     plain("smoke_vector_add"),
     plain("smoke_tma_roundtrip"),
     wgmma_smoke("smoke_wgmma_m64n64k16_bf16"),

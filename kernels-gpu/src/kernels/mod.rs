@@ -1,3 +1,4 @@
 //! Kernel entry points (`extern "ptx-kernel"`). Each one is listed in [`crate::meta::KERNELS`].
+pub mod fill;
 pub mod gemm;
 pub mod smoke;

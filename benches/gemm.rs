@@ -1,0 +1,238 @@
+//! Our GEMM stage kernel against cuBLASLt, in the same process, on the same inputs.
+//!
+//! Shapes: 8192³ and the Llama presets (M = 16384 tokens) as full single-GPU GEMMs, TP-local
+//! GEMMs and the TP=2 / TP=8 stage GEMMs of the schedules (AG: (M/P)×(N/P)×K; RS: (M/P)×N×(K/P)),
+//! in bf16 and f16. Operands are filled on the GPU with N(0, 1)-like data and rotated so that
+//! their total exceeds 3× L2; each variant gets warm-up launches, then ≥ 20 timed repetitions
+//! bracketed by CUDA events; we report medians.
+//!
+//! Usage: `gemm [--quick] [--filter SUBSTRING] [--reps N]`. Writes
+//! `benches/results/gemm-<date>-<commit>.{json,md}` (or under `DISTGEMM_BENCH_RESULTS`).
+use distgemm::baseline::{CublasLtElement, CublasLtGemm, TnGemmShape};
+use distgemm::dtype::{Dtype, Element};
+use distgemm::gemm::{GemmArgs, GemmKernel, MatrixView, PreparedGemm};
+use distgemm::problem::Preset;
+use distgemm::runtime::{DeviceBuffer, DeviceCopy, Gpu, Module};
+use distgemm::testdata::fill_normal;
+use distgemm_benches::{
+    BenchError, Provenance, RotatingInputs, Timing, TimingConfig, gemm_tflops, results_dir,
+    time_on_stream,
+};
+use serde::Serialize;
+use std::cell::RefCell;
+use std::sync::Arc;
+
+/// Dense bf16 peak of an H100/H200 SXM (TFLOP/s), for the "% of peak" column.
+const PEAK_TFLOPS: f64 = 989.0;
+
+#[derive(Debug, Serialize)]
+struct Record {
+    shape: String,
+    m: u64,
+    n: u64,
+    k: u64,
+    dtype: String,
+    ours_ms: f64,
+    cublas_ms: f64,
+    ours_tflops: f64,
+    cublas_tflops: f64,
+    ratio: f64,
+    ours_pct_of_peak: f64,
+    machine: String,
+    driver: String,
+    commit: String,
+    date: String,
+}
+
+/// The benchmark's shapes: (name, m, n, k).
+fn shapes() -> Vec<(String, u64, u64, u64)> {
+    let mut v = vec![("square 8192".to_owned(), 8192, 8192, 8192)];
+    let tokens = 16384u64;
+    for preset in Preset::ALL {
+        let (n, k) = preset.n_k();
+        let (n, k) = (n as u64, k as u64);
+        let name = preset.name();
+        let fc1 = name.ends_with("fc1");
+        v.push((format!("{name} full"), tokens, n, k));
+        for tp in [2u64, 8] {
+            if fc1 {
+                // All-gather of A: local GEMM M×(N/P)×K, stage (M/P)×(N/P)×K.
+                v.push((format!("{name} TP{tp} local"), tokens, n / tp, k));
+                v.push((format!("{name} TP{tp} stage"), tokens / tp, n / tp, k));
+            } else {
+                // Reduce-scatter: local GEMM M×N×(K/P), stage (M/P)×N×(K/P).
+                v.push((format!("{name} TP{tp} local"), tokens, n, k / tp));
+                v.push((format!("{name} TP{tp} stage"), tokens / tp, n, k / tp));
+            }
+        }
+    }
+    v
+}
+
+struct Operands<T: DeviceCopy> {
+    a: DeviceBuffer<T>,
+    b: DeviceBuffer<T>,
+    /// Written by both variants (cuBLASLt's `run` wants `&mut`).
+    d: RefCell<DeviceBuffer<T>>,
+    ours: PreparedGemm,
+}
+
+fn bench_shape<T: Element + CublasLtElement + DeviceCopy>(
+    gpu: &Gpu,
+    module: &Arc<Module>,
+    kernel: &GemmKernel,
+    (m, n, k): (u64, u64, u64),
+    timing: TimingConfig,
+) -> Result<(Timing, Timing), BenchError> {
+    let stream = gpu.new_stream()?;
+    let bytes = 2 * (m * k + n * k + m * n);
+    let sets = RotatingInputs::new(gpu, bytes, |i| {
+        let mut a = DeviceBuffer::<T>::alloc(gpu, (m * k) as usize)?;
+        let mut b = DeviceBuffer::<T>::alloc(gpu, (n * k) as usize)?;
+        let d = DeviceBuffer::<T>::alloc(gpu, (m * n) as usize)?;
+        fill_normal(module, &stream, &mut a, 2 * i as u32 + 1)?;
+        fill_normal(module, &stream, &mut b, 2 * i as u32 + 2)?;
+        let args = GemmArgs {
+            dtype: T::DTYPE,
+            a: MatrixView::dense(a.device_ptr(), m, k),
+            b: MatrixView::dense(b.device_ptr(), n, k),
+            c: None,
+            d: MatrixView::dense(d.device_ptr(), m, n),
+            alpha: 1.0,
+            beta: 0.0,
+        };
+        let ours = kernel
+            .prepare(&stream, &args)
+            .map_err(|e| BenchError::Config(e.to_string()))?;
+        Ok(Operands {
+            a,
+            b,
+            d: RefCell::new(d),
+            ours,
+        })
+    })?;
+    let ours = time_on_stream(gpu, &stream, timing, |rep| {
+        Ok(sets.get(rep).ours.launch(&stream, false)?)
+    })?;
+    let lt = CublasLtGemm::<T>::new(gpu, stream.clone(), TnGemmShape::packed(m, n, k))
+        .map_err(|e| BenchError::Config(e.to_string()))?;
+    let cublas = time_on_stream(gpu, &stream, timing, |rep| {
+        let s = sets.get(rep);
+        lt.run(&s.a, &s.b, None, &mut s.d.borrow_mut(), 1.0, 0.0)
+            .map_err(|e| BenchError::Config(e.to_string()))
+    })?;
+    Ok((ours, cublas))
+}
+
+fn main() {
+    if let Err(e) = run() {
+        eprintln!("gemm bench: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn run() -> Result<(), BenchError> {
+    let args: Vec<String> = std::env::args().collect();
+    let quick = args.iter().any(|a| a == "--quick");
+    let filter = args
+        .iter()
+        .position(|a| a == "--filter")
+        .and_then(|i| args.get(i + 1))
+        .cloned();
+    let reps = args
+        .iter()
+        .position(|a| a == "--reps")
+        .and_then(|i| args.get(i + 1))
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(30);
+    let gpu = Gpu::open(0)?;
+    let module = Module::load(&gpu)?;
+    let kernel = GemmKernel::new(&module)?;
+    let provenance = Provenance::collect(&gpu);
+    let mut records = Vec::new();
+    println!(
+        "| shape | M | N | K | dtype | ours ms | cuBLAS ms | ours TFLOP/s | cuBLAS TFLOP/s | ours/cuBLAS | % of 989 |"
+    );
+    println!("|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|");
+    for (name, m, n, k) in shapes() {
+        if quick && !(name.contains("square") || name.contains("stage")) {
+            continue;
+        }
+        if filter.as_ref().is_some_and(|f| !name.contains(f.as_str())) {
+            continue;
+        }
+        for dtype in Dtype::ALL {
+            let flops = 2.0 * (m * n * k) as f64;
+            let timing = TimingConfig {
+                warmup: if flops > 2e13 { 3 } else { 10 },
+                reps: if flops > 2e13 { 20 } else { reps },
+            };
+            let (ours, cublas) = match dtype {
+                Dtype::Bf16 => {
+                    bench_shape::<half::bf16>(&gpu, &module, &kernel, (m, n, k), timing)?
+                }
+                Dtype::F16 => bench_shape::<half::f16>(&gpu, &module, &kernel, (m, n, k), timing)?,
+            };
+            let (ot, ct) = (
+                gemm_tflops(m, n, k, ours.median_ms),
+                gemm_tflops(m, n, k, cublas.median_ms),
+            );
+            let r = Record {
+                shape: name.clone(),
+                m,
+                n,
+                k,
+                dtype: dtype.name().to_owned(),
+                ours_ms: ours.median_ms,
+                cublas_ms: cublas.median_ms,
+                ours_tflops: ot,
+                cublas_tflops: ct,
+                ratio: ot / ct,
+                ours_pct_of_peak: 100.0 * ot / PEAK_TFLOPS,
+                machine: provenance.gpu.clone(),
+                driver: provenance.driver.clone(),
+                commit: provenance.commit.clone(),
+                date: provenance.date.clone(),
+            };
+            println!(
+                "| {} | {m} | {n} | {k} | {} | {:.3} | {:.3} | {:.0} | {:.0} | {:.3} | {:.1} |",
+                r.shape,
+                r.dtype,
+                r.ours_ms,
+                r.cublas_ms,
+                r.ours_tflops,
+                r.cublas_tflops,
+                r.ratio,
+                r.ours_pct_of_peak
+            );
+            records.push(r);
+        }
+    }
+    let geo = |d: &str| {
+        let v: Vec<f64> = records
+            .iter()
+            .filter(|r| r.dtype == d)
+            .map(|r| r.ratio.ln())
+            .collect();
+        (v.iter().sum::<f64>() / v.len().max(1) as f64).exp()
+    };
+    println!(
+        "geometric mean ours/cuBLAS: bf16 {:.3}, f16 {:.3}",
+        geo("bf16"),
+        geo("f16")
+    );
+    let dir = results_dir();
+    std::fs::create_dir_all(&dir).map_err(|source| BenchError::Io {
+        path: dir.clone(),
+        source,
+    })?;
+    let stem = format!("gemm-{}-{}", &provenance.date[..10], provenance.commit);
+    let path = dir.join(format!("{stem}.json"));
+    let json = serde_json::to_string_pretty(&records)? + "\n";
+    std::fs::write(&path, json).map_err(|source| BenchError::Io {
+        path: path.clone(),
+        source,
+    })?;
+    println!("wrote {}", path.display());
+    Ok(())
+}

@@ -1,0 +1,160 @@
+//! Preparing and launching the GEMM stage kernel on one GPU.
+use super::{GemmArgs, GemmError, MatrixView, check};
+use crate::dtype::Dtype;
+use crate::runtime::{
+    CudaStream, Gpu, Kernel, KernelArgs, LaunchConfig, Module, RuntimeError, TensorMap2d,
+    TensorMapDtype, TensorMapSpec, launch,
+};
+use kernels_gpu::gemm_abi::{self, GemmParams, StageHook};
+use std::sync::Arc;
+
+/// Errors of preparing or launching a GEMM.
+#[derive(Debug, thiserror::Error)]
+pub enum GemmLaunchError {
+    #[error(transparent)]
+    Invalid(#[from] GemmError),
+    #[error(transparent)]
+    Runtime(#[from] RuntimeError),
+}
+
+/// The GEMM entry points of one GPU's module.
+pub struct GemmKernel {
+    gpu: Gpu,
+    bf16: Kernel,
+    f16: Kernel,
+}
+
+impl GemmKernel {
+    /// Looks up `gemm_bf16` / `gemm_f16` in `module` and reserves their shared memory.
+    pub fn new(module: &Arc<Module>) -> Result<Self, RuntimeError> {
+        let bf16 = module.kernel("gemm_bf16")?;
+        let f16 = module.kernel("gemm_f16")?;
+        for k in [&bf16, &f16] {
+            k.reserve_dynamic_smem(gemm_abi::SMEM_BYTES)?;
+        }
+        Ok(Self {
+            gpu: module.gpu().clone(),
+            bf16,
+            f16,
+        })
+    }
+
+    /// The GPU the kernels are loaded on.
+    pub fn gpu(&self) -> &Gpu {
+        &self.gpu
+    }
+
+    /// Validates `args`, builds the A and B tensor maps (uploaded on `stream`) and the
+    /// parameter block. The views must stay valid while the prepared GEMM is used.
+    pub fn prepare(
+        &self,
+        stream: &CudaStream,
+        args: &GemmArgs,
+    ) -> Result<PreparedGemm, GemmLaunchError> {
+        check(args)?;
+        let (m, n, k) = args.shape();
+        let dtype = match args.dtype {
+            Dtype::Bf16 => TensorMapDtype::Bf16,
+            Dtype::F16 => TensorMapDtype::F16,
+        };
+        let map = |v: &MatrixView, (box_cols, box_rows): (u32, u32)| {
+            TensorMap2d::new(
+                &self.gpu,
+                stream,
+                v.ptr,
+                TensorMapSpec::new(dtype, v.rows, v.cols, v.ld, box_cols, box_rows),
+            )
+        };
+        let map_a = map(&args.a, gemm_abi::A_BOX)?;
+        let map_b = map(&args.b, gemm_abi::B_BOX)?;
+        let c = args.c.unwrap_or(MatrixView {
+            ptr: 0,
+            rows: m,
+            cols: n,
+            ld: 0,
+        });
+        // `check` bounded every dimension below 2^31 and leading dimensions are ≥ columns;
+        // leading dimensions of C/D must also fit the kernel's 32-bit fields.
+        let ld32 = |operand: &'static str, ld: u64| {
+            u32::try_from(ld).map_err(|_| GemmError::Alignment {
+                operand,
+                rule: format!("leading dimension {ld} exceeds 2^32"),
+            })
+        };
+        let params = GemmParams {
+            map_a: map_a.device_address(),
+            map_b: map_b.device_address(),
+            d: args.d.ptr,
+            c: c.ptr,
+            m: m as u32,
+            n: n as u32,
+            k: k as u32,
+            ldd: ld32("D", args.d.ld)?,
+            ldc: ld32("C", c.ld)?,
+            alpha: args.alpha,
+            beta: args.beta,
+            reserved: 0,
+            hook: StageHook::default(),
+        };
+        let tiles = gemm_abi::tile_count(params.m, params.n);
+        let grid = tiles.min(self.gpu.sm_count()).max(1);
+        let kernel = match args.dtype {
+            Dtype::Bf16 => self.bf16.clone(),
+            Dtype::F16 => self.f16.clone(),
+        };
+        Ok(PreparedGemm {
+            kernel,
+            params,
+            grid,
+            _maps: [map_a, map_b],
+        })
+    }
+}
+
+/// A GEMM ready to launch: its kernel, parameter block and grid, and the tensor maps the
+/// parameter block points to (kept alive here).
+pub struct PreparedGemm {
+    kernel: Kernel,
+    params: GemmParams,
+    grid: u32,
+    _maps: [TensorMap2d; 2],
+}
+
+impl PreparedGemm {
+    /// The kernel's parameter block.
+    pub fn params(&self) -> &GemmParams {
+        &self.params
+    }
+
+    /// Sets the distributed prologue hook (flags to signal and wait on).
+    pub fn set_hook(&mut self, hook: StageHook) {
+        self.params.hook = hook;
+    }
+
+    /// The kernel this GEMM launches.
+    pub fn kernel(&self) -> &Kernel {
+        &self.kernel
+    }
+
+    /// Launch configuration: a persistent grid of `min(tiles, SMs)` blocks of 384 threads.
+    /// With `pdl`, the launch may overlap the previous kernel in the stream up to the kernel's
+    /// `griddepcontrol.wait`.
+    pub fn launch_config(&self, pdl: bool) -> LaunchConfig {
+        LaunchConfig::linear(self.grid, gemm_abi::THREADS)
+            .with_dynamic_smem(gemm_abi::SMEM_BYTES)
+            .with_programmatic_serialization(pdl)
+    }
+
+    /// The kernel arguments (the parameter block by value).
+    pub fn kernel_args(&self) -> KernelArgs {
+        KernelArgs::new().by_value(&self.params)
+    }
+
+    /// Enqueues the GEMM on `stream`.
+    pub fn launch(&self, stream: &CudaStream, pdl: bool) -> Result<(), RuntimeError> {
+        let mut args = self.kernel_args();
+        // SAFETY: the parameter block matches the kernel's single `GemmParams` parameter; its
+        // tensor maps are owned by `self` and the caller keeps the operand memory alive (`prepare`).
+        unsafe { launch(&self.kernel, stream, &self.launch_config(pdl), &mut args) }
+    }
+}

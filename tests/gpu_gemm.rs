@@ -1,0 +1,254 @@
+//! The Hopper GEMM stage kernel against cuBLASLt (same process, same inputs) and a float64
+//! reference on sampled elements, over the shapes and views the schedules need.
+//!
+//! Inputs are N(0, 1) (never zeros); D is poisoned with NaN before every run, and every element
+//! of D, including the padding between rows of strided views (which must stay NaN), is checked.
+//! Error bound, with `u` the unit roundoff of the element type (bf16 2⁻⁸, f16 2⁻¹¹) and
+//! `s = 10⁻²·√K` the typical size of a dot product's f32 accumulation noise scale:
+//! `|ours − ref| ≤ 2u·(|ref| + s)` per element — one rounding of the output each side plus
+//! f32 accumulation-order differences — which is ≤ 1e-2 relative for bf16.
+use distgemm::baseline::{CublasLtElement, CublasLtGemm, TnGemmShape};
+use distgemm::dtype::{Dtype, Element};
+use distgemm::gemm::{GemmArgs, GemmKernel, MatrixView};
+use distgemm::runtime::{CudaStream, DeviceBuffer, DeviceCopy, Gpu};
+use distgemm_tests::gpu::{self, visible_line};
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use rand_distr::StandardNormal;
+use std::sync::Arc;
+
+/// One GEMM to check: shape, extra elements of row padding per operand, beta.
+#[derive(Clone, Copy, Debug)]
+struct Case {
+    name: &'static str,
+    m: u64,
+    n: u64,
+    k: u64,
+    pad: u64,
+    beta: f32,
+}
+
+const fn case(name: &'static str, m: u64, n: u64, k: u64) -> Case {
+    Case {
+        name,
+        m,
+        n,
+        k,
+        pad: 0,
+        beta: 0.0,
+    }
+}
+
+fn random_matrix<T: Element>(rng: &mut SmallRng, len: u64) -> Vec<T> {
+    (0..len)
+        .map(|_| T::from_f32(rng.sample::<f32, _>(StandardNormal)))
+        .collect()
+}
+
+/// Runs `case` on our kernel and on cuBLASLt and checks every element; returns the worst
+/// error relative to the bound.
+fn check_case<T: Element + CublasLtElement + DeviceCopy>(
+    gpu: &Gpu,
+    kernel: &GemmKernel,
+    stream: &Arc<CudaStream>,
+    c: Case,
+) -> f64 {
+    let Case {
+        m, n, k, pad, beta, ..
+    } = c;
+    let (lda, ldb, ldd) = (k + pad, k + pad, (n + pad).next_multiple_of(8));
+    let mut rng = SmallRng::seed_from_u64(m ^ (n << 20) ^ (k << 40));
+    let a_host: Vec<T> = random_matrix(&mut rng, m * lda);
+    let b_host: Vec<T> = random_matrix(&mut rng, n * ldb);
+    let c_host: Vec<T> = if beta != 0.0 {
+        random_matrix(&mut rng, m * ldd)
+    } else {
+        Vec::new()
+    };
+    let a = DeviceBuffer::from_host(gpu, stream, &a_host).expect("upload A");
+    let b = DeviceBuffer::from_host(gpu, stream, &b_host).expect("upload B");
+    let c_dev =
+        (beta != 0.0).then(|| DeviceBuffer::from_host(gpu, stream, &c_host).expect("upload C"));
+    let mut ours = DeviceBuffer::<T>::alloc(gpu, (m * ldd) as usize).expect("alloc D");
+    let mut theirs = DeviceBuffer::<T>::alloc(gpu, (m * ldd) as usize).expect("alloc D ref");
+    ours.fill(stream, T::nan()).expect("poison D");
+    theirs.fill(stream, T::nan()).expect("poison D ref");
+
+    let args = GemmArgs {
+        dtype: T::DTYPE,
+        a: MatrixView {
+            ptr: a.device_ptr(),
+            rows: m,
+            cols: k,
+            ld: lda,
+        },
+        b: MatrixView {
+            ptr: b.device_ptr(),
+            rows: n,
+            cols: k,
+            ld: ldb,
+        },
+        c: c_dev.as_ref().map(|c| MatrixView {
+            ptr: c.device_ptr(),
+            rows: m,
+            cols: n,
+            ld: ldd,
+        }),
+        d: MatrixView {
+            ptr: ours.device_ptr(),
+            rows: m,
+            cols: n,
+            ld: ldd,
+        },
+        alpha: 1.0,
+        beta,
+    };
+    let prepared = kernel.prepare(stream, &args).expect("prepare GEMM");
+    prepared.launch(stream, false).expect("launch GEMM");
+    let shape = TnGemmShape {
+        m,
+        n,
+        k,
+        lda,
+        ldb,
+        ldc: ldd,
+        ldd,
+    };
+    let lt = CublasLtGemm::<T>::new(gpu, stream.clone(), shape).expect("cuBLASLt");
+    lt.run(&a, &b, c_dev.as_ref(), &mut theirs, 1.0, beta)
+        .expect("cuBLASLt run");
+    let ours = ours.download(stream).expect("download D");
+    let theirs = theirs.download(stream).expect("download D ref");
+
+    let u = T::DTYPE.unit_roundoff();
+    let s = 1e-2 * (k as f64).sqrt();
+    let bound = |r: f64| 2.0 * u * (r.abs() + s);
+    let mut worst: f64 = 0.0;
+    for row in 0..m {
+        for col in 0..ldd {
+            let i = (row * ldd + col) as usize;
+            let (o, t) = (ours[i].to_f32() as f64, theirs[i].to_f32() as f64);
+            if col >= n {
+                assert!(
+                    o.is_nan(),
+                    "{}: padding D[{row}][{col}] was written ({o})",
+                    c.name
+                );
+                continue;
+            }
+            let err = (o - t).abs();
+            assert!(
+                err <= bound(t),
+                "{}: D[{row}][{col}] = {o}, cuBLASLt {t} (|err| {err} > bound {})",
+                c.name,
+                bound(t)
+            );
+            worst = worst.max(err / bound(t));
+        }
+    }
+    // Float64 reference on sampled elements: corners, the last row/column (tails) and random picks.
+    let mut samples = vec![(0, 0), (m - 1, n - 1), (m - 1, 0), (0, n - 1)];
+    samples.extend((0..256).map(|_| (rng.random_range(0..m), rng.random_range(0..n))));
+    for (row, col) in samples {
+        let mut r: f64 = (0..k)
+            .map(|kk| {
+                a_host[(row * lda + kk) as usize].to_f32() as f64
+                    * b_host[(col * ldb + kk) as usize].to_f32() as f64
+            })
+            .sum();
+        if beta != 0.0 {
+            r += beta as f64 * c_host[(row * ldd + col) as usize].to_f32() as f64;
+        }
+        let o = ours[(row * ldd + col) as usize].to_f32() as f64;
+        assert!(
+            (o - r).abs() <= bound(r),
+            "{}: D[{row}][{col}] = {o}, f64 reference {r}",
+            c.name
+        );
+    }
+    worst
+}
+
+fn run_cases(test: &str, dtype: Dtype, cases: &[Case]) {
+    let Some(session) = gpu::hopper_gpu(test) else {
+        return;
+    };
+    let module = session.module().expect("load PTX module");
+    let kernel = GemmKernel::new(&module).expect("GEMM kernels");
+    let stream = session.gpu.new_stream().expect("stream");
+    for &c in cases {
+        let worst = match dtype {
+            Dtype::Bf16 => check_case::<half::bf16>(&session.gpu, &kernel, &stream, c),
+            Dtype::F16 => check_case::<half::f16>(&session.gpu, &kernel, &stream, c),
+        };
+        visible_line(&format!(
+            "{test}: {} {}x{}x{} pad {} beta {} {dtype}: ok (worst error {:.2} of bound)",
+            c.name, c.m, c.n, c.k, c.pad, c.beta, worst
+        ));
+    }
+}
+
+/// Ragged and strided shapes, beta 0 and 1.
+const EDGE_CASES: &[Case] = &[
+    case("one tile", 128, 256, 64),
+    case("tiny", 1, 8, 8),
+    case("odd tails", 129, 257, 64),
+    case("tails 1000", 1000, 1000, 1024),
+    case("K not a multiple of 64", 300, 520, 200),
+    Case {
+        name: "strided views",
+        m: 300,
+        n: 520,
+        k: 200,
+        pad: 24,
+        beta: 0.0,
+    },
+    Case {
+        name: "beta 1",
+        m: 513,
+        n: 1000,
+        k: 512,
+        pad: 0,
+        beta: 1.0,
+    },
+    Case {
+        name: "beta 1 strided",
+        m: 257,
+        n: 385,
+        k: 136,
+        pad: 40,
+        beta: 1.0,
+    },
+    case("many tiles", 2048, 2048, 2048),
+];
+
+/// 8192³ and the stage shapes of the seed's Llama presets (M = 16384 tokens).
+const LARGE_CASES: &[Case] = &[
+    case("8192^3", 8192, 8192, 8192),
+    case("70B fc1 TP8 stage", 2048, 7168, 8192),
+    case("70B fc2 TP8 stage", 2048, 8192, 3584),
+    case("405B fc1 TP8 stage", 2048, 13312, 16384),
+    case("405B fc2 TP8 stage", 2048, 16384, 6656),
+    case("70B fc1 TP2 stage", 8192, 28672, 8192),
+    case("70B fc2 TP2 stage", 8192, 8192, 14336),
+];
+
+#[test]
+fn edge_cases_bf16() {
+    run_cases("gpu_gemm::edge_cases_bf16", Dtype::Bf16, EDGE_CASES);
+}
+
+#[test]
+fn edge_cases_f16() {
+    run_cases("gpu_gemm::edge_cases_f16", Dtype::F16, EDGE_CASES);
+}
+
+#[test]
+fn large_shapes_bf16() {
+    run_cases("gpu_gemm::large_shapes_bf16", Dtype::Bf16, LARGE_CASES);
+}
+
+#[test]
+fn large_shapes_f16() {
+    run_cases("gpu_gemm::large_shapes_f16", Dtype::F16, &LARGE_CASES[..3]);
+}
