@@ -20,36 +20,88 @@ use proptest::prelude::*;
 
 /// Builds the plan and runs it 3 times (the last with 2 back-to-back iterations), checking
 /// every element each time and, for all-gather, bit-identity with the single-device GEMM.
-fn check_schedule<T: Element>(kind: ScheduleKind, tp: usize, (m, n, k): (usize, usize, usize), alpha: f32, beta: f32, seed: u64) {
-    let beta = if kind.collective() == Collective::AllGather { beta } else { 0.0 };
-    let problem = Problem::new(m, n, k).with_dtype(T::DTYPE).with_scalars(alpha, beta);
-    let plan = Plan::build(kind, problem, tp).unwrap_or_else(|e| panic!("{kind} TP={tp} {problem}: {e}"));
+fn check_schedule<T: Element>(
+    kind: ScheduleKind,
+    tp: usize,
+    (m, n, k): (usize, usize, usize),
+    alpha: f32,
+    beta: f32,
+    seed: u64,
+) {
+    let beta = if kind.collective() == Collective::AllGather {
+        beta
+    } else {
+        0.0
+    };
+    let problem = Problem::new(m, n, k)
+        .with_dtype(T::DTYPE)
+        .with_scalars(alpha, beta);
+    let plan =
+        Plan::build(kind, problem, tp).unwrap_or_else(|e| panic!("{kind} TP={tp} {problem}: {e}"));
     let mut exec = CpuExecutor::<T>::new(plan).unwrap_or_else(|e| panic!("{e}"));
     for run in 0..3u64 {
         let iters = if run == 2 { 2 } else { 1 };
         let (inputs, d, report) = run_checked(&mut exec, seed.wrapping_add(run), iters);
-        assert!(report.passed(), "{kind} TP={tp} {problem} run {run}: {report:?}");
+        assert!(
+            report.passed(),
+            "{kind} TP={tp} {problem} run {run}: {report:?}"
+        );
         if kind.collective() == Collective::AllGather {
-            let single = gemm_like_stage(m, n, k, &inputs.a, k, &inputs.b, k, alpha, beta, inputs.c.as_deref());
-            let differing = d.iter().zip(&single).filter(|(x, y)| x.to_bits() != y.to_bits()).count();
-            assert_eq!(differing, 0, "{kind} TP={tp} {problem}: not bit-identical to one device");
+            let single = gemm_like_stage(
+                m,
+                n,
+                k,
+                &inputs.a,
+                k,
+                &inputs.b,
+                k,
+                alpha,
+                beta,
+                inputs.c.as_deref(),
+            );
+            let differing = d
+                .iter()
+                .zip(&single)
+                .filter(|(x, y)| x.to_bits() != y.to_bits())
+                .count();
+            assert_eq!(
+                differing, 0,
+                "{kind} TP={tp} {problem}: not bit-identical to one device"
+            );
         }
     }
-    assert!(exec.exclusive_state().iter().all(|e| e.counter == 0), "barrier counters must return to 0");
+    assert!(
+        exec.exclusive_state().iter().all(|e| e.counter == 0),
+        "barrier counters must return to 0"
+    );
 }
 
-fn cases() -> impl Strategy<Value = (ScheduleKind, usize, (usize, usize, usize), bool, f32, f32, u64)> {
-    (proptest::sample::select(ScheduleKind::ALL.to_vec()), 1..=8usize).prop_flat_map(|(kind, tp)| {
-        (
-            Just(kind),
-            Just(tp),
-            shape(kind, tp),
-            any::<bool>(),
-            proptest::sample::select(vec![1.0f32, 0.5, -1.25]),
-            proptest::sample::select(vec![0.0f32, 0.75]),
-            any::<u64>(),
-        )
-    })
+fn cases() -> impl Strategy<
+    Value = (
+        ScheduleKind,
+        usize,
+        (usize, usize, usize),
+        bool,
+        f32,
+        f32,
+        u64,
+    ),
+> {
+    (
+        proptest::sample::select(ScheduleKind::ALL.to_vec()),
+        1..=8usize,
+    )
+        .prop_flat_map(|(kind, tp)| {
+            (
+                Just(kind),
+                Just(tp),
+                shape(kind, tp),
+                any::<bool>(),
+                proptest::sample::select(vec![1.0f32, 0.5, -1.25]),
+                proptest::sample::select(vec![0.0f32, 0.75]),
+                any::<u64>(),
+            )
+        })
 }
 
 proptest! {
@@ -75,14 +127,19 @@ fn every_schedule_at_every_tp() {
 }
 
 fn executor(kind: ScheduleKind, tp: usize) -> CpuExecutor<bf16> {
-    let plan = Plan::build(kind, Problem::new(16 * tp, 16 * tp, 16 * tp), tp).unwrap_or_else(|e| panic!("{e}"));
-    CpuExecutor::new(plan).unwrap_or_else(|e| panic!("{e}")).with_timeout(Duration::from_millis(300))
+    let plan = Plan::build(kind, Problem::new(16 * tp, 16 * tp, 16 * tp), tp)
+        .unwrap_or_else(|e| panic!("{e}"));
+    CpuExecutor::new(plan)
+        .unwrap_or_else(|e| panic!("{e}"))
+        .with_timeout(Duration::from_millis(300))
 }
 
 fn mutate(exec: CpuExecutor<bf16>, f: impl FnOnce(&mut Plan)) -> CpuExecutor<bf16> {
     let mut plan = exec.plan().clone();
     f(&mut plan);
-    CpuExecutor::new(plan).unwrap_or_else(|e| panic!("{e}")).with_timeout(Duration::from_millis(300))
+    CpuExecutor::new(plan)
+        .unwrap_or_else(|e| panic!("{e}"))
+        .with_timeout(Duration::from_millis(300))
 }
 
 #[test]
@@ -99,20 +156,50 @@ fn a_misdirected_flag_set_is_a_deadlock_naming_device_stage_and_flag() {
     let err = exec.run(1).expect_err("must deadlock");
     assert_eq!(
         err,
-        ExecError::FlagTimeout { device: 1, stage: 2, node: "gemm", flag: FlagRef { device: 1, index: 2 }, timeout: Duration::from_millis(300) }
+        ExecError::FlagTimeout {
+            device: 1,
+            stage: 2,
+            node: "gemm",
+            flag: FlagRef {
+                device: 1,
+                index: 2
+            },
+            timeout: Duration::from_millis(300)
+        }
     );
-    assert!(err.to_string().contains("device 1, stage 2 (gemm)") && err.to_string().contains("flag 2 of device 1"), "{err}");
+    assert!(
+        err.to_string().contains("device 1, stage 2 (gemm)")
+            && err.to_string().contains("flag 2 of device 1"),
+        "{err}"
+    );
 }
 
 #[test]
 fn a_missing_reduce_signal_is_a_deadlock() {
-    let exec = mutate(executor(ScheduleKind::ReduceScatterSingleStageA, 3), |plan| {
-        if let Some(Node::Reduce(r)) = plan.devices[2].nodes.last_mut() {
-            r.signals.retain(|f| f.device != 0);
-        }
-    });
+    let exec = mutate(
+        executor(ScheduleKind::ReduceScatterSingleStageA, 3),
+        |plan| {
+            if let Some(Node::Reduce(r)) = plan.devices[2].nodes.last_mut() {
+                r.signals.retain(|f| f.device != 0);
+            }
+        },
+    );
     let err = exec.run(1).expect_err("must deadlock");
-    assert!(matches!(err, ExecError::FlagTimeout { device: 0, node: "reduce", flag: FlagRef { device: 0, index: 2 }, .. }), "{err}");
+    assert!(
+        matches!(
+            err,
+            ExecError::FlagTimeout {
+                device: 0,
+                node: "reduce",
+                flag: FlagRef {
+                    device: 0,
+                    index: 2
+                },
+                ..
+            }
+        ),
+        "{err}"
+    );
 }
 
 #[test]
@@ -122,7 +209,15 @@ fn a_missing_barrier_arrival_is_a_deadlock() {
             b.arrive_at.clear();
         }
     });
-    assert!(matches!(exec.run(1), Err(ExecError::BarrierTimeout { device: 1, counter: 0, arrivals: 1, .. })));
+    assert!(matches!(
+        exec.run(1),
+        Err(ExecError::BarrierTimeout {
+            device: 1,
+            counter: 0,
+            arrivals: 1,
+            ..
+        })
+    ));
 }
 
 #[test]
@@ -163,10 +258,10 @@ fn many_back_to_back_iterations_keep_the_running_counter_consistent() {
 #[test]
 fn plans_roundtrip_through_json() {
     for kind in ScheduleKind::ALL {
-        let plan = Plan::build(kind, Problem::new(48, 48, 48).with_dtype(Dtype::F16), 3).unwrap_or_else(|e| panic!("{e}"));
+        let plan = Plan::build(kind, Problem::new(48, 48, 48).with_dtype(Dtype::F16), 3)
+            .unwrap_or_else(|e| panic!("{e}"));
         let json = plan.to_json().unwrap_or_else(|e| panic!("{e}"));
         let back = Plan::from_json(&json).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(back, plan, "{kind}");
     }
 }
-

@@ -21,16 +21,29 @@ fn gemms(plan: &Plan, d: usize) -> Vec<GemmStage> {
 
 #[test]
 fn all_gather_rotating_a_and_b_tables() {
-    for kind in [ScheduleKind::AllGatherRotatingA, ScheduleKind::AllGatherRotatingB] {
+    for kind in [
+        ScheduleKind::AllGatherRotatingA,
+        ScheduleKind::AllGatherRotatingB,
+    ] {
         let plan = plan(kind);
-        let rotating = if kind == ScheduleKind::AllGatherRotatingA { BufferKind::A } else { BufferKind::B };
+        let rotating = if kind == ScheduleKind::AllGatherRotatingA {
+            BufferKind::A
+        } else {
+            BufferKind::B
+        };
         for d in 0..P {
             let stages = gemms(&plan, d);
             assert_eq!(stages.len(), P);
             let copies: Vec<_> = plan.devices[d]
                 .nodes
                 .iter()
-                .filter_map(|n| if let Node::PeerCopy(c) = n { Some(*c) } else { None })
+                .filter_map(|n| {
+                    if let Node::PeerCopy(c) = n {
+                        Some(*c)
+                    } else {
+                        None
+                    }
+                })
                 .collect();
             assert_eq!(copies.len(), P - 1);
             for (t, g) in stages.iter().enumerate() {
@@ -39,17 +52,40 @@ fn all_gather_rotating_a_and_b_tables() {
                 assert_eq!((g.shape.m, g.shape.n, g.shape.k), (16, 16, 64));
                 let operand = if rotating == BufferKind::A { g.a } else { g.b };
                 // The D tile: row block p of the M×16 D (ag-a), column block p of the 16×M D (ag-b).
-                let want_offset = if rotating == BufferKind::A { p * 16 * 16 } else { p * 16 };
+                let want_offset = if rotating == BufferKind::A {
+                    p * 16 * 16
+                } else {
+                    p * 16
+                };
                 assert_eq!(g.d.offset, want_offset, "{kind} d={d} t={t}");
                 if t == 0 {
-                    assert_eq!((operand.device, operand.buffer), (d, rotating), "local shard at t=0");
+                    assert_eq!(
+                        (operand.device, operand.buffer),
+                        (d, rotating),
+                        "local shard at t=0"
+                    );
                     assert_eq!(g.waits, None);
                 } else {
-                    assert_eq!((operand.buffer, operand.offset), (BufferKind::Workspace, (t - 1) * 16 * 64));
-                    assert_eq!(g.waits, Some(FlagRef { device: d, index: t }));
+                    assert_eq!(
+                        (operand.buffer, operand.offset),
+                        (BufferKind::Workspace, (t - 1) * 16 * 64)
+                    );
+                    assert_eq!(
+                        g.waits,
+                        Some(FlagRef {
+                            device: d,
+                            index: t
+                        })
+                    );
                     let copy = copies[t - 1];
-                    assert_eq!((copy.stage, copy.src.device, copy.src.buffer), (t, p, rotating));
-                    assert_eq!((copy.dst.buffer, copy.dst.offset, copy.bytes), (BufferKind::Workspace, operand.offset, 16 * 64 * 2));
+                    assert_eq!(
+                        (copy.stage, copy.src.device, copy.src.buffer),
+                        (t, p, rotating)
+                    );
+                    assert_eq!(
+                        (copy.dst.buffer, copy.dst.offset, copy.bytes),
+                        (BufferKind::Workspace, operand.offset, 16 * 64 * 2)
+                    );
                 }
             }
         }
@@ -58,26 +94,62 @@ fn all_gather_rotating_a_and_b_tables() {
 
 #[test]
 fn reduce_scatter_tiling_a_and_b_tables() {
-    for kind in [ScheduleKind::ReduceScatterTilingA, ScheduleKind::ReduceScatterTilingB] {
+    for kind in [
+        ScheduleKind::ReduceScatterTilingA,
+        ScheduleKind::ReduceScatterTilingB,
+    ] {
         let plan = plan(kind);
         for d in 0..P {
             let left = (d + P - 1) % P;
             let right = (d + 1) % P;
             for (t, g) in gemms(&plan, d).iter().enumerate() {
-                assert_eq!((g.peer, g.tile), (Some(left), Some(RS[d][t])), "{kind} d={d} t={t}");
-                let tiled = if kind == ScheduleKind::ReduceScatterTilingA { g.a } else { g.b };
-                assert_eq!(tiled.offset, RS[d][t] * 16 * 16, "uses K-shard rows of block m");
+                assert_eq!(
+                    (g.peer, g.tile),
+                    (Some(left), Some(RS[d][t])),
+                    "{kind} d={d} t={t}"
+                );
+                let tiled = if kind == ScheduleKind::ReduceScatterTilingA {
+                    g.a
+                } else {
+                    g.b
+                };
+                assert_eq!(
+                    tiled.offset,
+                    RS[d][t] * 16 * 16,
+                    "uses K-shard rows of block m"
+                );
                 if t == 0 {
                     assert_eq!((g.epilogue.beta, g.epilogue.source), (0.0, CSource::None));
                     assert_eq!((g.signals, g.waits), (None, None));
                 } else {
-                    let CSource::Peer(c) = g.epilogue.source else { panic!("{kind} d={d} t={t}: C must be a peer's") };
-                    assert_eq!((g.epilogue.beta, c.device, c.buffer, c.offset), (1.0, left, BufferKind::Workspace, (t - 1) * 1024));
-                    assert_eq!(g.signals, Some(FlagRef { device: right, index: t }));
-                    assert_eq!(g.waits, Some(FlagRef { device: d, index: t }));
+                    let CSource::Peer(c) = g.epilogue.source else {
+                        panic!("{kind} d={d} t={t}: C must be a peer's")
+                    };
+                    assert_eq!(
+                        (g.epilogue.beta, c.device, c.buffer, c.offset),
+                        (1.0, left, BufferKind::Workspace, (t - 1) * 1024)
+                    );
+                    assert_eq!(
+                        g.signals,
+                        Some(FlagRef {
+                            device: right,
+                            index: t
+                        })
+                    );
+                    assert_eq!(
+                        g.waits,
+                        Some(FlagRef {
+                            device: d,
+                            index: t
+                        })
+                    );
                 }
                 if t + 1 == P {
-                    assert_eq!((g.d.buffer, g.tile), (BufferKind::D, Some(d)), "last stage writes own block");
+                    assert_eq!(
+                        (g.d.buffer, g.tile),
+                        (BufferKind::D, Some(d)),
+                        "last stage writes own block"
+                    );
                 } else {
                     assert_eq!((g.d.buffer, g.d.offset), (BufferKind::Workspace, t * 1024));
                 }

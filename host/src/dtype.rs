@@ -133,7 +133,10 @@ mod tests {
                 Dtype::F16 => <half::f16 as Element>::from_f32(x).to_f32(),
             };
             let err = (f64::from(rounded) - f64::from(x)).abs();
-            assert!(err <= dtype.unit_roundoff() * f64::from(x), "{dtype}: {err}");
+            assert!(
+                err <= dtype.unit_roundoff() * f64::from(x),
+                "{dtype}: {err}"
+            );
         }
     }
 }

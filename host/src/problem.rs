@@ -39,7 +39,14 @@ impl Problem {
     /// `D = A·Bᵀ` in bf16 (alpha = 1, beta = 0).
     #[must_use]
     pub fn new(m: usize, n: usize, k: usize) -> Self {
-        Problem { m, n, k, dtype: Dtype::Bf16, alpha: 1.0, beta: 0.0 }
+        Problem {
+            m,
+            n,
+            k,
+            dtype: Dtype::Bf16,
+            alpha: 1.0,
+            beta: 0.0,
+        }
     }
 
     /// The same problem with another element type.
@@ -51,7 +58,11 @@ impl Problem {
     /// The same problem with other epilogue scalars.
     #[must_use]
     pub fn with_scalars(self, alpha: f32, beta: f32) -> Self {
-        Problem { alpha, beta, ..self }
+        Problem {
+            alpha,
+            beta,
+            ..self
+        }
     }
 
     /// Whether C is read (beta ≠ 0).
@@ -93,8 +104,12 @@ pub enum Preset {
 
 impl Preset {
     /// All presets, in CLI order.
-    pub const ALL: [Preset; 4] =
-        [Preset::Llama3_70bFc1, Preset::Llama3_70bFc2, Preset::Llama3_405bFc1, Preset::Llama3_405bFc2];
+    pub const ALL: [Preset; 4] = [
+        Preset::Llama3_70bFc1,
+        Preset::Llama3_70bFc2,
+        Preset::Llama3_405bFc1,
+        Preset::Llama3_405bFc2,
+    ];
 
     /// The CLI name, e.g. `llama3-70b-fc1`.
     #[must_use]

@@ -19,13 +19,29 @@ use crate::dtype::{Dtype, Element};
 
 /// `A·Bᵀ` in f64: A is m×k (ld `lda`), B is n×k (ld `ldb`); returns m×n row-major.
 #[must_use]
-pub fn gemm_f64<T: Element>(m: usize, n: usize, k: usize, a: &[T], lda: usize, b: &[T], ldb: usize) -> Vec<f64> {
+pub fn gemm_f64<T: Element>(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: &[T],
+    lda: usize,
+    b: &[T],
+    ldb: usize,
+) -> Vec<f64> {
     gemm_f64_map(m, n, k, a, lda, b, ldb, |x| x)
 }
 
 /// `|A|·|B|ᵀ` in f64 (the magnitude the error bound is relative to).
 #[must_use]
-pub fn gemm_abs_f64<T: Element>(m: usize, n: usize, k: usize, a: &[T], lda: usize, b: &[T], ldb: usize) -> Vec<f64> {
+pub fn gemm_abs_f64<T: Element>(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: &[T],
+    lda: usize,
+    b: &[T],
+    ldb: usize,
+) -> Vec<f64> {
     gemm_f64_map(m, n, k, a, lda, b, ldb, f64::abs)
 }
 
@@ -40,8 +56,20 @@ fn gemm_f64_map<T: Element>(
     ldb: usize,
     map: impl Fn(f64) -> f64,
 ) -> Vec<f64> {
-    let a64: Vec<f64> = (0..m).flat_map(|i| a[i * lda..i * lda + k].iter().map(|x| map(f64::from(x.to_f32())))).collect();
-    let b64: Vec<f64> = (0..n).flat_map(|j| b[j * ldb..j * ldb + k].iter().map(|x| map(f64::from(x.to_f32())))).collect();
+    let a64: Vec<f64> = (0..m)
+        .flat_map(|i| {
+            a[i * lda..i * lda + k]
+                .iter()
+                .map(|x| map(f64::from(x.to_f32())))
+        })
+        .collect();
+    let b64: Vec<f64> = (0..n)
+        .flat_map(|j| {
+            b[j * ldb..j * ldb + k]
+                .iter()
+                .map(|x| map(f64::from(x.to_f32())))
+        })
+        .collect();
     let mut d = vec![0.0; m * n];
     for i in 0..m {
         let ai = &a64[i * k..(i + 1) * k];
@@ -118,7 +146,11 @@ pub fn gemm_like_stage<T: Element>(
     c: Option<&[T]>,
 ) -> Vec<T> {
     let c32 = c.map(widen);
-    let epilogue = EpilogueInput { alpha, beta, c: c32.as_deref().map(|c| (c, n)) };
+    let epilogue = EpilogueInput {
+        alpha,
+        beta,
+        c: c32.as_deref().map(|c| (c, n)),
+    };
     gemm_f32(m, n, k, &widen(a), lda, &widen(b), ldb, epilogue)
 }
 
@@ -195,14 +227,25 @@ pub fn check<T: Element>(
     let magnitude = gemm_abs_f64(m, n, k, inputs.a, k, inputs.b, k);
     let bound = ErrorBound::new(problem.dtype, roundings, k, tp);
     let (alpha, beta) = (f64::from(problem.alpha), f64::from(problem.beta));
-    let mut report =
-        CheckReport { elements: m * n, mismatches: 0, max_abs_error: 0.0, worst_ratio: 0.0, worst_index: 0, bound };
+    let mut report = CheckReport {
+        elements: m * n,
+        mismatches: 0,
+        max_abs_error: 0.0,
+        worst_ratio: 0.0,
+        worst_index: 0,
+        bound,
+    };
     for (idx, out) in d.iter().enumerate().take(m * n) {
         let c = inputs.c.map_or(0.0, |c| f64::from(c[idx].to_f32()));
         let want = alpha * exact[idx] + beta * c;
-        let tol = bound.relative * (alpha.abs() * magnitude[idx] + (beta * c).abs()) + bound.absolute;
+        let tol =
+            bound.relative * (alpha.abs() * magnitude[idx] + (beta * c).abs()) + bound.absolute;
         let err = (f64::from(out.to_f32()) - want).abs();
-        let ratio = if err.is_nan() { f64::INFINITY } else { err / tol.max(f64::MIN_POSITIVE) };
+        let ratio = if err.is_nan() {
+            f64::INFINITY
+        } else {
+            err / tol.max(f64::MIN_POSITIVE)
+        };
         if ratio > 1.0 {
             report.mismatches += 1;
         }
@@ -235,24 +278,44 @@ mod tests {
     #[test]
     fn f64_reference_is_a_times_b_transposed() {
         // A = [[1,2],[3,4]], B = [[5,6],[7,8]] → A·Bᵀ = [[17,23],[39,53]].
-        let d = gemm_f64(2, 2, 2, &el(&[1., 2., 3., 4.]), 2, &el(&[5., 6., 7., 8.]), 2);
+        let d = gemm_f64(
+            2,
+            2,
+            2,
+            &el(&[1., 2., 3., 4.]),
+            2,
+            &el(&[5., 6., 7., 8.]),
+            2,
+        );
         assert_eq!(d, vec![17.0, 23.0, 39.0, 53.0]);
     }
 
     #[test]
     fn stage_arithmetic_matches_f64_on_exact_values_and_check_catches_errors() {
-        let (a, b, c) = (el(&[1., 2., 3., 4.]), el(&[5., 6., 7., 8.]), el(&[1., 1., 1., 1.]));
+        let (a, b, c) = (
+            el(&[1., 2., 3., 4.]),
+            el(&[5., 6., 7., 8.]),
+            el(&[1., 1., 1., 1.]),
+        );
         let d = gemm_like_stage(2, 2, 2, &a, 2, &b, 2, 0.5, 2.0, Some(&c));
         let want: Vec<bf16> = el(&[10.5, 13.5, 21.5, 28.5]);
         assert_eq!(d, want);
         let problem = Problem::new(2, 2, 2).with_scalars(0.5, 2.0);
-        let inputs = CheckInputs { a: &a, b: &b, c: Some(&c) };
+        let inputs = CheckInputs {
+            a: &a,
+            b: &b,
+            c: Some(&c),
+        };
         assert!(check(&problem, 1, 1, inputs, &d).passed());
         let mut wrong = d.clone();
         wrong[3] = bf16::from_f32(29.0);
         let report = check(&problem, 1, 1, inputs, &wrong);
         assert_eq!((report.mismatches, report.worst_index), (1, 3));
         wrong[3] = bf16::NAN;
-        assert!(check(&problem, 1, 1, inputs, &wrong).worst_ratio.is_infinite());
+        assert!(
+            check(&problem, 1, 1, inputs, &wrong)
+                .worst_ratio
+                .is_infinite()
+        );
     }
 }

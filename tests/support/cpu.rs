@@ -18,12 +18,20 @@ pub fn shape(kind: ScheduleKind, tp: usize) -> impl Strategy<Value = (usize, usi
         ScheduleKind::AllGatherSingleStageB => num_lcm(tp, 8),
         _ => 8 * tp,
     };
-    let k_unit = if kind.collective() == Collective::ReduceScatter { 8 * tp } else { 8 };
-    (1..=24 / m_unit.min(24) + 1, 1..=2usize, 1..=2usize).prop_map(move |(m, n, k)| (m * m_unit, n * n_unit, k * k_unit))
+    let k_unit = if kind.collective() == Collective::ReduceScatter {
+        8 * tp
+    } else {
+        8
+    };
+    (1..=24 / m_unit.min(24) + 1, 1..=2usize, 1..=2usize)
+        .prop_map(move |(m, n, k)| (m * m_unit, n * n_unit, k * k_unit))
 }
 
 fn num_lcm(a: usize, b: usize) -> usize {
-    let gcd = (1..=a.min(b)).rev().find(|g| a % g == 0 && b % g == 0).unwrap_or(1);
+    let gcd = (1..=a.min(b))
+        .rev()
+        .find(|g| a % g == 0 && b % g == 0)
+        .unwrap_or(1);
     a / gcd * b
 }
 
@@ -39,7 +47,8 @@ pub fn run_checked<T: Element>(
     let problem = plan.problem;
     let inputs = GlobalInputs::<T>::random(&problem, seed);
     let shards = plan.shard_inputs(&inputs);
-    exec.load_inputs(&shards).unwrap_or_else(|e| panic!("load: {e}"));
+    exec.load_inputs(&shards)
+        .unwrap_or_else(|e| panic!("load: {e}"));
     exec.poison();
     exec.run(iters).unwrap_or_else(|e| panic!("run: {e}"));
     let d = exec.gathered_output();
@@ -48,9 +57,12 @@ pub fn run_checked<T: Element>(
         &problem,
         plan.schedule.roundings(plan.tp),
         plan.tp,
-        CheckInputs { a: &inputs.a, b: &inputs.b, c: inputs.c.as_deref() },
+        CheckInputs {
+            a: &inputs.a,
+            b: &inputs.b,
+            c: inputs.c.as_deref(),
+        },
         &d,
     );
     (inputs, d, report)
 }
-

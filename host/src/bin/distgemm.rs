@@ -3,6 +3,10 @@
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    let code = distgemm::cli::main_with(std::env::args_os(), &mut std::io::stdout().lock(), &mut std::io::stderr().lock());
+    let code = distgemm::cli::main_with(
+        std::env::args_os(),
+        &mut std::io::stdout().lock(),
+        &mut std::io::stderr().lock(),
+    );
     ExitCode::from(code)
 }

@@ -112,15 +112,25 @@ impl ProblemArgs {
     /// The problem the arguments describe (validity against the schedule is checked by the plan).
     pub(crate) fn problem(&self) -> Result<Problem, CliError> {
         let problem = match (self.preset, self.m, self.n, self.k) {
-            (Some(preset), None, None, None) => preset.problem(self.tokens.unwrap_or(DEFAULT_TOKENS)),
+            (Some(preset), None, None, None) => {
+                preset.problem(self.tokens.unwrap_or(DEFAULT_TOKENS))
+            }
             (Some(_), ..) => {
-                return Err(CliError::Usage("--preset cannot be combined with --m, --n or --k".into()));
+                return Err(CliError::Usage(
+                    "--preset cannot be combined with --m, --n or --k".into(),
+                ));
             }
             (None, Some(m), Some(n), Some(k)) if self.tokens.is_none() => Problem::new(m, n, k),
             (None, Some(_), Some(_), Some(_)) => {
-                return Err(CliError::Usage("--tokens only applies to --preset; use --m".into()));
+                return Err(CliError::Usage(
+                    "--tokens only applies to --preset; use --m".into(),
+                ));
             }
-            (None, ..) => return Err(CliError::Usage("give either --m, --n and --k, or --preset".into())),
+            (None, ..) => {
+                return Err(CliError::Usage(
+                    "give either --m, --n and --k, or --preset".into(),
+                ));
+            }
         };
         Ok(problem.with_dtype(self.dtype))
     }

@@ -29,7 +29,9 @@ pub enum CliError {
     #[error(transparent)]
     Plan(#[from] PlanError),
     /// `--backend cuda`.
-    #[error("CUDA backend not available yet: use --backend cpu (or auto, which falls back to the CPU)")]
+    #[error(
+        "CUDA backend not available yet: use --backend cpu (or auto, which falls back to the CPU)"
+    )]
     CudaUnavailable,
     /// The problem is too large for the CPU executor.
     #[error("{0}")]
@@ -38,7 +40,9 @@ pub enum CliError {
     #[error(transparent)]
     Exec(#[from] ExecError),
     /// `--check` found elements outside the bound.
-    #[error("check failed: {mismatches} of {elements} elements outside the bound; worst at (row {row}, col {col}) is {ratio:.3e}× the bound")]
+    #[error(
+        "check failed: {mismatches} of {elements} elements outside the bound; worst at (row {row}, col {col}) is {ratio:.3e}× the bound"
+    )]
     CheckFailed {
         /// Elements outside the bound.
         mismatches: usize,
@@ -113,7 +117,11 @@ where
 fn one_line(e: &clap::Error) -> String {
     let rendered = e.to_string();
     let mut lines = rendered.lines();
-    let mut line = lines.next().unwrap_or("error: invalid arguments").trim().to_string();
+    let mut line = lines
+        .next()
+        .unwrap_or("error: invalid arguments")
+        .trim()
+        .to_string();
     for detail in lines.take_while(|l| l.starts_with(char::is_whitespace) && !l.trim().is_empty()) {
         line.push(' ');
         line.push_str(detail.trim());
@@ -122,7 +130,11 @@ fn one_line(e: &clap::Error) -> String {
 }
 
 fn plan(args: &PlanArgs, out: &mut dyn Write) -> Result<(), CliError> {
-    let plan = Plan::build(args.problem.schedule, args.problem.problem()?, args.problem.tp)?;
+    let plan = Plan::build(
+        args.problem.schedule,
+        args.problem.problem()?,
+        args.problem.tp,
+    )?;
     match args.format {
         Format::Table => write!(out, "{}", plan.render_table())?,
         Format::Json => writeln!(out, "{}", plan.to_json()?)?,

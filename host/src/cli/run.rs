@@ -31,7 +31,11 @@ struct RunReport<'a> {
     check: Option<CheckReport>,
 }
 
-pub(super) fn run(args: &RunArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), CliError> {
+pub(super) fn run(
+    args: &RunArgs,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> Result<(), CliError> {
     let problem = args.problem.problem()?;
     let plan = Plan::build(args.problem.schedule, problem, args.problem.tp)?;
     match args.backend {
@@ -66,7 +70,9 @@ fn too_large(args: &RunArgs, problem: &Problem) -> String {
             if max >= 1.0 {
                 format!("{head}: pass --tokens {max} or fewer for {preset}")
             } else {
-                format!("{head}: {preset} is too large for the CPU even at 1 token; use a GPU backend")
+                format!(
+                    "{head}: {preset} is too large for the CPU even at 1 token; use a GPU backend"
+                )
             }
         }
         None => format!("{head}: use smaller --m/--n/--k"),
@@ -81,7 +87,11 @@ fn run_typed<T: Element>(args: &RunArgs, plan: Plan, out: &mut dyn Write) -> Res
     exec.load_inputs(&shards)?;
     exec.poison();
 
-    let bar = if args.json || args.iters < 2 { ProgressBar::hidden() } else { ProgressBar::new(args.iters as u64) };
+    let bar = if args.json || args.iters < 2 {
+        ProgressBar::hidden()
+    } else {
+        ProgressBar::new(args.iters as u64)
+    };
     if let Ok(style) = ProgressStyle::with_template("{bar:40} {pos}/{len} iterations ({elapsed})") {
         bar.set_style(style);
     }
@@ -93,8 +103,18 @@ fn run_typed<T: Element>(args: &RunArgs, plan: Plan, out: &mut dyn Write) -> Res
 
     let plan = exec.plan();
     let report = args.check.then(|| {
-        let inputs = CheckInputs { a: &inputs.a, b: &inputs.b, c: inputs.c.as_deref() };
-        check(&problem, plan.schedule.roundings(plan.tp), plan.tp, inputs, &exec.gathered_output())
+        let inputs = CheckInputs {
+            a: &inputs.a,
+            b: &inputs.b,
+            c: inputs.c.as_deref(),
+        };
+        check(
+            &problem,
+            plan.schedule.roundings(plan.tp),
+            plan.tp,
+            inputs,
+            &exec.gathered_output(),
+        )
     });
     let summary = RunReport {
         schedule: plan.schedule.cli_name(),

@@ -30,14 +30,22 @@ mod tests {
 
     #[test]
     fn all_gather_has_a_copy_chain_and_a_gemm_chain() {
-        let plan = Plan::build(ScheduleKind::AllGatherRotatingA, Problem::new(64, 64, 64), 4)
-            .unwrap_or_else(|e| panic!("{e}"));
+        let plan = Plan::build(
+            ScheduleKind::AllGatherRotatingA,
+            Problem::new(64, 64, 64),
+            4,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
         let c = chains(&plan.devices[0]);
         assert_eq!(c.len(), 2);
         assert_eq!(c[0].len(), 1 + 2 * 3);
         assert_eq!(c[1].len(), 4);
-        let rs = Plan::build(ScheduleKind::ReduceScatterTilingA, Problem::new(64, 64, 64), 4)
-            .unwrap_or_else(|e| panic!("{e}"));
+        let rs = Plan::build(
+            ScheduleKind::ReduceScatterTilingA,
+            Problem::new(64, 64, 64),
+            4,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(chains(&rs.devices[0]).len(), 1);
     }
 }

@@ -49,11 +49,15 @@ impl<T: Element> DeviceMemory<T> {
     /// Shared access to a buffer. A poisoned lock only means another thread panicked; the
     /// elements are plain values, so the data is still usable (the panic is reported itself).
     pub(crate) fn read(&self, kind: BufferKind) -> RwLockReadGuard<'_, Vec<T>> {
-        self.lock(kind).read().unwrap_or_else(PoisonError::into_inner)
+        self.lock(kind)
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     fn write(&self, kind: BufferKind) -> RwLockWriteGuard<'_, Vec<T>> {
-        self.lock(kind).write().unwrap_or_else(PoisonError::into_inner)
+        self.lock(kind)
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Exclusive access without locking (the executor is not running).
@@ -92,7 +96,8 @@ pub(crate) fn write_view<T: Element>(memory: &[DeviceMemory<T>], v: &View, value
 
 /// Copies `src` into `dst` (two phases, one lock each).
 pub(crate) fn copy_region<T: Element>(memory: &[DeviceMemory<T>], src: &Region, dst: &Region) {
-    let data: Vec<T> = memory[src.device].read(src.buffer)[src.offset..src.offset + src.len].to_vec();
+    let data: Vec<T> =
+        memory[src.device].read(src.buffer)[src.offset..src.offset + src.len].to_vec();
     memory[dst.device].write(dst.buffer)[dst.offset..dst.offset + dst.len].copy_from_slice(&data);
 }
 
@@ -106,6 +111,9 @@ pub(crate) struct ExclusiveWorkspace {
 impl ExclusiveWorkspace {
     /// All zero (the state `initialize` establishes once).
     pub(crate) fn new(flag_count: usize) -> Self {
-        ExclusiveWorkspace { counter: AtomicU32::new(0), flags: (0..flag_count).map(|_| AtomicU32::new(0)).collect() }
+        ExclusiveWorkspace {
+            counter: AtomicU32::new(0),
+            flags: (0..flag_count).map(|_| AtomicU32::new(0)).collect(),
+        }
     }
 }

@@ -52,7 +52,9 @@ pub enum ExecError {
         timeout: Duration,
     },
     /// The barrier did not see all arrivals.
-    #[error("deadlock: device {device}'s barrier waited {timeout:?}; counter is {counter}, needs {arrivals}")]
+    #[error(
+        "deadlock: device {device}'s barrier waited {timeout:?}; counter is {counter}, needs {arrivals}"
+    )]
     BarrierTimeout {
         /// The waiting device.
         device: usize,
@@ -64,7 +66,9 @@ pub enum ExecError {
         timeout: Duration,
     },
     /// A node waited too long for a predecessor in another branch of its device's DAG.
-    #[error("deadlock: device {device}, node {node} waited {timeout:?} for its predecessor node {pred}")]
+    #[error(
+        "deadlock: device {device}, node {node} waited {timeout:?} for its predecessor node {pred}"
+    )]
     DependencyTimeout {
         /// The device.
         device: usize,
@@ -129,12 +133,25 @@ impl<T: Element> CpuExecutor<T> {
     /// Allocates zeroed buffers and exclusive workspaces for every device of `plan`.
     pub fn new(plan: Plan) -> Result<Self, ExecError> {
         if plan.problem.dtype != T::DTYPE {
-            return Err(ExecError::DtypeMismatch { plan: plan.problem.dtype, executor: T::DTYPE });
+            return Err(ExecError::DtypeMismatch {
+                plan: plan.problem.dtype,
+                executor: T::DTYPE,
+            });
         }
         let memory = plan.devices.iter().map(DeviceMemory::new).collect();
-        let exclusive = plan.devices.iter().map(|_| ExclusiveWorkspace::new(plan.exclusive.flag_count)).collect();
+        let exclusive = plan
+            .devices
+            .iter()
+            .map(|_| ExclusiveWorkspace::new(plan.exclusive.flag_count))
+            .collect();
         let chains = plan.devices.iter().map(chains::chains).collect();
-        Ok(CpuExecutor { plan, memory, exclusive, chains, timeout: DEFAULT_TIMEOUT })
+        Ok(CpuExecutor {
+            plan,
+            memory,
+            exclusive,
+            chains,
+            timeout: DEFAULT_TIMEOUT,
+        })
     }
 
     /// The same executor with another bound on every wait.
@@ -153,11 +170,20 @@ impl<T: Element> CpuExecutor<T> {
     pub fn load_inputs(&mut self, shards: &[DeviceInputs<T>]) -> Result<(), ExecError> {
         for ((dev, mem), inputs) in self.plan.devices.iter().zip(&mut self.memory).zip(shards) {
             let empty = Vec::new();
-            let given = [(BufferKind::A, &inputs.a), (BufferKind::B, &inputs.b), (BufferKind::C, inputs.c.as_ref().unwrap_or(&empty))];
+            let given = [
+                (BufferKind::A, &inputs.a),
+                (BufferKind::B, &inputs.b),
+                (BufferKind::C, inputs.c.as_ref().unwrap_or(&empty)),
+            ];
             for (buffer, data) in given {
                 let expected = dev.buffer_elements(buffer);
                 if data.len() != expected {
-                    return Err(ExecError::InputSize { device: dev.device, buffer, got: data.len(), expected });
+                    return Err(ExecError::InputSize {
+                        device: dev.device,
+                        buffer,
+                        got: data.len(),
+                        expected,
+                    });
                 }
                 mem.get_mut(buffer).copy_from_slice(data);
             }
@@ -181,10 +207,21 @@ impl<T: Element> CpuExecutor<T> {
     }
 
     /// As [`Self::run`], calling `progress(i)` on device 0 after its i-th iteration (1-based).
-    pub fn run_with_progress(&self, iters: usize, progress: &(dyn Fn(usize) + Sync)) -> Result<(), ExecError> {
+    pub fn run_with_progress(
+        &self,
+        iters: usize,
+        progress: &(dyn Fn(usize) + Sync),
+    ) -> Result<(), ExecError> {
         let abort = AtomicBool::new(false);
-        let waiter = Waiter { timeout: self.timeout, abort: &abort };
-        let ctx = Context { memory: &self.memory, exclusive: &self.exclusive, waiter };
+        let waiter = Waiter {
+            timeout: self.timeout,
+            abort: &abort,
+        };
+        let ctx = Context {
+            memory: &self.memory,
+            exclusive: &self.exclusive,
+            waiter,
+        };
         let results: Vec<Result<(), ExecError>> = thread::scope(|s| {
             let handles: Vec<_> = (0..self.plan.tp)
                 .map(|d| {
@@ -192,7 +229,8 @@ impl<T: Element> CpuExecutor<T> {
                     let abort = &abort;
                     s.spawn(move || {
                         for i in 0..iters {
-                            self.run_device(ctx, d).inspect_err(|_| abort.store(true, Ordering::Relaxed))?;
+                            self.run_device(ctx, d)
+                                .inspect_err(|_| abort.store(true, Ordering::Relaxed))?;
                             if d == 0 {
                                 progress(i + 1);
                             }
@@ -218,23 +256,37 @@ impl<T: Element> CpuExecutor<T> {
             for &n in chain {
                 for (pred, _) in dev.predecessors(n) {
                     let flag = &done[pred];
-                    ctx.waiter.until(|| flag.load(Ordering::Acquire)).map_err(|e| match e {
-                        WaitFailure::Aborted => ExecError::Aborted,
-                        WaitFailure::TimedOut => {
-                            ExecError::DependencyTimeout { device: d, node: n, pred, timeout: self.timeout }
-                        }
-                    })?;
+                    ctx.waiter
+                        .until(|| flag.load(Ordering::Acquire))
+                        .map_err(|e| match e {
+                            WaitFailure::Aborted => ExecError::Aborted,
+                            WaitFailure::TimedOut => ExecError::DependencyTimeout {
+                                device: d,
+                                node: n,
+                                pred,
+                                timeout: self.timeout,
+                            },
+                        })?;
                 }
-                ctx.run(d, &dev.nodes[n]).inspect_err(|_| ctx.waiter.abort.store(true, Ordering::Relaxed))?;
+                ctx.run(d, &dev.nodes[n])
+                    .inspect_err(|_| ctx.waiter.abort.store(true, Ordering::Relaxed))?;
                 done[n].store(true, Ordering::Release);
             }
             Ok(())
         };
         let chains = &self.chains[d];
         thread::scope(|s| {
-            let others: Vec<_> = chains.iter().skip(1).map(|c| s.spawn(|| run_chain(c))).collect();
+            let others: Vec<_> = chains
+                .iter()
+                .skip(1)
+                .map(|c| s.spawn(|| run_chain(c)))
+                .collect();
             let mut results = vec![chains.first().map_or(Ok(()), |c| run_chain(c))];
-            results.extend(others.into_iter().map(|h| h.join().unwrap_or(Err(ExecError::Panicked { device: d }))));
+            results.extend(
+                others
+                    .into_iter()
+                    .map(|h| h.join().unwrap_or(Err(ExecError::Panicked { device: d }))),
+            );
             first_error(results)
         })
     }
@@ -242,7 +294,10 @@ impl<T: Element> CpuExecutor<T> {
     /// Every device's output shard.
     #[must_use]
     pub fn outputs(&self) -> Vec<Vec<T>> {
-        self.memory.iter().map(|m| m.read(BufferKind::D).clone()).collect()
+        self.memory
+            .iter()
+            .map(|m| m.read(BufferKind::D).clone())
+            .collect()
     }
 
     /// The global D assembled from the output shards.
@@ -274,7 +329,11 @@ fn first_error(results: Vec<Result<(), ExecError>>) -> Result<(), ExecError> {
             Err(e) => return Err(e),
         }
     }
-    if aborted { Err(ExecError::Aborted) } else { Ok(()) }
+    if aborted {
+        Err(ExecError::Aborted)
+    } else {
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -292,7 +351,8 @@ mod tests {
         let plan = Plan::build(kind, problem, tp).unwrap_or_else(|e| panic!("{e}"));
         let inputs = GlobalInputs::random(&problem, 1);
         let mut exec = CpuExecutor::new(plan).unwrap_or_else(|e| panic!("{e}"));
-        exec.load_inputs(&exec.plan().shard_inputs(&inputs)).unwrap_or_else(|e| panic!("{e}"));
+        exec.load_inputs(&exec.plan().shard_inputs(&inputs))
+            .unwrap_or_else(|e| panic!("{e}"));
         exec.poison();
         (exec, inputs)
     }
@@ -306,7 +366,11 @@ mod tests {
             &plan.problem,
             plan.schedule.roundings(plan.tp),
             plan.tp,
-            CheckInputs { a: &inputs.a, b: &inputs.b, c: None },
+            CheckInputs {
+                a: &inputs.a,
+                b: &inputs.b,
+                c: None,
+            },
             &exec.gathered_output(),
         );
         assert!(report.passed(), "{report:?}");
@@ -321,7 +385,10 @@ mod tests {
         }
         let exec = exec.with_timeout(Duration::from_millis(200));
         let err = exec.run(1).err();
-        let flag = FlagRef { device: 1, index: 1 };
+        let flag = FlagRef {
+            device: 1,
+            index: 1,
+        };
         assert!(
             matches!(err, Some(ExecError::FlagTimeout { device: 1, stage: 1, flag: f, .. }) if f == flag),
             "{err:?}"
@@ -330,8 +397,15 @@ mod tests {
 
     #[test]
     fn wrong_dtype_is_refused() {
-        let plan = Plan::build(ScheduleKind::AllGatherRotatingA, Problem::new(16, 16, 16), 1)
-            .unwrap_or_else(|e| panic!("{e}"));
-        assert!(matches!(CpuExecutor::<f16>::new(plan), Err(ExecError::DtypeMismatch { .. })));
+        let plan = Plan::build(
+            ScheduleKind::AllGatherRotatingA,
+            Problem::new(16, 16, 16),
+            1,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert!(matches!(
+            CpuExecutor::<f16>::new(plan),
+            Err(ExecError::DtypeMismatch { .. })
+        ));
     }
 }

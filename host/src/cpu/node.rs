@@ -2,9 +2,9 @@
 
 use std::sync::atomic::Ordering;
 
+use super::ExecError;
 use super::memory::{DeviceMemory, ExclusiveWorkspace, copy_region, read_view_f32, write_view};
 use super::wait::{WaitFailure, Waiter};
-use super::ExecError;
 use crate::dtype::Element;
 use crate::plan::{BarrierNode, KERNEL_SIGNAL_VALUE, Node};
 use crate::reference::{EpilogueInput, gemm_f32};
@@ -36,7 +36,13 @@ impl<T: Element> Context<'_, T> {
                 Ok(())
             }
             Node::Gemm(g) => {
-                self.prologue(device, g.stage, "gemm", g.signals.as_slice(), g.waits.as_slice())?;
+                self.prologue(
+                    device,
+                    g.stage,
+                    "gemm",
+                    g.signals.as_slice(),
+                    g.waits.as_slice(),
+                )?;
                 self.gemm(g);
                 Ok(())
             }
@@ -59,7 +65,10 @@ impl<T: Element> Context<'_, T> {
             self.exclusive[q].counter.fetch_add(1, Ordering::Release);
         }
         let counter = &self.exclusive[device].counter;
-        match self.waiter.until(|| counter.load(Ordering::Acquire) >= b.arrivals) {
+        match self
+            .waiter
+            .until(|| counter.load(Ordering::Acquire) >= b.arrivals)
+        {
             Ok(()) => {
                 counter.fetch_sub(b.arrivals, Ordering::AcqRel);
                 Ok(())
@@ -89,12 +98,18 @@ impl<T: Element> Context<'_, T> {
         }
         for f in waits {
             let flag = self.flag(f);
-            self.waiter.until(|| flag.load(Ordering::Acquire) != 0).map_err(|e| match e {
-                WaitFailure::Aborted => ExecError::Aborted,
-                WaitFailure::TimedOut => {
-                    ExecError::FlagTimeout { device, stage, node, flag: *f, timeout: self.waiter.timeout }
-                }
-            })?;
+            self.waiter
+                .until(|| flag.load(Ordering::Acquire) != 0)
+                .map_err(|e| match e {
+                    WaitFailure::Aborted => ExecError::Aborted,
+                    WaitFailure::TimedOut => ExecError::FlagTimeout {
+                        device,
+                        stage,
+                        node,
+                        flag: *f,
+                        timeout: self.waiter.timeout,
+                    },
+                })?;
         }
         Ok(())
     }
@@ -102,7 +117,11 @@ impl<T: Element> Context<'_, T> {
     fn gemm(&self, g: &GemmStage) {
         let a = read_view_f32(self.memory, &g.a);
         let b = read_view_f32(self.memory, &g.b);
-        let c = g.epilogue.source.view().map(|v| (read_view_f32(self.memory, v), v.cols));
+        let c = g
+            .epilogue
+            .source
+            .view()
+            .map(|v| (read_view_f32(self.memory, v), v.cols));
         let epilogue = EpilogueInput {
             alpha: g.epilogue.alpha,
             beta: g.epilogue.beta,

@@ -52,7 +52,10 @@ mod tests {
     #[test]
     fn times_out_and_aborts() {
         let abort = AtomicBool::new(false);
-        let w = Waiter { timeout: Duration::from_millis(5), abort: &abort };
+        let w = Waiter {
+            timeout: Duration::from_millis(5),
+            abort: &abort,
+        };
         assert_eq!(w.until(|| false), Err(WaitFailure::TimedOut));
         assert_eq!(w.until(|| true), Ok(()));
         abort.store(true, Ordering::Relaxed);

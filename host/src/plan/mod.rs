@@ -204,7 +204,7 @@ impl Plan {
         if v.end() > len || v.cols > v.ld {
             return Err(format!("view {v:?} exceeds its buffer of {len} elements"));
         }
-        if v.offset % align != 0 || v.ld % align != 0 {
+        if !v.offset.is_multiple_of(align) || !v.ld.is_multiple_of(align) {
             return Err(format!("view {v:?} is not 16-byte aligned"));
         }
         Ok(())

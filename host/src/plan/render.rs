@@ -202,12 +202,18 @@ fn render_device(out: &mut String, dev: &DevicePlan) {
     );
     let _ = writeln!(
         out,
-        "  {:<5} {:<4} {:<4} {:<14} {:<22} {:<22} {:<28} {:<22} {:<11} {}",
-        "stage", "peer", "tile", "gemm m×n×k", "A", "B", "C (beta)", "D", "wait", "signal"
+        "  {:<5} {:<4} {:<4} {:<14} {:<22} {:<22} {:<28} {:<22} {:<11} signal",
+        "stage", "peer", "tile", "gemm m×n×k", "A", "B", "C (beta)", "D", "wait"
     );
     // Kernels first (the stage table), then the copy chain.
-    let kernels_first = dev.nodes.iter().filter(|n| matches!(n, Node::Gemm(_) | Node::Reduce(_)));
-    let copies = dev.nodes.iter().filter(|n| matches!(n, Node::PeerCopy(_) | Node::FlagSet(_)));
+    let kernels_first = dev
+        .nodes
+        .iter()
+        .filter(|n| matches!(n, Node::Gemm(_) | Node::Reduce(_)));
+    let copies = dev
+        .nodes
+        .iter()
+        .filter(|n| matches!(n, Node::PeerCopy(_) | Node::FlagSet(_)));
     for node in kernels_first.chain(copies) {
         match node {
             Node::Gemm(g) => {

@@ -125,7 +125,11 @@ fn alignment_quantities(kind: ScheduleKind, p: &Problem, tp: usize) -> Vec<(&'st
 
 /// Checks that `kind` can run `problem` on `tp` devices; the error names the first violated
 /// constraint (see the module documentation for the list).
-pub fn can_implement(kind: ScheduleKind, problem: &Problem, tp: usize) -> Result<(), ScheduleError> {
+pub fn can_implement(
+    kind: ScheduleKind,
+    problem: &Problem,
+    tp: usize,
+) -> Result<(), ScheduleError> {
     if tp == 0 || tp > MAX_TP {
         return Err(ScheduleError::TpOutOfRange { tp, max: MAX_TP });
     }
@@ -134,28 +138,42 @@ pub fn can_implement(kind: ScheduleKind, problem: &Problem, tp: usize) -> Result
             return Err(ScheduleError::ZeroDimension { dim });
         }
     }
-    for (matrix, rows, cols) in
-        [("A", problem.m, problem.k), ("B", problem.n, problem.k), ("C/D", problem.m, problem.n)]
-    {
+    for (matrix, rows, cols) in [
+        ("A", problem.m, problem.k),
+        ("B", problem.n, problem.k),
+        ("C/D", problem.m, problem.n),
+    ] {
         if rows.checked_mul(cols).is_none_or(|e| e > MAX_ELEMENTS) {
             return Err(ScheduleError::TooLarge { matrix, rows, cols });
         }
     }
     for (dim, value) in split_dimensions(kind, problem) {
-        if value % tp != 0 {
-            return Err(ScheduleError::NotDivisible { dim, value, tp, schedule: kind });
+        if !value.is_multiple_of(tp) {
+            return Err(ScheduleError::NotDivisible {
+                dim,
+                value,
+                tp,
+                schedule: kind,
+            });
         }
     }
-    if problem.k % ALIGN_ELEMENTS != 0 {
+    if !problem.k.is_multiple_of(ALIGN_ELEMENTS) {
         return Err(ScheduleError::KNotAligned { k: problem.k });
     }
     for (quantity, value) in alignment_quantities(kind, problem, tp) {
-        if value % ALIGN_ELEMENTS != 0 {
-            return Err(ScheduleError::Misaligned { quantity, value, schedule: kind });
+        if !value.is_multiple_of(ALIGN_ELEMENTS) {
+            return Err(ScheduleError::Misaligned {
+                quantity,
+                value,
+                schedule: kind,
+            });
         }
     }
     if kind.collective() == Collective::ReduceScatter && problem.has_c() {
-        return Err(ScheduleError::BetaUnsupported { beta: problem.beta, schedule: kind });
+        return Err(ScheduleError::BetaUnsupported {
+            beta: problem.beta,
+            schedule: kind,
+        });
     }
     Ok(())
 }
@@ -166,8 +184,12 @@ mod tests {
 
     #[test]
     fn message_names_dimension_tp_and_schedule() {
-        let err = can_implement(ScheduleKind::AllGatherRotatingA, &Problem::new(1001, 64, 64), 8)
-            .unwrap_err();
+        let err = can_implement(
+            ScheduleKind::AllGatherRotatingA,
+            &Problem::new(1001, 64, 64),
+            8,
+        )
+        .unwrap_err();
         assert_eq!(
             err.to_string(),
             "M=1001 is not divisible by TP=8 for AllGather1D_TilingCD_RotatingA"
@@ -179,7 +201,11 @@ mod tests {
         let p = Problem::new(48, 64, 24);
         assert!(matches!(
             can_implement(ScheduleKind::ReduceScatterTilingA, &p, 2),
-            Err(ScheduleError::Misaligned { quantity: "K/TP", value: 12, .. })
+            Err(ScheduleError::Misaligned {
+                quantity: "K/TP",
+                value: 12,
+                ..
+            })
         ));
         assert!(can_implement(ScheduleKind::ReduceScatterTilingA, &p, 3).is_ok());
     }

@@ -123,13 +123,26 @@ struct Dims {
 impl Dims {
     fn new(problem: &Problem, p: usize) -> Self {
         let (m, n, k) = (problem.m, problem.n, problem.k);
-        Dims { p, m, n, k, mb: m / p, nb: n / p, kb: k / p }
+        Dims {
+            p,
+            m,
+            n,
+            k,
+            mb: m / p,
+            nb: n / p,
+            kb: k / p,
+        }
     }
 }
 
 /// The program of `device` for a problem that passed [`super::can_implement`] at `tp`.
 #[must_use]
-pub fn device_program(kind: ScheduleKind, problem: &Problem, tp: usize, device: usize) -> DeviceProgram {
+pub fn device_program(
+    kind: ScheduleKind,
+    problem: &Problem,
+    tp: usize,
+    device: usize,
+) -> DeviceProgram {
     let g = Dims::new(problem, tp);
     match kind.collective() {
         Collective::AllGather => all_gather(kind, problem, g, device),
@@ -139,35 +152,82 @@ pub fn device_program(kind: ScheduleKind, problem: &Problem, tp: usize, device: 
 
 /// A packed-shard view of a whole buffer.
 fn whole(device: usize, buffer: BufferKind, block: &Block) -> View {
-    View { device, buffer, offset: 0, rows: block.rows, cols: block.cols, ld: block.cols }
+    View {
+        device,
+        buffer,
+        offset: 0,
+        rows: block.rows,
+        cols: block.cols,
+        ld: block.cols,
+    }
 }
 
 fn all_gather(kind: ScheduleKind, problem: &Problem, g: Dims, d: usize) -> DeviceProgram {
     let rotates_a = kind.tiles_rows();
-    let a = Block { row0: d * g.mb, col0: 0, rows: g.mb, cols: g.k };
-    let b = Block { row0: d * g.nb, col0: 0, rows: g.nb, cols: g.k };
-    let out = if rotates_a {
-        Block { row0: 0, col0: d * g.nb, rows: g.m, cols: g.nb }
-    } else {
-        Block { row0: d * g.mb, col0: 0, rows: g.mb, cols: g.n }
+    let a = Block {
+        row0: d * g.mb,
+        col0: 0,
+        rows: g.mb,
+        cols: g.k,
     };
-    let shards = ShardLayout { a, b, c: problem.has_c().then_some(out), d: out };
-    let (rotating_buffer, rotating) = if rotates_a { (BufferKind::A, a) } else { (BufferKind::B, b) };
+    let b = Block {
+        row0: d * g.nb,
+        col0: 0,
+        rows: g.nb,
+        cols: g.k,
+    };
+    let out = if rotates_a {
+        Block {
+            row0: 0,
+            col0: d * g.nb,
+            rows: g.m,
+            cols: g.nb,
+        }
+    } else {
+        Block {
+            row0: d * g.mb,
+            col0: 0,
+            rows: g.mb,
+            cols: g.n,
+        }
+    };
+    let shards = ShardLayout {
+        a,
+        b,
+        c: problem.has_c().then_some(out),
+        d: out,
+    };
+    let (rotating_buffer, rotating) = if rotates_a {
+        (BufferKind::A, a)
+    } else {
+        (BufferKind::B, b)
+    };
     let slice = rotating.elements();
     // The C view is always the D view on the C buffer: C is tiled exactly like D.
     let epilogue = |d_view: View| Epilogue {
         alpha: problem.alpha,
         beta: problem.beta,
         source: if problem.has_c() {
-            CSource::Local(View { buffer: BufferKind::C, ..d_view })
+            CSource::Local(View {
+                buffer: BufferKind::C,
+                ..d_view
+            })
         } else {
             CSource::None
         },
     };
-    let peer_shard = |p: usize| Region { device: p, buffer: rotating_buffer, offset: 0, len: slice };
+    let peer_shard = |p: usize| Region {
+        device: p,
+        buffer: rotating_buffer,
+        offset: 0,
+        len: slice,
+    };
 
     if kind.is_pipelined() {
-        let workspace = WorkspaceLayout { slots: g.p - 1, slot_elements: slice };
+        let workspace = WorkspaceLayout {
+            slots: g.p - 1,
+            slot_elements: slice,
+        };
         let slot_view = |t: usize| View {
             device: d,
             buffer: BufferKind::Workspace,
@@ -186,41 +246,76 @@ fn all_gather(kind: ScheduleKind, problem: &Problem, g: Dims, d: usize) -> Devic
                     offset: workspace.slot_offset(t - 1),
                     len: slice,
                 },
-                sets_flag: Some(FlagRef { device: d, index: t }),
+                sets_flag: Some(FlagRef {
+                    device: d,
+                    index: t,
+                }),
             })
             .collect();
         let gemms = (0..g.p)
             .map(|t| {
                 let p = ring(d, t as isize, g.p);
-                let rotating_view =
-                    if t == 0 { whole(d, rotating_buffer, &rotating) } else { slot_view(t) };
+                let rotating_view = if t == 0 {
+                    whole(d, rotating_buffer, &rotating)
+                } else {
+                    slot_view(t)
+                };
                 let (a_view, b_view, d_view) = if rotates_a {
-                    let tile =
-                        View { device: d, buffer: BufferKind::D, offset: p * g.mb * g.nb, rows: g.mb, cols: g.nb, ld: g.nb };
+                    let tile = View {
+                        device: d,
+                        buffer: BufferKind::D,
+                        offset: p * g.mb * g.nb,
+                        rows: g.mb,
+                        cols: g.nb,
+                        ld: g.nb,
+                    };
                     (rotating_view, whole(d, BufferKind::B, &b), tile)
                 } else {
-                    let tile =
-                        View { device: d, buffer: BufferKind::D, offset: p * g.nb, rows: g.mb, cols: g.nb, ld: g.n };
+                    let tile = View {
+                        device: d,
+                        buffer: BufferKind::D,
+                        offset: p * g.nb,
+                        rows: g.mb,
+                        cols: g.nb,
+                        ld: g.n,
+                    };
                     (whole(d, BufferKind::A, &a), rotating_view, tile)
                 };
                 GemmStage {
                     stage: t,
                     tile: Some(p),
                     peer: Some(p),
-                    shape: GemmShape { m: g.mb, n: g.nb, k: g.k },
+                    shape: GemmShape {
+                        m: g.mb,
+                        n: g.nb,
+                        k: g.k,
+                    },
                     a: a_view,
                     b: b_view,
                     d: d_view,
                     epilogue: epilogue(d_view),
                     signals: None,
-                    waits: (t > 0).then_some(FlagRef { device: d, index: t }),
+                    waits: (t > 0).then_some(FlagRef {
+                        device: d,
+                        index: t,
+                    }),
                 }
             })
             .collect();
-        DeviceProgram { device: d, shards, workspace, copies, gemms, reduce: None }
+        DeviceProgram {
+            device: d,
+            shards,
+            workspace,
+            copies,
+            gemms,
+            reduce: None,
+        }
     } else {
         // Slot p holds shard p: the workspace is the gathered operand in global row order.
-        let workspace = WorkspaceLayout { slots: g.p, slot_elements: slice };
+        let workspace = WorkspaceLayout {
+            slots: g.p,
+            slot_elements: slice,
+        };
         let copies = (0..g.p)
             .map(|t| {
                 let p = ring(d, t as isize, g.p);
@@ -238,16 +333,29 @@ fn all_gather(kind: ScheduleKind, problem: &Problem, g: Dims, d: usize) -> Devic
             })
             .collect();
         let gathered_rows = rotating.rows * g.p;
-        let gathered =
-            View { device: d, buffer: BufferKind::Workspace, offset: 0, rows: gathered_rows, cols: g.k, ld: g.k };
+        let gathered = View {
+            device: d,
+            buffer: BufferKind::Workspace,
+            offset: 0,
+            rows: gathered_rows,
+            cols: g.k,
+            ld: g.k,
+        };
         let d_view = whole(d, BufferKind::D, &out);
-        let (a_view, b_view) =
-            if rotates_a { (gathered, whole(d, BufferKind::B, &b)) } else { (whole(d, BufferKind::A, &a), gathered) };
+        let (a_view, b_view) = if rotates_a {
+            (gathered, whole(d, BufferKind::B, &b))
+        } else {
+            (whole(d, BufferKind::A, &a), gathered)
+        };
         let gemm = GemmStage {
             stage: 0,
             tile: None,
             peer: None,
-            shape: GemmShape { m: out.rows, n: out.cols, k: g.k },
+            shape: GemmShape {
+                m: out.rows,
+                n: out.cols,
+                k: g.k,
+            },
             a: a_view,
             b: b_view,
             d: d_view,
@@ -255,21 +363,57 @@ fn all_gather(kind: ScheduleKind, problem: &Problem, g: Dims, d: usize) -> Devic
             signals: None,
             waits: None,
         };
-        DeviceProgram { device: d, shards, workspace, copies, gemms: vec![gemm], reduce: None }
+        DeviceProgram {
+            device: d,
+            shards,
+            workspace,
+            copies,
+            gemms: vec![gemm],
+            reduce: None,
+        }
     }
 }
 
 fn reduce_scatter(kind: ScheduleKind, problem: &Problem, g: Dims, d: usize) -> DeviceProgram {
     let tiles_m = kind.tiles_rows();
-    let a = Block { row0: 0, col0: d * g.kb, rows: g.m, cols: g.kb };
-    let b = Block { row0: 0, col0: d * g.kb, rows: g.n, cols: g.kb };
-    let out = if tiles_m {
-        Block { row0: d * g.mb, col0: 0, rows: g.mb, cols: g.n }
-    } else {
-        Block { row0: 0, col0: d * g.nb, rows: g.m, cols: g.nb }
+    let a = Block {
+        row0: 0,
+        col0: d * g.kb,
+        rows: g.m,
+        cols: g.kb,
     };
-    let shards = ShardLayout { a, b, c: None, d: out };
-    let no_c = Epilogue { alpha: problem.alpha, beta: 0.0, source: CSource::None };
+    let b = Block {
+        row0: 0,
+        col0: d * g.kb,
+        rows: g.n,
+        cols: g.kb,
+    };
+    let out = if tiles_m {
+        Block {
+            row0: d * g.mb,
+            col0: 0,
+            rows: g.mb,
+            cols: g.n,
+        }
+    } else {
+        Block {
+            row0: 0,
+            col0: d * g.nb,
+            rows: g.m,
+            cols: g.nb,
+        }
+    };
+    let shards = ShardLayout {
+        a,
+        b,
+        c: None,
+        d: out,
+    };
+    let no_c = Epilogue {
+        alpha: problem.alpha,
+        beta: 0.0,
+        source: CSource::None,
+    };
     let a_all = whole(d, BufferKind::A, &a);
     let b_all = whole(d, BufferKind::B, &b);
 
@@ -277,7 +421,10 @@ fn reduce_scatter(kind: ScheduleKind, problem: &Problem, g: Dims, d: usize) -> D
         let left = ring(d, -1, g.p);
         let right = ring(d, 1, g.p);
         // One slot = one output tile (mb×N or M×nb), packed.
-        let workspace = WorkspaceLayout { slots: g.p - 1, slot_elements: out.elements() };
+        let workspace = WorkspaceLayout {
+            slots: g.p - 1,
+            slot_elements: out.elements(),
+        };
         let slot = |device: usize, j: usize| View {
             device,
             buffer: BufferKind::Workspace,
@@ -290,17 +437,49 @@ fn reduce_scatter(kind: ScheduleKind, problem: &Problem, g: Dims, d: usize) -> D
             .map(|t| {
                 let tile = ring(d, -1 - t as isize, g.p);
                 let (a_view, b_view, shape) = if tiles_m {
-                    let rows = View { offset: tile * g.mb * g.kb, rows: g.mb, ..a_all };
-                    (rows, b_all, GemmShape { m: g.mb, n: g.n, k: g.kb })
+                    let rows = View {
+                        offset: tile * g.mb * g.kb,
+                        rows: g.mb,
+                        ..a_all
+                    };
+                    (
+                        rows,
+                        b_all,
+                        GemmShape {
+                            m: g.mb,
+                            n: g.n,
+                            k: g.kb,
+                        },
+                    )
                 } else {
-                    let rows = View { offset: tile * g.nb * g.kb, rows: g.nb, ..b_all };
-                    (a_all, rows, GemmShape { m: g.m, n: g.nb, k: g.kb })
+                    let rows = View {
+                        offset: tile * g.nb * g.kb,
+                        rows: g.nb,
+                        ..b_all
+                    };
+                    (
+                        a_all,
+                        rows,
+                        GemmShape {
+                            m: g.m,
+                            n: g.nb,
+                            k: g.kb,
+                        },
+                    )
                 };
-                let d_view = if t + 1 == g.p { whole(d, BufferKind::D, &out) } else { slot(d, t) };
+                let d_view = if t + 1 == g.p {
+                    whole(d, BufferKind::D, &out)
+                } else {
+                    slot(d, t)
+                };
                 let epilogue = if t == 0 {
                     no_c
                 } else {
-                    Epilogue { alpha: problem.alpha, beta: 1.0, source: CSource::Peer(slot(left, t - 1)) }
+                    Epilogue {
+                        alpha: problem.alpha,
+                        beta: 1.0,
+                        source: CSource::Peer(slot(left, t - 1)),
+                    }
                 };
                 GemmStage {
                     stage: t,
@@ -311,22 +490,49 @@ fn reduce_scatter(kind: ScheduleKind, problem: &Problem, g: Dims, d: usize) -> D
                     b: b_view,
                     d: d_view,
                     epilogue,
-                    signals: (t > 0).then_some(FlagRef { device: right, index: t }),
-                    waits: (t > 0).then_some(FlagRef { device: d, index: t }),
+                    signals: (t > 0).then_some(FlagRef {
+                        device: right,
+                        index: t,
+                    }),
+                    waits: (t > 0).then_some(FlagRef {
+                        device: d,
+                        index: t,
+                    }),
                 }
             })
             .collect();
-        DeviceProgram { device: d, shards, workspace, copies: Vec::new(), gemms, reduce: None }
+        DeviceProgram {
+            device: d,
+            shards,
+            workspace,
+            copies: Vec::new(),
+            gemms,
+            reduce: None,
+        }
     } else {
         // The whole M×N partial, ld N: slot q is output block q when tiling M; when tiling N
         // the blocks are column blocks of it (the slot count is still P).
-        let workspace = WorkspaceLayout { slots: g.p, slot_elements: out.elements() };
-        let partial = View { device: d, buffer: BufferKind::Workspace, offset: 0, rows: g.m, cols: g.n, ld: g.n };
+        let workspace = WorkspaceLayout {
+            slots: g.p,
+            slot_elements: out.elements(),
+        };
+        let partial = View {
+            device: d,
+            buffer: BufferKind::Workspace,
+            offset: 0,
+            rows: g.m,
+            cols: g.n,
+            ld: g.n,
+        };
         let gemm = GemmStage {
             stage: 0,
             tile: None,
             peer: None,
-            shape: GemmShape { m: g.m, n: g.n, k: g.kb },
+            shape: GemmShape {
+                m: g.m,
+                n: g.n,
+                k: g.kb,
+            },
             a: a_all,
             b: b_all,
             d: partial,
@@ -336,17 +542,41 @@ fn reduce_scatter(kind: ScheduleKind, problem: &Problem, g: Dims, d: usize) -> D
         };
         let block_of = |q: usize| {
             let offset = if tiles_m { d * g.mb * g.n } else { d * g.nb };
-            View { device: q, offset, rows: out.rows, cols: out.cols, ..partial }
+            View {
+                device: q,
+                offset,
+                rows: out.rows,
+                cols: out.cols,
+                ..partial
+            }
         };
         let peers = (0..g.p).filter(|&q| q != d);
         let reduce = ReduceStep {
             stage: 1,
             sources: (0..g.p).map(block_of).collect(),
             dst: whole(d, BufferKind::D, &out),
-            signals: peers.clone().map(|q| FlagRef { device: q, index: d }).collect(),
-            waits: peers.map(|q| FlagRef { device: d, index: q }).collect(),
+            signals: peers
+                .clone()
+                .map(|q| FlagRef {
+                    device: q,
+                    index: d,
+                })
+                .collect(),
+            waits: peers
+                .map(|q| FlagRef {
+                    device: d,
+                    index: q,
+                })
+                .collect(),
         };
-        DeviceProgram { device: d, shards, workspace, copies: Vec::new(), gemms: vec![gemm], reduce: Some(reduce) }
+        DeviceProgram {
+            device: d,
+            shards,
+            workspace,
+            copies: Vec::new(),
+            gemms: vec![gemm],
+            reduce: Some(reduce),
+        }
     }
 }
 
@@ -369,7 +599,11 @@ mod tests {
         let problem = Problem::new(64, 64, 64);
         for t in 1..4 {
             let mut sources: Vec<_> = (0..4)
-                .map(|d| device_program(ScheduleKind::AllGatherRotatingB, &problem, 4, d).copies[t - 1].src.device)
+                .map(|d| {
+                    device_program(ScheduleKind::AllGatherRotatingB, &problem, 4, d).copies[t - 1]
+                        .src
+                        .device
+                })
                 .collect();
             sources.sort_unstable();
             assert_eq!(sources, vec![0, 1, 2, 3]);

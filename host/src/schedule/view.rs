@@ -237,7 +237,12 @@ mod tests {
     #[test]
     fn block_extract_insert_roundtrip() {
         let global: Vec<u32> = (0..6 * 5).collect();
-        let block = Block { row0: 1, col0: 2, rows: 3, cols: 2 };
+        let block = Block {
+            row0: 1,
+            col0: 2,
+            rows: 3,
+            cols: 2,
+        };
         let shard = block.extract(&global, 5);
         assert_eq!(shard, vec![7, 8, 12, 13, 17, 18]);
         let mut back = vec![0; 30];
@@ -248,7 +253,14 @@ mod tests {
 
     #[test]
     fn view_end_is_one_past_last_element() {
-        let v = View { device: 0, buffer: BufferKind::D, offset: 8, rows: 2, cols: 3, ld: 16 };
+        let v = View {
+            device: 0,
+            buffer: BufferKind::D,
+            offset: 8,
+            rows: 2,
+            cols: 3,
+            ld: 16,
+        };
         assert_eq!(v.end(), 8 + 16 + 3);
         assert_eq!(View { rows: 0, ..v }.end(), 8);
     }

@@ -1,0 +1,425 @@
+//! The `distgemm` binary: exit status 2 and exactly one stderr line for every bad input, the
+//! plan renderings, and `run --backend cpu --check` for every schedule at TP 1, 2, 3, 4, 8.
+
+use std::process::{Command, Output};
+
+use distgemm::plan::{Node, Plan};
+use distgemm::schedule::ScheduleKind;
+
+fn distgemm(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_distgemm"))
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot start distgemm: {e}"))
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+#[test]
+fn bad_input_is_one_line_and_exit_2() {
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (
+            vec!["plan", "--schedule", "ag-z", "--tp", "4"],
+            "invalid value 'ag-z' for '--schedule",
+        ),
+        (
+            vec![
+                "plan",
+                "--schedule",
+                "ag-a",
+                "--tp",
+                "0",
+                "--m",
+                "64",
+                "--n",
+                "64",
+                "--k",
+                "64",
+            ],
+            "TP=0 is out of range",
+        ),
+        (
+            vec![
+                "plan",
+                "--schedule",
+                "ag-a",
+                "--tp",
+                "9",
+                "--m",
+                "64",
+                "--n",
+                "64",
+                "--k",
+                "64",
+            ],
+            "TP=9 is out of range",
+        ),
+        (vec!["plan", "--schedule", "ag-a", "--tp", "-1"], "error:"),
+        (
+            vec![
+                "plan",
+                "--schedule",
+                "ag-a",
+                "--tp",
+                "4",
+                "--preset",
+                "llama9",
+            ],
+            "invalid value 'llama9' for '--preset",
+        ),
+        (
+            vec![
+                "plan",
+                "--schedule",
+                "ag-a",
+                "--tp",
+                "8",
+                "--m",
+                "1001",
+                "--n",
+                "64",
+                "--k",
+                "64",
+            ],
+            "M=1001 is not divisible by TP=8 for AllGather1D_TilingCD_RotatingA",
+        ),
+        (
+            vec![
+                "plan",
+                "--schedule",
+                "rs-a",
+                "--tp",
+                "4",
+                "--m",
+                "64",
+                "--n",
+                "64",
+                "--k",
+                "66",
+            ],
+            "K=66 is not divisible by TP=4",
+        ),
+        (
+            vec![
+                "plan",
+                "--schedule",
+                "ag-b",
+                "--tp",
+                "8",
+                "--m",
+                "64",
+                "--n",
+                "96",
+                "--k",
+                "64",
+            ],
+            "N/TP=12 is not a multiple of 8",
+        ),
+        (
+            vec![
+                "plan",
+                "--schedule",
+                "ag-a",
+                "--tp",
+                "2",
+                "--m",
+                "0",
+                "--n",
+                "64",
+                "--k",
+                "64",
+            ],
+            "M=0",
+        ),
+        (
+            vec![
+                "plan",
+                "--schedule",
+                "ag-a",
+                "--tp",
+                "2",
+                "--m",
+                "64",
+                "--n",
+                "64",
+            ],
+            "give either --m, --n and --k, or --preset",
+        ),
+        (
+            vec!["plan", "--tp", "2", "--m", "64", "--n", "64", "--k", "64"],
+            "--schedule",
+        ),
+        (
+            vec![
+                "plan",
+                "--schedule",
+                "ag-a",
+                "--tp",
+                "2",
+                "--m",
+                "64",
+                "--n",
+                "64",
+                "--k",
+                "64",
+                "--format",
+                "svg",
+            ],
+            "invalid value 'svg'",
+        ),
+        (
+            vec![
+                "run",
+                "--schedule",
+                "ag-a",
+                "--tp",
+                "2",
+                "--backend",
+                "cuda",
+                "--m",
+                "64",
+                "--n",
+                "64",
+                "--k",
+                "64",
+            ],
+            "CUDA backend not available yet",
+        ),
+        (
+            vec![
+                "run",
+                "--schedule",
+                "ag-a",
+                "--tp",
+                "4",
+                "--backend",
+                "cpu",
+                "--preset",
+                "llama3-70b-fc1",
+            ],
+            "pass --tokens 4 or fewer",
+        ),
+        (
+            vec![
+                "run",
+                "--schedule",
+                "rs-b",
+                "--tp",
+                "2",
+                "--backend",
+                "cpu",
+                "--dtype",
+                "f32",
+                "--m",
+                "64",
+                "--n",
+                "64",
+                "--k",
+                "64",
+            ],
+            "invalid value 'f32'",
+        ),
+    ];
+    for (args, want) in cases {
+        let out = distgemm(&args);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert_eq!(
+            err.lines().count(),
+            1,
+            "{args:?} must print one line: {err}"
+        );
+        assert!(err.contains(want), "{args:?}: {err}");
+        assert!(
+            !err.contains("panicked") && !err.contains("backtrace"),
+            "{err}"
+        );
+    }
+}
+
+#[test]
+fn plan_table_shows_peers_and_tiles() {
+    let out = distgemm(&[
+        "plan",
+        "--schedule",
+        "ag-a",
+        "--tp",
+        "4",
+        "--m",
+        "64",
+        "--n",
+        "64",
+        "--k",
+        "64",
+    ]);
+    assert_eq!(out.status.code(), Some(0));
+    let table = text(&out.stdout);
+    assert!(
+        table.contains("peer(d,t) = tile(d,t) = (d+t) mod 4"),
+        "{table}"
+    );
+    assert!(
+        table.contains("workspace per device: 3 slots × 1024 elements = 6144 B"),
+        "{table}"
+    );
+    // Device 1, stage 3: peer 0, tile 0, A from workspace slot 2, D row block 0.
+    let dev1 = table.split("device 1:").nth(1).unwrap_or_default();
+    assert!(
+        dev1.lines()
+            .any(|l| l.split_whitespace().take(3).collect::<Vec<_>>() == ["3", "0", "0"]),
+        "{dev1}"
+    );
+
+    let out = distgemm(&[
+        "plan",
+        "--schedule",
+        "rs-a",
+        "--tp",
+        "4",
+        "--m",
+        "64",
+        "--n",
+        "64",
+        "--k",
+        "64",
+    ]);
+    let table = text(&out.stdout);
+    assert!(table.contains("tile(d,t) = (d-1-t) mod 4"), "{table}");
+    assert!(
+        table.contains("dev3:ws@0 16×64 ld64 (1)"),
+        "device 0 stage 1 reads left neighbour 3's slot 0: {table}"
+    );
+}
+
+#[test]
+fn plan_json_is_the_plan_and_dot_has_every_device() {
+    let out = distgemm(&[
+        "plan",
+        "--schedule",
+        "rs-a",
+        "--tp",
+        "4",
+        "--m",
+        "64",
+        "--n",
+        "64",
+        "--k",
+        "64",
+        "--format",
+        "json",
+    ]);
+    assert_eq!(out.status.code(), Some(0));
+    let plan = Plan::from_json(&text(&out.stdout)).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        (plan.schedule, plan.tp),
+        (ScheduleKind::ReduceScatterTilingA, 4)
+    );
+    for (d, dev) in plan.devices.iter().enumerate() {
+        let tiles: Vec<_> = dev.gemms().map(|g| (g.peer, g.tile)).collect();
+        let want: Vec<_> = (0..4)
+            .map(|t| (Some((d + 3) % 4), Some((d + 8 - 1 - t) % 4)))
+            .collect();
+        assert_eq!(tiles, want);
+        assert!(matches!(dev.nodes[0], Node::Barrier(_)));
+    }
+    let out = distgemm(&[
+        "plan",
+        "--schedule",
+        "ag-b",
+        "--tp",
+        "3",
+        "--m",
+        "48",
+        "--n",
+        "48",
+        "--k",
+        "64",
+        "--format",
+        "dot",
+    ]);
+    let dot = text(&out.stdout);
+    assert!(
+        dot.starts_with("digraph plan {") && dot.trim_end().ends_with('}'),
+        "{dot}"
+    );
+    for d in 0..3 {
+        assert!(dot.contains(&format!("subgraph cluster_dev{d}")), "{dot}");
+    }
+    assert!(
+        dot.contains("style=dashed") && dot.contains("color=red"),
+        "{dot}"
+    );
+}
+
+#[test]
+fn run_check_passes_for_every_schedule_and_tp() {
+    for kind in ScheduleKind::ALL {
+        for tp in [1usize, 2, 3, 4, 8] {
+            let dim = (16 * tp).to_string();
+            let args = [
+                "run",
+                "--schedule",
+                kind.cli_name(),
+                "--tp",
+                &tp.to_string(),
+                "--m",
+                &dim,
+                "--n",
+                &dim,
+                "--k",
+                &dim,
+                "--backend",
+                "cpu",
+                "--check",
+                "--iters",
+                "2",
+                "--json",
+            ];
+            let out = distgemm(&args);
+            assert_eq!(
+                out.status.code(),
+                Some(0),
+                "{args:?}: {}",
+                text(&out.stderr)
+            );
+            let json = text(&out.stdout);
+            assert!(json.contains("\"mismatches\":0"), "{json}");
+        }
+    }
+}
+
+#[test]
+fn auto_backend_says_it_uses_the_cpu_and_text_output_reports_the_check() {
+    let out = distgemm(&[
+        "run",
+        "--schedule",
+        "ag-a-single",
+        "--tp",
+        "2",
+        "--m",
+        "32",
+        "--n",
+        "32",
+        "--k",
+        "32",
+        "--check",
+        "--dtype",
+        "f16",
+    ]);
+    assert_eq!(out.status.code(), Some(0));
+    let err = text(&out.stderr);
+    assert_eq!(err.lines().count(), 1);
+    assert!(
+        err.starts_with(
+            "notice: CUDA backend not available yet; running on the CPU executor (cap:"
+        ),
+        "{err}"
+    );
+    assert!(
+        text(&out.stdout).contains("check: passed"),
+        "{}",
+        text(&out.stdout)
+    );
+}
