@@ -99,13 +99,13 @@ fn reduce_scatter_tiling_a_and_b_tables() {
         ScheduleKind::ReduceScatterTilingB,
     ] {
         let plan = plan(kind);
-        for d in 0..P {
+        for (d, row) in RS.iter().enumerate() {
             let left = (d + P - 1) % P;
             let right = (d + 1) % P;
             for (t, g) in gemms(&plan, d).iter().enumerate() {
                 assert_eq!(
                     (g.peer, g.tile),
-                    (Some(left), Some(RS[d][t])),
+                    (Some(left), Some(row[t])),
                     "{kind} d={d} t={t}"
                 );
                 let tiled = if kind == ScheduleKind::ReduceScatterTilingA {
@@ -115,7 +115,7 @@ fn reduce_scatter_tiling_a_and_b_tables() {
                 };
                 assert_eq!(
                     tiled.offset,
-                    RS[d][t] * 16 * 16,
+                    row[t] * 16 * 16,
                     "uses K-shard rows of block m"
                 );
                 if t == 0 {

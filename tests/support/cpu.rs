@@ -27,12 +27,12 @@ pub fn shape(kind: ScheduleKind, tp: usize) -> impl Strategy<Value = (usize, usi
         .prop_map(move |(m, n, k)| (m * m_unit, n * n_unit, k * k_unit))
 }
 
-fn num_lcm(a: usize, b: usize) -> usize {
-    let gcd = (1..=a.min(b))
-        .rev()
-        .find(|g| a % g == 0 && b % g == 0)
-        .unwrap_or(1);
-    a / gcd * b
+/// Least common multiple of `tp` and 8: the smallest multiple of 8 that `tp` divides.
+fn num_lcm(tp: usize, eight: usize) -> usize {
+    (1..=tp)
+        .map(|i| i * eight)
+        .find(|x| x.is_multiple_of(tp))
+        .unwrap_or(tp * eight)
 }
 
 /// Loads fresh random inputs (from `seed`), poisons outputs and workspace with NaN, runs
