@@ -390,6 +390,76 @@ fn pdl_pair() {
     check(&mid, &out, "captured graph");
 }
 
+/// cuBLASLt TN GEMM with padded leading dimensions and beta ≠ 0 against an f64 reference.
+fn cublaslt_case<T: Half16 + distgemm::baseline::CublasLtElement>(test: &str, seed: u64) {
+    use distgemm::baseline::{BaselineError, CublasLtGemm, TnGemmShape};
+    let Some(session) = gpu::hopper_gpu(test) else {
+        return;
+    };
+    let gpu = &session.gpu;
+    let stream = t!(gpu.new_stream());
+    let (m, n, k) = (192usize, 320usize, 136usize);
+    let shape = TnGemmShape {
+        m: m as u64,
+        n: n as u64,
+        k: k as u64,
+        lda: 144,
+        ldb: 152,
+        ldc: 328,
+        ldd: 336,
+    };
+    let gemm = match CublasLtGemm::<T>::new(gpu, stream.clone(), shape) {
+        Ok(g) => g,
+        Err(e @ BaselineError::CublasLtNotFound { .. }) => {
+            gpu::visible_line(&format!("SKIPPED {test}: {e}"));
+            return;
+        }
+        Err(e) => panic!("CublasLtGemm::new failed: {e}"),
+    };
+    let [na, nb, nc, nd] = shape.required_elements().map(|v| v as usize);
+    let mut rng = StdRng::seed_from_u64(seed);
+    let a = normal_half::<T>(&mut rng, na);
+    let b = normal_half::<T>(&mut rng, nb);
+    let c = normal_half::<T>(&mut rng, nc);
+    let da = t!(DeviceBuffer::from_host(gpu, &stream, &a));
+    let db = t!(DeviceBuffer::from_host(gpu, &stream, &b));
+    let dc = t!(DeviceBuffer::from_host(gpu, &stream, &c));
+    let mut dd = t!(DeviceBuffer::<T>::alloc(gpu, nd));
+    t!(dd.fill_bytes(&stream, 0xFF));
+    let (alpha, beta) = (0.75f32, -0.5f32);
+    t!(gemm.run(&da, &db, Some(&dc), &mut dd, alpha, beta));
+    let d = t!(dd.download(&stream));
+    assert_all(
+        &format!("cuBLASLt {} TN GEMM", <T as Half16>::NAME),
+        m * n,
+        |i| {
+            let (r, col) = (i / n, i % n);
+            let dot: f64 = (0..k)
+                .map(|kk| a[r * 144 + kk].value() * b[col * 152 + kk].value())
+                .sum();
+            let want = f64::from(alpha) * dot + f64::from(beta) * c[r * 328 + col].value();
+            let got = d[r * 336 + col].value();
+            // Output rounded to 8 (bf16) or 11 (f16) significant bits.
+            let tol = if <T as Half16>::NAME == "bf16" {
+                1e-2
+            } else {
+                2e-3
+            } * (1.0 + want.abs());
+            ((got - want).abs() > tol).then(|| format!("D[{r}][{col}] = {got} != {want}"))
+        },
+    );
+}
+
+#[test]
+fn cublaslt_tn_gemm_bf16() {
+    cublaslt_case::<bf16>("gpu_smoke::cublaslt_tn_gemm_bf16", 0x5eed_0020);
+}
+
+#[test]
+fn cublaslt_tn_gemm_f16() {
+    cublaslt_case::<f16>("gpu_smoke::cublaslt_tn_gemm_f16", 0x5eed_0021);
+}
+
 #[test]
 fn corrupt_ptx_is_rejected_with_the_jit_log() {
     let Some(session) = gpu::hopper_gpu("gpu_smoke::corrupt_ptx_is_rejected_with_the_jit_log")
