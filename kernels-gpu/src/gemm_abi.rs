@@ -89,6 +89,12 @@ pub struct GemmParams {
     pub hook: StageHook,
 }
 
+// The configuration must fit the Hopper opt-in shared-memory limit (227 KiB), and every
+// swizzled tile must start on a 1024-byte boundary (wgmma descriptors with base offset 0).
+const _: () = assert!(SMEM_BYTES <= 232_448);
+const _: () = assert!(A_TILE_BYTES.is_multiple_of(1024) && B_TILE_BYTES.is_multiple_of(1024));
+const _: () = assert!(BARRIER_OFFSET.is_multiple_of(8));
+
 /// Number of output tiles of an `m × n` problem.
 pub const fn tile_count(m: u32, n: u32) -> u32 {
     m.div_ceil(BLOCK_M) * n.div_ceil(BLOCK_N)
@@ -97,14 +103,6 @@ pub const fn tile_count(m: u32, n: u32) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn shared_memory_fits_the_hopper_opt_in_limit_and_tiles_stay_1024_aligned() {
-        assert!(SMEM_BYTES <= 232_448, "{SMEM_BYTES}");
-        assert_eq!(A_TILE_BYTES % 1024, 0);
-        assert_eq!(B_TILE_BYTES % 1024, 0);
-        assert_eq!(BARRIER_OFFSET % 8, 0);
-    }
 
     #[test]
     fn parameter_block_layout_is_stable() {

@@ -37,7 +37,7 @@ pub fn check(args: &GemmArgs) -> Result<(), GemmError> {
             });
         }
     }
-    if k % 8 != 0 {
+    if !k.is_multiple_of(8) {
         return Err(GemmError::Range {
             name: "K",
             value: k,
@@ -90,7 +90,7 @@ fn check_view(operand: &'static str, v: &MatrixView) -> Result<(), GemmError> {
             ),
         });
     }
-    if v.ld % 8 != 0 {
+    if !v.ld.is_multiple_of(8) {
         return Err(GemmError::Alignment {
             operand,
             rule: format!(
@@ -99,7 +99,7 @@ fn check_view(operand: &'static str, v: &MatrixView) -> Result<(), GemmError> {
             ),
         });
     }
-    if v.ptr % 16 != 0 {
+    if !v.ptr.is_multiple_of(16) {
         return Err(GemmError::Alignment {
             operand,
             rule: format!("address {:#x} is not 16-byte aligned", v.ptr),
