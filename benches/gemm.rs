@@ -6,11 +6,13 @@
 //! their total exceeds 3× L2; each variant gets warm-up launches, then ≥ 20 timed repetitions
 //! bracketed by CUDA events; we report medians.
 //!
-//! Usage: `gemm [--quick] [--filter SUBSTRING] [--reps N]`. Writes
+//! Usage: `gemm [--quick] [--variants] [--filter SUBSTRING] [--reps N]`. Writes
 //! `benches/results/gemm-<date>-<commit>.{json,md}` (or under `DISTGEMM_BENCH_RESULTS`).
 use distgemm::baseline::{CublasLtElement, CublasLtGemm, TnGemmShape};
 use distgemm::dtype::{Dtype, Element};
-use distgemm::gemm::{GemmArgs, GemmKernel, MatrixView, PreparedGemm};
+use distgemm::gemm::{
+    GemmArgs, GemmKernel, GemmLaunchError, GemmVariant, MatrixView, PreparedGemm, VARIANTS,
+};
 use distgemm::problem::Preset;
 use distgemm::runtime::{DeviceBuffer, DeviceCopy, Gpu, Module};
 use distgemm::testdata::fill_normal;
@@ -20,6 +22,7 @@ use distgemm_benches::{
 };
 use serde::Serialize;
 use std::cell::RefCell;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 /// Dense bf16 peak of an H100/H200 SXM (TFLOP/s), for the "% of peak" column.
@@ -32,6 +35,8 @@ struct Record {
     n: u64,
     k: u64,
     dtype: String,
+    /// The tile configuration the rule picked.
+    tile: String,
     ours_ms: f64,
     cublas_ms: f64,
     ours_tflops: f64,
@@ -42,6 +47,8 @@ struct Record {
     driver: String,
     commit: String,
     date: String,
+    /// With `--variants`: TFLOP/s of every compiled tile configuration.
+    variant_tflops: BTreeMap<String, f64>,
 }
 
 /// The benchmark's shapes: (name, m, n, k).
@@ -72,9 +79,10 @@ fn shapes() -> Vec<(String, u64, u64, u64)> {
 struct Operands<T: DeviceCopy> {
     a: DeviceBuffer<T>,
     b: DeviceBuffer<T>,
-    /// Written by both variants (cuBLASLt's `run` wants `&mut`).
+    /// Written by every variant (cuBLASLt's `run` wants `&mut`).
     d: RefCell<DeviceBuffer<T>>,
-    ours: PreparedGemm,
+    /// Our kernel: the configuration the rule picks, then each one asked for.
+    ours: Vec<PreparedGemm>,
 }
 
 fn bench_shape<T: Element + CublasLtElement + DeviceCopy>(
@@ -83,7 +91,8 @@ fn bench_shape<T: Element + CublasLtElement + DeviceCopy>(
     kernel: &GemmKernel,
     (m, n, k): (u64, u64, u64),
     timing: TimingConfig,
-) -> Result<(Timing, Timing), BenchError> {
+    extra_variants: &[&'static GemmVariant],
+) -> Result<(Vec<(&'static str, Timing)>, Timing), BenchError> {
     let stream = gpu.new_stream()?;
     let bytes = 2 * (m * k + n * k + m * n);
     let sets = RotatingInputs::new(gpu, bytes, |i| {
@@ -101,9 +110,11 @@ fn bench_shape<T: Element + CublasLtElement + DeviceCopy>(
             alpha: 1.0,
             beta: 0.0,
         };
-        let ours = kernel
-            .prepare(&stream, &args)
-            .map_err(|e| BenchError::Config(e.to_string()))?;
+        let config = |e: GemmLaunchError| BenchError::Config(e.to_string());
+        let mut ours = vec![kernel.prepare(&stream, &args).map_err(config)?];
+        for v in extra_variants {
+            ours.push(kernel.prepare_variant(&stream, &args, v).map_err(config)?);
+        }
         Ok(Operands {
             a,
             b,
@@ -111,9 +122,14 @@ fn bench_shape<T: Element + CublasLtElement + DeviceCopy>(
             ours,
         })
     })?;
-    let ours = time_on_stream(gpu, &stream, timing, |rep| {
-        Ok(sets.get(rep).ours.launch(&stream, false)?)
-    })?;
+    let mut ours = Vec::new();
+    for i in 0..=extra_variants.len() {
+        let name = sets.get(0).ours[i].variant().name;
+        let t = time_on_stream(gpu, &stream, timing, |rep| {
+            Ok(sets.get(rep).ours[i].launch(&stream, false)?)
+        })?;
+        ours.push((name, t));
+    }
     let lt = CublasLtGemm::<T>::new(gpu, stream.clone(), TnGemmShape::packed(m, n, k))
         .map_err(|e| BenchError::Config(e.to_string()))?;
     let cublas = time_on_stream(gpu, &stream, timing, |rep| {
@@ -145,15 +161,21 @@ fn run() -> Result<(), BenchError> {
         .and_then(|i| args.get(i + 1))
         .and_then(|r| r.parse().ok())
         .unwrap_or(30);
+    // `--variants`: also time every compiled tile configuration (the data behind the rule).
+    let extra: Vec<&'static GemmVariant> = if args.iter().any(|a| a == "--variants") {
+        VARIANTS.iter().collect()
+    } else {
+        Vec::new()
+    };
     let gpu = Gpu::open(0)?;
     let module = Module::load(&gpu)?;
     let kernel = GemmKernel::new(&module)?;
     let provenance = Provenance::collect(&gpu);
     let mut records = Vec::new();
     println!(
-        "| shape | M | N | K | dtype | ours ms | cuBLAS ms | ours TFLOP/s | cuBLAS TFLOP/s | ours/cuBLAS | % of 989 |"
+        "| shape | M | N | K | dtype | tile | ours ms | cuBLAS ms | ours TFLOP/s | cuBLAS TFLOP/s | ours/cuBLAS | % of 989 | TFLOP/s per tile config |"
     );
-    println!("|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---|");
     for (name, m, n, k) in shapes() {
         if quick && !(name.contains("square") || name.contains("stage")) {
             continue;
@@ -169,21 +191,29 @@ fn run() -> Result<(), BenchError> {
             };
             let (ours, cublas) = match dtype {
                 Dtype::Bf16 => {
-                    bench_shape::<half::bf16>(&gpu, &module, &kernel, (m, n, k), timing)?
+                    bench_shape::<half::bf16>(&gpu, &module, &kernel, (m, n, k), timing, &extra)?
                 }
-                Dtype::F16 => bench_shape::<half::f16>(&gpu, &module, &kernel, (m, n, k), timing)?,
+                Dtype::F16 => {
+                    bench_shape::<half::f16>(&gpu, &module, &kernel, (m, n, k), timing, &extra)?
+                }
             };
+            let (tile, chosen) = &ours[0];
             let (ot, ct) = (
-                gemm_tflops(m, n, k, ours.median_ms),
+                gemm_tflops(m, n, k, chosen.median_ms),
                 gemm_tflops(m, n, k, cublas.median_ms),
             );
+            let per_variant: BTreeMap<String, f64> = ours[1..]
+                .iter()
+                .map(|(v, t)| (v.to_string(), gemm_tflops(m, n, k, t.median_ms)))
+                .collect();
             let r = Record {
                 shape: name.clone(),
                 m,
                 n,
                 k,
                 dtype: dtype.name().to_owned(),
-                ours_ms: ours.median_ms,
+                tile: tile.to_string(),
+                ours_ms: chosen.median_ms,
                 cublas_ms: cublas.median_ms,
                 ours_tflops: ot,
                 cublas_tflops: ct,
@@ -193,17 +223,25 @@ fn run() -> Result<(), BenchError> {
                 driver: provenance.driver.clone(),
                 commit: provenance.commit.clone(),
                 date: provenance.date.clone(),
+                variant_tflops: per_variant,
             };
+            let variants_cell: Vec<String> = r
+                .variant_tflops
+                .iter()
+                .map(|(v, t)| format!("{v} {t:.0}"))
+                .collect();
             println!(
-                "| {} | {m} | {n} | {k} | {} | {:.3} | {:.3} | {:.0} | {:.0} | {:.3} | {:.1} |",
+                "| {} | {m} | {n} | {k} | {} | {} | {:.3} | {:.3} | {:.0} | {:.0} | {:.3} | {:.1} | {} |",
                 r.shape,
                 r.dtype,
+                r.tile,
                 r.ours_ms,
                 r.cublas_ms,
                 r.ours_tflops,
                 r.cublas_tflops,
                 r.ratio,
-                r.ours_pct_of_peak
+                r.ours_pct_of_peak,
+                variants_cell.join(", ")
             );
             records.push(r);
         }

@@ -9,8 +9,8 @@
 //! f32 accumulation-order differences — which is ≤ 1e-2 relative for bf16.
 use distgemm::baseline::{CublasLtElement, CublasLtGemm, TnGemmShape};
 use distgemm::dtype::{Dtype, Element};
-use distgemm::gemm::{GemmArgs, GemmKernel, MatrixView};
-use distgemm::runtime::{CudaStream, DeviceBuffer, DeviceCopy, Gpu};
+use distgemm::gemm::{GemmArgs, GemmKernel, GemmVariant, MatrixView, VARIANTS};
+use distgemm::runtime::{CudaStream, DeviceBuffer, DeviceCopy, Gpu, enable_peer_access_between};
 use distgemm_tests::gpu::{self, visible_line};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -48,6 +48,8 @@ fn random_matrix<T: Element>(rng: &mut SmallRng, len: u64) -> Vec<T> {
 /// Runs `case` on our kernel and on cuBLASLt and checks every element; returns the worst
 /// error relative to the bound.
 fn check_case<T: Element + CublasLtElement + DeviceCopy>(
+    variant: Option<&GemmVariant>,
+    c_owner: Option<&Gpu>,
     gpu: &Gpu,
     kernel: &GemmKernel,
     stream: &Arc<CudaStream>,
@@ -69,6 +71,15 @@ fn check_case<T: Element + CublasLtElement + DeviceCopy>(
     let b = DeviceBuffer::from_host(gpu, stream, &b_host).expect("upload B");
     let c_dev =
         (beta != 0.0).then(|| DeviceBuffer::from_host(gpu, stream, &c_host).expect("upload C"));
+    // C for our kernel: the local copy, or one in another GPU's memory (read over NVLink, as
+    // the reduce-scatter schedules read the left neighbour's partial sums).
+    let c_remote = c_owner.filter(|_| beta != 0.0).map(|owner| {
+        let owner_stream = owner.new_stream().expect("peer stream");
+        let c = DeviceBuffer::from_host(owner, &owner_stream, &c_host).expect("upload peer C");
+        owner.synchronize().expect("peer sync");
+        c
+    });
+    let c_ours = c_remote.as_ref().or(c_dev.as_ref());
     let mut ours = DeviceBuffer::<T>::alloc(gpu, (m * ldd) as usize).expect("alloc D");
     let mut theirs = DeviceBuffer::<T>::alloc(gpu, (m * ldd) as usize).expect("alloc D ref");
     ours.fill(stream, T::nan()).expect("poison D");
@@ -88,7 +99,7 @@ fn check_case<T: Element + CublasLtElement + DeviceCopy>(
             cols: k,
             ld: ldb,
         },
-        c: c_dev.as_ref().map(|c| MatrixView {
+        c: c_ours.map(|c| MatrixView {
             ptr: c.device_ptr(),
             rows: m,
             cols: n,
@@ -103,7 +114,12 @@ fn check_case<T: Element + CublasLtElement + DeviceCopy>(
         alpha: 1.0,
         beta,
     };
-    let prepared = kernel.prepare(stream, &args).expect("prepare GEMM");
+    let prepared = match variant {
+        Some(v) => kernel.prepare_variant(stream, &args, v),
+        None => kernel.prepare(stream, &args),
+    }
+    .expect("prepare GEMM");
+    let name = format!("{} [{}]", c.name, prepared.variant().name);
     prepared.launch(stream, false).expect("launch GEMM");
     let shape = TnGemmShape {
         m,
@@ -131,8 +147,7 @@ fn check_case<T: Element + CublasLtElement + DeviceCopy>(
             if col >= n {
                 assert!(
                     o.is_nan(),
-                    "{}: padding D[{row}][{col}] was written ({o})",
-                    c.name
+                    "{name}: padding D[{row}][{col}] was written ({o})"
                 );
                 continue;
             }
@@ -140,7 +155,7 @@ fn check_case<T: Element + CublasLtElement + DeviceCopy>(
             assert!(
                 err <= bound(t),
                 "{}: D[{row}][{col}] = {o}, cuBLASLt {t} (|err| {err} > bound {})",
-                c.name,
+                name,
                 bound(t)
             );
             worst = worst.max(err / bound(t));
@@ -163,28 +178,44 @@ fn check_case<T: Element + CublasLtElement + DeviceCopy>(
         assert!(
             (o - r).abs() <= bound(r),
             "{}: D[{row}][{col}] = {o}, f64 reference {r}",
-            c.name
+            name
         );
     }
     worst
 }
 
-fn run_cases(test: &str, dtype: Dtype, cases: &[Case]) {
+/// Checks every case with the configuration the rule picks (`every_variant == false`) or with
+/// every compiled configuration.
+fn run_cases(test: &str, dtype: Dtype, cases: &[Case], every_variant: bool) {
     let Some(session) = gpu::hopper_gpu(test) else {
         return;
     };
     let module = session.module().expect("load PTX module");
     let kernel = GemmKernel::new(&module).expect("GEMM kernels");
     let stream = session.gpu.new_stream().expect("stream");
+    let variants: Vec<Option<&GemmVariant>> = if every_variant {
+        VARIANTS.iter().map(Some).collect()
+    } else {
+        vec![None]
+    };
     for &c in cases {
-        let worst = match dtype {
-            Dtype::Bf16 => check_case::<half::bf16>(&session.gpu, &kernel, &stream, c),
-            Dtype::F16 => check_case::<half::f16>(&session.gpu, &kernel, &stream, c),
-        };
-        visible_line(&format!(
-            "{test}: {} {}x{}x{} pad {} beta {} {dtype}: ok (worst error {:.2} of bound)",
-            c.name, c.m, c.n, c.k, c.pad, c.beta, worst
-        ));
+        for &v in &variants {
+            let worst = match dtype {
+                Dtype::Bf16 => check_case::<half::bf16>(v, None, &session.gpu, &kernel, &stream, c),
+                Dtype::F16 => check_case::<half::f16>(v, None, &session.gpu, &kernel, &stream, c),
+            };
+            visible_line(&format!(
+                "{test}: {} {}x{}x{} pad {} beta {} {dtype} [{}]: ok (worst error {:.2} of bound)",
+                c.name,
+                c.m,
+                c.n,
+                c.k,
+                c.pad,
+                c.beta,
+                v.map_or("chosen", |v| v.name),
+                worst
+            ));
+        }
     }
 }
 
@@ -235,20 +266,87 @@ const LARGE_CASES: &[Case] = &[
 
 #[test]
 fn edge_cases_bf16() {
-    run_cases("gpu_gemm::edge_cases_bf16", Dtype::Bf16, EDGE_CASES);
+    run_cases("gpu_gemm::edge_cases_bf16", Dtype::Bf16, EDGE_CASES, true);
 }
 
 #[test]
 fn edge_cases_f16() {
-    run_cases("gpu_gemm::edge_cases_f16", Dtype::F16, EDGE_CASES);
+    run_cases("gpu_gemm::edge_cases_f16", Dtype::F16, EDGE_CASES, true);
 }
 
 #[test]
 fn large_shapes_bf16() {
-    run_cases("gpu_gemm::large_shapes_bf16", Dtype::Bf16, LARGE_CASES);
+    run_cases(
+        "gpu_gemm::large_shapes_bf16",
+        Dtype::Bf16,
+        LARGE_CASES,
+        false,
+    );
 }
 
 #[test]
 fn large_shapes_f16() {
-    run_cases("gpu_gemm::large_shapes_f16", Dtype::F16, &LARGE_CASES[..3]);
+    run_cases(
+        "gpu_gemm::large_shapes_f16",
+        Dtype::F16,
+        &LARGE_CASES[..3],
+        false,
+    );
+}
+
+/// C in the other GPU's memory (NVLink peer access), beta = 1, every tile configuration.
+/// Needs two Hopper GPUs with peer access; skips visibly otherwise (also on GPU runs).
+#[test]
+fn c_from_the_other_gpu() {
+    let test = "gpu_gemm::c_from_the_other_gpu";
+    let Some(session) = gpu::hopper_gpu(test) else {
+        return;
+    };
+    let peer = match Gpu::open(1) {
+        Ok(peer) => peer,
+        Err(e) => {
+            visible_line(&format!("SKIPPED {test}: needs a second Hopper GPU ({e})"));
+            return;
+        }
+    };
+    if !session.gpu.can_access_peer(&peer).unwrap_or(false) {
+        visible_line(&format!(
+            "SKIPPED {test}: GPU 0 cannot access GPU 1's memory"
+        ));
+        return;
+    }
+    enable_peer_access_between(&session.gpu, &peer).expect("enable peer access");
+    session.gpu.bind().expect("bind GPU 0");
+    let module = session.module().expect("load PTX module");
+    let kernel = GemmKernel::new(&module).expect("GEMM kernels");
+    let stream = session.gpu.new_stream().expect("stream");
+    let cases = [
+        Case {
+            name: "peer C",
+            m: 1000,
+            n: 1000,
+            k: 1024,
+            pad: 0,
+            beta: 1.0,
+        },
+        Case {
+            name: "peer C strided",
+            m: 2048,
+            n: 2048,
+            k: 512,
+            pad: 24,
+            beta: 1.0,
+        },
+    ];
+    for c in cases {
+        for v in &VARIANTS {
+            let worst =
+                check_case::<half::bf16>(Some(v), Some(&peer), &session.gpu, &kernel, &stream, c);
+            session.gpu.bind().expect("bind GPU 0");
+            visible_line(&format!(
+                "{test}: {} [{}]: ok (worst error {worst:.2} of bound)",
+                c.name, v.name
+            ));
+        }
+    }
 }

@@ -6,34 +6,163 @@
 //! read through TMA tensor maps the host builds over the operand views (any base pointer and
 //! leading dimension, so a stage can read a sub-block of a shard or a workspace slot in place).
 
-/// Output tile rows per block (two consumer warpgroups × 64 rows).
-pub const BLOCK_M: u32 = 128;
-/// Output tile columns per block (one `m64n256k16` per k16 step per consumer).
-pub const BLOCK_N: u32 = 256;
 /// K elements per pipeline stage: one 128-byte swizzle row of 2-byte elements.
 pub const BLOCK_K: u32 = 64;
-/// Pipeline depth: shared-memory slots of (A tile, B tile).
-pub const STAGES: u32 = 4;
+/// Output tile rows per block: two consumer warpgroups × 64 rows.
+pub const BLOCK_M: u32 = 128;
 /// Threads per block: one producer warpgroup + two consumer warpgroups.
 pub const THREADS: u32 = 384;
-/// Bytes of one stage's A tile (BLOCK_M × BLOCK_K × 2).
-pub const A_TILE_BYTES: u32 = BLOCK_M * BLOCK_K * 2;
-/// Bytes of one stage's B tile (BLOCK_N × BLOCK_K × 2).
-pub const B_TILE_BYTES: u32 = BLOCK_N * BLOCK_K * 2;
-/// Bytes TMA delivers per stage; the producer announces them with `expect_tx`.
-pub const STAGE_BYTES: u32 = A_TILE_BYTES + B_TILE_BYTES;
-/// Offset of the mbarriers (full[STAGES], then empty[STAGES]) after the operand tiles.
-pub const BARRIER_OFFSET: u32 = STAGES * STAGE_BYTES;
-/// Offset of a 4-byte shared word telling every thread the prologue hook timed out.
-pub const ABORT_FLAG_OFFSET: u32 = BARRIER_OFFSET + 2 * STAGES * 8;
-/// Dynamic shared memory the kernel needs (must be ≤ 227 KiB, the opt-in limit on H100/H200).
-pub const SMEM_BYTES: u32 = ABORT_FLAG_OFFSET + 16;
-/// m-tiles per raster band (see [`crate::layout::raster`]).
-pub const RASTER_GROUP_M: u32 = 8;
-/// Box of the A tensor map: `{BLOCK_K columns, BLOCK_M rows}`, 128-byte swizzle.
-pub const A_BOX: (u32, u32) = (BLOCK_K, BLOCK_M);
-/// Box of the B tensor map: `{BLOCK_K columns, BLOCK_N rows}`, 128-byte swizzle.
-pub const B_BOX: (u32, u32) = (BLOCK_K, BLOCK_N);
+/// Opt-in dynamic shared memory per block on H100/H200 (227 KiB).
+pub const MAX_SMEM_BYTES: u32 = 232_448;
+
+/// A tile configuration of the GEMM kernel. Each one is compiled into its own pair of entry
+/// points (bf16, f16); the host picks one per problem (`distgemm::gemm::choose_config`).
+///
+/// Shared memory: `stages` slots of (A tile `BLOCK_M × 64`, B tile `block_n × 64`), each
+/// 1024-byte aligned (128-byte swizzle), then the mbarriers (full[stages], empty[stages]) and a
+/// 16-byte word for the prologue hook's abort decision.
+///
+/// With `cluster_m == 2`, blocks are launched in clusters of two along M: both compute the
+/// same n-tile for two consecutive m-tiles, so they share the B tile. Each block loads half of
+/// B's rows and multicasts it into both blocks' shared memory, halving B's L2→SM traffic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TileConfig {
+    /// Output tile columns per block (`wgmma m64nNk16` with N = `block_n`).
+    pub block_n: u32,
+    /// Pipeline depth.
+    pub stages: u32,
+    /// Blocks per cluster along M (1 or 2).
+    pub cluster_m: u32,
+    /// m-tiles per raster band (see [`crate::layout::raster`]).
+    pub raster_group_m: u32,
+}
+
+impl TileConfig {
+    /// Bytes of one stage's A tile.
+    pub const fn a_tile_bytes(&self) -> u32 {
+        BLOCK_M * BLOCK_K * 2
+    }
+    /// Bytes of one stage's B tile.
+    pub const fn b_tile_bytes(&self) -> u32 {
+        self.block_n * BLOCK_K * 2
+    }
+    /// Bytes TMA delivers into one block's slot per stage (announced with `expect_tx`).
+    pub const fn stage_bytes(&self) -> u32 {
+        self.a_tile_bytes() + self.b_tile_bytes()
+    }
+    /// Offset of the mbarriers after the operand tiles.
+    pub const fn barrier_offset(&self) -> u32 {
+        self.stages * self.stage_bytes()
+    }
+    /// Offset of the abort word after the mbarriers.
+    pub const fn abort_flag_offset(&self) -> u32 {
+        self.barrier_offset() + 2 * self.stages * 8
+    }
+    /// Dynamic shared memory the kernel needs.
+    pub const fn smem_bytes(&self) -> u32 {
+        self.abort_flag_offset() + 16
+    }
+    /// Box of the A tensor map: `{64 columns, BLOCK_M rows}`.
+    pub const fn a_box(&self) -> (u32, u32) {
+        (BLOCK_K, BLOCK_M)
+    }
+    /// Box of the B tensor map: `{64 columns, block_n / cluster_m rows}` (each block of a
+    /// cluster loads its share of the B tile).
+    pub const fn b_box(&self) -> (u32, u32) {
+        (BLOCK_K, self.block_n / self.cluster_m)
+    }
+    /// Number of output tiles of an `m × n` problem.
+    pub const fn tile_count(&self, m: u32, n: u32) -> u32 {
+        m.div_ceil(BLOCK_M) * n.div_ceil(self.block_n)
+    }
+    /// Whether the configuration fits and keeps every tile 1024-byte aligned.
+    pub const fn is_valid(&self) -> bool {
+        self.smem_bytes() <= MAX_SMEM_BYTES
+            && self.b_tile_bytes().is_multiple_of(1024)
+            && (self.cluster_m == 1 || self.cluster_m == 2)
+            && (self.b_tile_bytes() / self.cluster_m).is_multiple_of(1024)
+            && (self.block_n == 128 || self.block_n == 256)
+    }
+}
+
+/// 128×256 tiles, 4 stages: the most work per byte of operands; for large problems.
+pub const TILE_128X256: TileConfig = TileConfig {
+    block_n: 256,
+    stages: 4,
+    cluster_m: 1,
+    raster_group_m: 8,
+};
+/// 128×256 tiles in 2-block clusters sharing B through TMA multicast.
+pub const TILE_128X256_CLUSTER2: TileConfig = TileConfig {
+    block_n: 256,
+    stages: 4,
+    cluster_m: 2,
+    raster_group_m: 8,
+};
+/// 128×128 tiles, 6 stages: twice the tiles, for problems whose 128×256 tile count leaves a
+/// badly filled last wave.
+pub const TILE_128X128: TileConfig = TileConfig {
+    block_n: 128,
+    stages: 6,
+    cluster_m: 1,
+    raster_group_m: 8,
+};
+/// 128×128 tiles in 2-block clusters sharing B.
+pub const TILE_128X128_CLUSTER2: TileConfig = TileConfig {
+    block_n: 128,
+    stages: 6,
+    cluster_m: 2,
+    raster_group_m: 8,
+};
+
+/// One compiled configuration: its entry points and tile configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GemmVariant {
+    /// Short name (benchmarks, overrides).
+    pub name: &'static str,
+    /// bf16 entry point.
+    pub kernel_bf16: &'static str,
+    /// f16 entry point.
+    pub kernel_f16: &'static str,
+    /// Its tiles.
+    pub config: TileConfig,
+}
+
+/// Every compiled configuration.
+pub const VARIANTS: [GemmVariant; 4] = [
+    GemmVariant {
+        name: "128x256",
+        kernel_bf16: "gemm_bf16",
+        kernel_f16: "gemm_f16",
+        config: TILE_128X256,
+    },
+    GemmVariant {
+        name: "128x256c2",
+        kernel_bf16: "gemm_bf16_c2",
+        kernel_f16: "gemm_f16_c2",
+        config: TILE_128X256_CLUSTER2,
+    },
+    GemmVariant {
+        name: "128x128",
+        kernel_bf16: "gemm_bf16_n128",
+        kernel_f16: "gemm_f16_n128",
+        config: TILE_128X128,
+    },
+    GemmVariant {
+        name: "128x128c2",
+        kernel_bf16: "gemm_bf16_n128_c2",
+        kernel_f16: "gemm_f16_n128_c2",
+        config: TILE_128X128_CLUSTER2,
+    },
+];
+
+const _: () = {
+    let mut i = 0;
+    while i < VARIANTS.len() {
+        assert!(VARIANTS[i].config.is_valid());
+        i += 1;
+    }
+};
 
 /// The distributed prologue hook: what a stage kernel does before its main loop, beyond the
 /// PDL `griddepcontrol.wait` it always executes. All-zero means "nothing", and costs one
@@ -87,17 +216,6 @@ pub struct GemmParams {
     pub beta: f32,
     pub reserved: u32,
     pub hook: StageHook,
-}
-
-// The configuration must fit the Hopper opt-in shared-memory limit (227 KiB), and every
-// swizzled tile must start on a 1024-byte boundary (wgmma descriptors with base offset 0).
-const _: () = assert!(SMEM_BYTES <= 232_448);
-const _: () = assert!(A_TILE_BYTES.is_multiple_of(1024) && B_TILE_BYTES.is_multiple_of(1024));
-const _: () = assert!(BARRIER_OFFSET.is_multiple_of(8));
-
-/// Number of output tiles of an `m × n` problem.
-pub const fn tile_count(m: u32, n: u32) -> u32 {
-    m.div_ceil(BLOCK_M) * n.div_ceil(BLOCK_N)
 }
 
 #[cfg(test)]

@@ -14,6 +14,7 @@
     )
 )]
 
+pub mod collective_abi;
 pub mod gemm_abi;
 pub mod layout;
 pub mod meta;

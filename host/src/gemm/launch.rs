@@ -1,11 +1,12 @@
 //! Preparing and launching the GEMM stage kernel on one GPU.
+use super::choose::choose_variant;
 use super::{GemmArgs, GemmError, MatrixView, check};
 use crate::dtype::Dtype;
 use crate::runtime::{
     CudaStream, Gpu, Kernel, KernelArgs, LaunchConfig, Module, RuntimeError, TensorMap2d,
     TensorMapDtype, TensorMapSpec, launch,
 };
-use kernels_gpu::gemm_abi::{self, GemmParams, StageHook};
+use kernels_gpu::gemm_abi::{self, GemmParams, GemmVariant, StageHook};
 use std::sync::Arc;
 
 /// Errors of preparing or launching a GEMM.
@@ -17,25 +18,36 @@ pub enum GemmLaunchError {
     Runtime(#[from] RuntimeError),
 }
 
-/// The GEMM entry points of one GPU's module.
-pub struct GemmKernel {
-    gpu: Gpu,
+/// The entry points of one compiled configuration.
+struct Compiled {
+    variant: &'static GemmVariant,
     bf16: Kernel,
     f16: Kernel,
 }
 
+/// The GEMM entry points of one GPU's module: every compiled tile configuration.
+pub struct GemmKernel {
+    gpu: Gpu,
+    compiled: Vec<Compiled>,
+}
+
 impl GemmKernel {
-    /// Looks up `gemm_bf16` / `gemm_f16` in `module` and reserves their shared memory.
+    /// Looks up every configuration's entry points in `module` and reserves their shared memory.
     pub fn new(module: &Arc<Module>) -> Result<Self, RuntimeError> {
-        let bf16 = module.kernel("gemm_bf16")?;
-        let f16 = module.kernel("gemm_f16")?;
-        for k in [&bf16, &f16] {
-            k.reserve_dynamic_smem(gemm_abi::SMEM_BYTES)?;
-        }
+        let compiled = gemm_abi::VARIANTS
+            .iter()
+            .map(|variant| {
+                let bf16 = module.kernel(variant.kernel_bf16)?;
+                let f16 = module.kernel(variant.kernel_f16)?;
+                for k in [&bf16, &f16] {
+                    k.reserve_dynamic_smem(variant.config.smem_bytes())?;
+                }
+                Ok(Compiled { variant, bf16, f16 })
+            })
+            .collect::<Result<_, RuntimeError>>()?;
         Ok(Self {
             gpu: module.gpu().clone(),
-            bf16,
-            f16,
+            compiled,
         })
     }
 
@@ -44,14 +56,37 @@ impl GemmKernel {
         &self.gpu
     }
 
-    /// Validates `args`, builds the A and B tensor maps (uploaded on `stream`) and the
-    /// parameter block. The views must stay valid while the prepared GEMM is used.
+    /// Validates `args`, picks a tile configuration ([`choose_variant`]), builds the A and B
+    /// tensor maps (uploaded on `stream`) and the parameter block. The views must stay valid
+    /// while the prepared GEMM is used.
     pub fn prepare(
         &self,
         stream: &CudaStream,
         args: &GemmArgs,
     ) -> Result<PreparedGemm, GemmLaunchError> {
+        let (m, n, _) = args.shape();
+        self.prepare_variant(stream, args, choose_variant(m, n, self.gpu.sm_count()))
+    }
+
+    /// Like [`Self::prepare`] with the tile configuration given (an override of the rule).
+    pub fn prepare_variant(
+        &self,
+        stream: &CudaStream,
+        args: &GemmArgs,
+        variant: &GemmVariant,
+    ) -> Result<PreparedGemm, GemmLaunchError> {
         check(args)?;
+        let compiled = self
+            .compiled
+            .iter()
+            .find(|c| c.variant == variant)
+            .ok_or_else(|| {
+                GemmError::Shape(format!(
+                    "tile configuration {} is not compiled",
+                    variant.name
+                ))
+            })?;
+        let config = variant.config;
         let (m, n, k) = args.shape();
         let dtype = match args.dtype {
             Dtype::Bf16 => TensorMapDtype::Bf16,
@@ -65,8 +100,8 @@ impl GemmKernel {
                 TensorMapSpec::new(dtype, v.rows, v.cols, v.ld, box_cols, box_rows),
             )
         };
-        let map_a = map(&args.a, gemm_abi::A_BOX)?;
-        let map_b = map(&args.b, gemm_abi::B_BOX)?;
+        let map_a = map(&args.a, config.a_box())?;
+        let map_b = map(&args.b, config.b_box())?;
         let c = args.c.unwrap_or(MatrixView {
             ptr: 0,
             rows: m,
@@ -96,14 +131,18 @@ impl GemmKernel {
             reserved: 0,
             hook: StageHook::default(),
         };
-        let tiles = gemm_abi::tile_count(params.m, params.n);
-        let grid = tiles.min(self.gpu.sm_count()).max(1);
+        // A persistent grid: at most one block per SM, whole clusters, no more than the work.
+        let cluster = config.cluster_m;
+        let cluster_tiles = params.m.div_ceil(gemm_abi::BLOCK_M).div_ceil(cluster)
+            * params.n.div_ceil(config.block_n);
+        let grid = cluster_tiles.min(self.gpu.sm_count() / cluster).max(1) * cluster;
         let kernel = match args.dtype {
-            Dtype::Bf16 => self.bf16.clone(),
-            Dtype::F16 => self.f16.clone(),
+            Dtype::Bf16 => compiled.bf16.clone(),
+            Dtype::F16 => compiled.f16.clone(),
         };
         Ok(PreparedGemm {
             kernel,
+            variant: compiled.variant,
             params,
             grid,
             _maps: [map_a, map_b],
@@ -115,6 +154,7 @@ impl GemmKernel {
 /// parameter block points to (kept alive here).
 pub struct PreparedGemm {
     kernel: Kernel,
+    variant: &'static GemmVariant,
     params: GemmParams,
     grid: u32,
     _maps: [TensorMap2d; 2],
@@ -131,18 +171,29 @@ impl PreparedGemm {
         self.params.hook = hook;
     }
 
+    /// The tile configuration this GEMM runs with.
+    pub fn variant(&self) -> &'static GemmVariant {
+        self.variant
+    }
+
     /// The kernel this GEMM launches.
     pub fn kernel(&self) -> &Kernel {
         &self.kernel
     }
 
-    /// Launch configuration: a persistent grid of `min(tiles, SMs)` blocks of 384 threads.
-    /// With `pdl`, the launch may overlap the previous kernel in the stream up to the kernel's
-    /// `griddepcontrol.wait`.
+    /// Launch configuration: a persistent grid of at most one block per SM, 384 threads each,
+    /// in clusters of the configuration's size. With `pdl`, the launch may overlap the previous
+    /// kernel in the stream up to the kernel's `griddepcontrol.wait`.
     pub fn launch_config(&self, pdl: bool) -> LaunchConfig {
-        LaunchConfig::linear(self.grid, gemm_abi::THREADS)
-            .with_dynamic_smem(gemm_abi::SMEM_BYTES)
-            .with_programmatic_serialization(pdl)
+        let config = self.variant.config;
+        let launch = LaunchConfig::linear(self.grid, gemm_abi::THREADS)
+            .with_dynamic_smem(config.smem_bytes())
+            .with_programmatic_serialization(pdl);
+        if config.cluster_m > 1 {
+            launch.with_cluster((config.cluster_m, 1, 1))
+        } else {
+            launch
+        }
     }
 
     /// The kernel arguments (the parameter block by value).

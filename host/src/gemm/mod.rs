@@ -7,9 +7,12 @@
 //! [`PreparedGemm::launch`] launches it (optionally with PDL). The same prepared parameter
 //! block is what the CUDA-graph lowering puts into its kernel nodes.
 mod check;
+mod choose;
 mod launch;
 
 pub use check::{GemmError, check};
+pub use choose::{choose_variant, estimated_cost, variant_named};
+pub use kernels_gpu::gemm_abi::{GemmVariant, VARIANTS};
 pub use launch::{GemmKernel, GemmLaunchError, PreparedGemm};
 
 use crate::dtype::Dtype;

@@ -31,3 +31,14 @@ pub fn map_shared_rank(addr: u32, rank: u32) -> u32 {
     };
     r
 }
+
+/// `ld.shared::cluster.u32`: reads a 32-bit word of another block's shared memory at an address
+/// from [`map_shared_rank`].
+#[inline(always)]
+pub unsafe fn load_shared_cluster_u32(addr: u32) -> u32 {
+    let v: u32;
+    unsafe {
+        asm!("ld.shared::cluster.u32 {v}, [{a}];", v = out(reg32) v, a = in(reg32) addr, options(nostack))
+    };
+    v
+}

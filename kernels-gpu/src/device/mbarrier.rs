@@ -77,34 +77,33 @@ impl MBarrier {
     }
 }
 
-/// Position in a ring of `STAGES` pipeline slots: the slot index and the parity of the
+/// Position in a ring of `stages` pipeline slots: the slot index and the parity of the
 /// current pass over the ring. Producer and consumers each keep one and advance it in step.
 #[derive(Clone, Copy)]
-pub struct PipelineState<const STAGES: u32> {
+pub struct PipelineState {
     pub stage: u32,
     pub phase: u32,
+    stages: u32,
 }
 
-impl<const STAGES: u32> PipelineState<STAGES> {
-    /// The first slot, first pass.
+impl PipelineState {
+    /// The first slot, first pass, of a ring of `stages` slots.
     #[inline(always)]
-    pub const fn new() -> Self {
-        Self { stage: 0, phase: 0 }
+    pub const fn new(stages: u32) -> Self {
+        Self {
+            stage: 0,
+            phase: 0,
+            stages,
+        }
     }
 
     /// Moves to the next slot, flipping the parity after the last one.
     #[inline(always)]
     pub fn advance(&mut self) {
         self.stage += 1;
-        if self.stage == STAGES {
+        if self.stage == self.stages {
             self.stage = 0;
             self.phase ^= 1;
         }
-    }
-}
-
-impl<const STAGES: u32> Default for PipelineState<STAGES> {
-    fn default() -> Self {
-        Self::new()
     }
 }

@@ -3,88 +3,201 @@
 //! Structure (one block of 384 threads per SM, persistent over output tiles):
 //! - **warpgroup 0, the producer**: gives registers back (`setmaxnreg.dec 40`); one thread walks
 //!   the block's tiles and, per 64-wide k-block, waits for a free ring slot (`empty` mbarrier),
-//!   announces the stage's bytes on its `full` mbarrier and issues two TMA loads (A 128×64 and
-//!   B 256×64, 128-byte swizzle). Loads past the matrix edge are zero-filled by TMA, so ragged
+//!   announces the stage's bytes on its `full` mbarrier and issues the TMA loads (A 128×64 and
+//!   B `BN`×64, 128-byte swizzle). Loads past the matrix edge are zero-filled by TMA, so ragged
 //!   M, N and K need no special case in the main loop.
 //! - **warpgroups 1 and 2, the consumers** (`setmaxnreg.inc 232`): warpgroup `1 + h` owns rows
-//!   `64h..64h+63` of the 128×256 tile and keeps its 64×256 f32 accumulator in 128 registers per
-//!   thread. Per k-block it waits for the slot to be `full`, issues four `m64n256k16` wgmmas
-//!   (k16 steps at +32 B in the swizzled rows), commits them, waits until only this batch is in
-//!   flight and hands the *previous* slot back to the producer, so one batch of tensor-core work
-//!   always overlaps the wait for the next slot. After the last k-block it drains, then runs the
-//!   epilogue straight from registers: `alpha·acc + beta·C`, rounded and stored with bounds
-//!   checks, while the producer already streams the next tile's operands.
+//!   `64h..64h+63` of the tile and keeps its 64×`BN` f32 accumulator in registers. Per k-block
+//!   it waits for the slot to be `full`, issues four `m64nBNk16` wgmmas (k16 steps at +32 B in
+//!   the swizzled rows), commits them, waits until only this batch is in flight and hands the
+//!   *previous* slot back to the producer, so one batch of tensor-core work always overlaps the
+//!   wait for the next slot. After the last k-block it drains, then runs the epilogue straight
+//!   from registers (`alpha·acc + beta·C`, rounded, bounds-checked stores) while the producer
+//!   already streams the next tile's operands.
+//! - **clusters** (`cluster_m == 2`): the two blocks of a cluster compute vertically adjacent
+//!   tiles of the same n-tile. Each loads its own A tile and half of the shared B tile, which
+//!   TMA multicasts into both blocks; a slot is free only when the consumers of *both* blocks
+//!   have released it, so consumers arrive on the `empty` barrier of every block in the cluster.
 //! - **prologue hook**: every thread executes `griddepcontrol.wait` (PDL) after the barrier set-up;
 //!   thread 0 then signals/waits on cross-GPU flags as [`StageHook`] says. The producer issues
 //!   `griddepcontrol.launch_dependents` after its last load.
 use crate::device::flags::{self, WaitOutcome};
 use crate::device::mbarrier::{MBarrier, PipelineState};
 use crate::device::wgmma::{self, Bf16, F16, InputType};
-use crate::device::{fence, gdc, index, regs, smem, sync, tma};
+use crate::device::{cluster, fence, gdc, index, regs, smem, sync, tma};
 use crate::gemm_abi::*;
 use crate::layout::{descriptor, raster};
 use seq_macro::seq;
 
-/// Consumer warps: each arrives once on a slot's `empty` barrier when it is done reading it.
+/// Consumer warps of a block: each arrives once on a slot's `empty` barrier per block of the
+/// cluster when it is done reading the slot.
 const CONSUMER_WARPS: u32 = 8;
+
+/// A compiled tile configuration: its [`TileConfig`] and the code that depends on the tile
+/// width (accumulator size, wgmma shape, epilogue), generated with literal register indices.
+trait Config {
+    const TILE: TileConfig;
+    type Acc;
+    fn new_acc() -> Self::Acc;
+    fn fence(acc: &mut Self::Acc);
+    unsafe fn mma<T: InputType>(acc: &mut Self::Acc, desc_a: u64, desc_b: u64, scale_d: u32);
+    unsafe fn epilogue<T: InputType>(p: &GemmParams, acc: &Self::Acc, row: u32, col: u32);
+}
+
+/// Implements [`Config`] for a tile `BN` columns wide: `$regs = BN / 2` accumulators per thread,
+/// `$blocks = BN / 8` column blocks in the epilogue.
+macro_rules! config {
+    ($name:ident, $tile:expr, $regs:literal, $blocks:literal, $mma:ident, $fence:ident) => {
+        struct $name;
+        impl Config for $name {
+            const TILE: TileConfig = $tile;
+            type Acc = [f32; $regs];
+            #[inline(always)]
+            fn new_acc() -> Self::Acc {
+                [0.0; $regs]
+            }
+            #[inline(always)]
+            fn fence(acc: &mut Self::Acc) {
+                wgmma::$fence(acc)
+            }
+            #[inline(always)]
+            unsafe fn mma<T: InputType>(acc: &mut Self::Acc, desc_a: u64, desc_b: u64, scale_d: u32) {
+                unsafe { T::$mma(acc, desc_a, desc_b, scale_d) }
+            }
+            /// Register `4j + {0,1}` holds row `r0`, columns `8j + 2(lane % 4) + {0,1}`;
+            /// `4j + {2,3}` the same columns of row `r0 + 8`, where `r0 = 16·warp + lane / 4`
+            /// (the wgmma accumulator layout).
+            #[inline(always)]
+            unsafe fn epilogue<T: InputType>(p: &GemmParams, acc: &Self::Acc, row: u32, col: u32) {
+                let t = index::thread_in_warpgroup();
+                let r0 = row + 16 * (t / 32) + (t % 32) / 4;
+                let c0 = col + 2 * (t % 4);
+                seq!(J in 0..$blocks {
+                    unsafe {
+                        store_pair::<T>(p, r0, c0 + 8 * J, acc[4 * J], acc[4 * J + 1]);
+                        store_pair::<T>(p, r0 + 8, c0 + 8 * J, acc[4 * J + 2], acc[4 * J + 3]);
+                    }
+                });
+            }
+        }
+    };
+}
+
+config!(
+    Tile128x256,
+    TILE_128X256,
+    128,
+    32,
+    mma_n256,
+    fence_operands_128
+);
+config!(
+    Tile128x256C2,
+    TILE_128X256_CLUSTER2,
+    128,
+    32,
+    mma_n256,
+    fence_operands_128
+);
+config!(
+    Tile128x128,
+    TILE_128X128,
+    64,
+    16,
+    mma_n128,
+    fence_operands_64
+);
+config!(
+    Tile128x128C2,
+    TILE_128X128_CLUSTER2,
+    64,
+    16,
+    mma_n128,
+    fence_operands_64
+);
 
 /// Shared-memory addresses of the ring.
 #[derive(Clone, Copy)]
 struct Ring {
     base: u32,
+    tile: TileConfig,
 }
 
 impl Ring {
     #[inline(always)]
     fn a_tile(self, stage: u32) -> u32 {
-        self.base + stage * A_TILE_BYTES
+        self.base + stage * self.tile.a_tile_bytes()
     }
     #[inline(always)]
     fn b_tile(self, stage: u32) -> u32 {
-        self.base + STAGES * A_TILE_BYTES + stage * B_TILE_BYTES
+        self.base + self.tile.stages * self.tile.a_tile_bytes() + stage * self.tile.b_tile_bytes()
     }
     #[inline(always)]
     fn full(self, stage: u32) -> MBarrier {
-        MBarrier(self.base + BARRIER_OFFSET + 8 * stage)
+        MBarrier(self.base + self.tile.barrier_offset() + 8 * stage)
     }
     #[inline(always)]
     fn empty(self, stage: u32) -> MBarrier {
-        MBarrier(self.base + BARRIER_OFFSET + 8 * (STAGES + stage))
+        MBarrier(self.base + self.tile.barrier_offset() + 8 * (self.tile.stages + stage))
     }
     #[inline(always)]
     fn abort_flag(self) -> u32 {
-        self.base + ABORT_FLAG_OFFSET
+        self.base + self.tile.abort_flag_offset()
     }
 }
 
-/// The block's share of the output: tiles `block, block + grid, …` in raster order.
+/// This block's share of the output. Tiles are grouped in *cluster tiles* of `cluster_m`
+/// vertically adjacent tiles; cluster `c` takes cluster tiles `c, c + clusters, …` in raster
+/// order, and its block of rank `r` computes the `r`-th tile of each.
 #[derive(Clone, Copy)]
 struct Tiles {
     num_m: u32,
     num_n: u32,
     total: u32,
+    first: u32,
+    step: u32,
+    rank: u32,
+    tile: TileConfig,
 }
 
 impl Tiles {
     #[inline(always)]
-    fn new(p: &GemmParams) -> Self {
-        let (num_m, num_n) = (p.m.div_ceil(BLOCK_M), p.n.div_ceil(BLOCK_N));
+    fn new(p: &GemmParams, tile: TileConfig) -> Self {
+        let num_m = p.m.div_ceil(BLOCK_M).div_ceil(tile.cluster_m);
+        let num_n = p.n.div_ceil(tile.block_n);
+        let (first, step, rank) = if tile.cluster_m == 1 {
+            (index::block_idx(), index::grid_dim(), 0)
+        } else {
+            (
+                index::cluster_idx(),
+                index::cluster_count(),
+                index::cluster_ctarank(),
+            )
+        };
         Self {
             num_m,
             num_n,
             total: num_m * num_n,
+            first,
+            step,
+            rank,
+            tile,
         }
     }
-    /// Top-left element `(row, col)` of linear tile `tile`.
+    /// Top-left element `(row, col)` of this block's tile in cluster tile `t`.
     #[inline(always)]
-    fn origin(self, tile: u32) -> (u32, u32) {
-        let (mt, nt) = raster::tile_coord(tile, self.num_m, self.num_n, RASTER_GROUP_M);
-        (mt * BLOCK_M, nt * BLOCK_N)
+    fn origin(self, t: u32) -> (u32, u32) {
+        let (mt, nt) = raster::tile_coord(t, self.num_m, self.num_n, self.tile.raster_group_m);
+        (
+            (mt * self.tile.cluster_m + self.rank) * BLOCK_M,
+            nt * self.tile.block_n,
+        )
     }
 }
 
-/// Runs the prologue hook on thread 0 and tells every thread whether to go on.
-/// Must be reached by all threads of the block (it contains a CTA barrier).
+/// Runs the prologue hook on thread 0 and tells every thread whether to go on; in a cluster,
+/// both blocks go on only if neither timed out. Must be reached by all threads of the cluster
+/// (it contains a CTA or cluster barrier, which also publishes the mbarrier initialisation).
 #[inline(always)]
 unsafe fn prologue_hook(hook: &StageHook, ring: Ring) -> bool {
     if index::thread_idx() == 0 {
@@ -110,90 +223,120 @@ unsafe fn prologue_hook(hook: &StageHook, ring: Ring) -> bool {
         }
         unsafe { smem::store_u32(ring.abort_flag(), abort) };
     }
-    sync::sync_threads();
-    unsafe { smem::load_u32(ring.abort_flag()) == 0 }
+    if ring.tile.cluster_m == 1 {
+        sync::sync_threads();
+        unsafe { smem::load_u32(ring.abort_flag()) == 0 }
+    } else {
+        cluster::cluster_sync();
+        let mut abort = 0;
+        for rank in 0..ring.tile.cluster_m {
+            abort |= unsafe {
+                cluster::load_shared_cluster_u32(cluster::map_shared_rank(ring.abort_flag(), rank))
+            };
+        }
+        abort == 0
+    }
 }
 
 /// Producer: one thread streams (A, B) k-blocks of every tile of this block into the ring.
 #[inline(always)]
 unsafe fn produce(p: &GemmParams, ring: Ring, tiles: Tiles) {
+    let tile = ring.tile;
     let k_blocks = p.k.div_ceil(BLOCK_K);
-    let mut slot = PipelineState::<STAGES>::new();
-    let mut tile = index::block_idx();
-    while tile < tiles.total {
-        let (row, col) = tiles.origin(tile);
+    let b_share_rows = tile.block_n / tile.cluster_m;
+    let b_share_bytes = tile.b_tile_bytes() / tile.cluster_m;
+    let mut slot = PipelineState::new(tile.stages);
+    let mut t = tiles.first;
+    while t < tiles.total {
+        let (row, col) = tiles.origin(t);
         for kb in 0..k_blocks {
             let k = (kb * BLOCK_K) as i32;
             unsafe {
                 ring.empty(slot.stage).wait(slot.phase ^ 1);
                 let full = ring.full(slot.stage);
-                full.arrive_expect_tx(STAGE_BYTES);
+                full.arrive_expect_tx(tile.stage_bytes());
                 tma::load_2d(ring.a_tile(slot.stage), p.map_a, k, row as i32, full.0);
-                tma::load_2d(ring.b_tile(slot.stage), p.map_b, k, col as i32, full.0);
+                if tile.cluster_m == 1 {
+                    tma::load_2d(ring.b_tile(slot.stage), p.map_b, k, col as i32, full.0);
+                } else {
+                    let share = tiles.rank;
+                    let dst = ring.b_tile(slot.stage) + share * b_share_bytes;
+                    let b_row = (col + share * b_share_rows) as i32;
+                    tma::load_2d_multicast(
+                        dst,
+                        p.map_b,
+                        k,
+                        b_row,
+                        full.0,
+                        (1u16 << tile.cluster_m) - 1,
+                    );
+                }
             }
             slot.advance();
         }
-        tile += index::grid_dim();
+        t += tiles.step;
     }
     gdc::launch_dependents();
 }
 
-/// One k-block of a consumer: four k16 wgmmas of its 64×256 slice, reading slot `stage`.
-/// `accumulate == 0` starts the tile (the first wgmma overwrites the accumulators).
+/// Hands slot `stage` back: one arrival per consumer warp on the slot's `empty` barrier of
+/// every block in the cluster.
 #[inline(always)]
-unsafe fn mma_k_block<T: InputType>(
-    acc: &mut [f32; 128],
-    ring: Ring,
-    stage: u32,
-    half: u32,
-    accumulate: u32,
-) {
-    let a = ring.a_tile(stage) + half * (64 * 128);
-    let b = ring.b_tile(stage);
-    seq!(K in 0..4 {
-        unsafe {
-            T::mma_n256(
-                acc,
-                descriptor::k_major_sw128(a + K * descriptor::K16_STEP_BYTES),
-                descriptor::k_major_sw128(b + K * descriptor::K16_STEP_BYTES),
-                if K == 0 { accumulate } else { 1 },
-            )
-        };
-    });
+unsafe fn release(ring: Ring, stage: u32) {
+    if index::lane_idx() != 0 {
+        return;
+    }
+    if ring.tile.cluster_m == 1 {
+        unsafe { ring.empty(stage).arrive() };
+    } else {
+        for rank in 0..ring.tile.cluster_m {
+            unsafe { ring.empty(stage).arrive_cluster(rank) };
+        }
+    }
 }
 
 /// Consumer warpgroup `half` (0 or 1): main loop and epilogue for every tile of this block.
 #[inline(always)]
-unsafe fn consume<T: InputType>(p: &GemmParams, ring: Ring, tiles: Tiles, half: u32) {
+unsafe fn consume<T: InputType, C: Config>(p: &GemmParams, ring: Ring, tiles: Tiles, half: u32) {
     let k_blocks = p.k.div_ceil(BLOCK_K);
-    let lane_leader = index::lane_idx() == 0;
-    let mut slot = PipelineState::<STAGES>::new();
-    let mut acc = [0f32; 128];
-    let mut tile = index::block_idx();
-    while tile < tiles.total {
-        let (row, col) = tiles.origin(tile);
+    let mut slot = PipelineState::new(C::TILE.stages);
+    let mut acc = C::new_acc();
+    let mut t = tiles.first;
+    while t < tiles.total {
+        let (row, col) = tiles.origin(t);
         let mut previous = 0;
         for kb in 0..k_blocks {
             unsafe { ring.full(slot.stage).wait(slot.phase) };
-            wgmma::fence_operands_128(&mut acc);
+            C::fence(&mut acc);
             wgmma::fence();
-            unsafe { mma_k_block::<T>(&mut acc, ring, slot.stage, half, (kb > 0) as u32) };
+            let a = ring.a_tile(slot.stage) + half * (64 * 128);
+            let b = ring.b_tile(slot.stage);
+            seq!(K in 0..4 {
+                unsafe {
+                    C::mma::<T>(
+                        &mut acc,
+                        descriptor::k_major_sw128(a + K * descriptor::K16_STEP_BYTES),
+                        descriptor::k_major_sw128(b + K * descriptor::K16_STEP_BYTES),
+                        if K == 0 { (kb > 0) as u32 } else { 1 },
+                    )
+                };
+            });
             wgmma::commit_group();
             wgmma::wait_group::<1>();
-            wgmma::fence_operands_128(&mut acc);
-            if kb > 0 && lane_leader {
-                unsafe { ring.empty(previous).arrive() };
+            C::fence(&mut acc);
+            if kb > 0 {
+                unsafe { release(ring, previous) };
             }
             previous = slot.stage;
             slot.advance();
         }
         wgmma::wait_group::<0>();
-        wgmma::fence_operands_128(&mut acc);
-        if k_blocks > 0 && lane_leader {
-            unsafe { ring.empty(previous).arrive() };
+        C::fence(&mut acc);
+        if k_blocks > 0 {
+            unsafe { release(ring, previous) };
         }
-        unsafe { epilogue::<T>(p, &acc, row + half * 64, col) };
-        tile += index::grid_dim();
+        unsafe { C::epilogue::<T>(p, &acc, row + half * 64, col) };
+        t += tiles.step;
     }
 }
 
@@ -225,36 +368,21 @@ unsafe fn store_pair<T: InputType>(p: &GemmParams, row: u32, col: u32, x0: f32, 
     }
 }
 
-/// Writes a consumer's 64×256 accumulator slice whose top-left output element is `(row, col)`.
-/// Register `4j + {0,1}` holds row `r0`, columns `8j + 2(lane % 4) + {0,1}`; `4j + {2,3}` the
-/// same columns of row `r0 + 8`, where `r0 = 16·warp + lane / 4` (the wgmma fragment layout).
+/// The kernel body shared by every entry point.
 #[inline(always)]
-unsafe fn epilogue<T: InputType>(p: &GemmParams, acc: &[f32; 128], row: u32, col: u32) {
-    let t = index::thread_in_warpgroup();
-    let r0 = row + 16 * (t / 32) + (t % 32) / 4;
-    let c0 = col + 2 * (t % 4);
-    seq!(J in 0..32 {
-        unsafe {
-            store_pair::<T>(p, r0, c0 + 8 * J, acc[4 * J], acc[4 * J + 1]);
-            store_pair::<T>(p, r0 + 8, c0 + 8 * J, acc[4 * J + 2], acc[4 * J + 3]);
-        }
-    });
-}
-
-/// The kernel body shared by the bf16 and f16 entry points.
-#[inline(always)]
-unsafe fn gemm<T: InputType>(p: &GemmParams) {
+unsafe fn gemm<T: InputType, C: Config>(p: &GemmParams) {
     let ring = Ring {
         base: smem::shared_addr(smem::dynamic_smem()),
+        tile: C::TILE,
     };
     let tid = index::thread_idx();
     if tid == 0 {
         unsafe {
             tma::prefetch_descriptor(p.map_a);
             tma::prefetch_descriptor(p.map_b);
-            for s in 0..STAGES {
+            for s in 0..C::TILE.stages {
                 ring.full(s).init(1);
-                ring.empty(s).init(CONSUMER_WARPS);
+                ring.empty(s).init(CONSUMER_WARPS * C::TILE.cluster_m);
             }
         }
         fence::mbarrier_init();
@@ -265,7 +393,7 @@ unsafe fn gemm<T: InputType>(p: &GemmParams) {
     if !unsafe { prologue_hook(&p.hook, ring) } {
         return;
     }
-    let tiles = Tiles::new(p);
+    let tiles = Tiles::new(p, C::TILE);
     if index::warpgroup_idx() == 0 {
         regs::decrease_to::<40>();
         if tid == 0 {
@@ -273,19 +401,34 @@ unsafe fn gemm<T: InputType>(p: &GemmParams) {
         }
     } else {
         regs::increase_to::<232>();
-        unsafe { consume::<T>(p, ring, tiles, index::warpgroup_idx() - 1) };
+        unsafe { consume::<T, C>(p, ring, tiles, index::warpgroup_idx() - 1) };
+    }
+    if C::TILE.cluster_m > 1 {
+        // Neither block may exit while its partner can still multicast into its shared memory
+        // or arrive on its barriers.
+        cluster::cluster_sync();
     }
 }
 
-/// bf16 × bf16 → f32 accumulate → bf16. Launch: block [`THREADS`], [`SMEM_BYTES`] dynamic
-/// shared memory, grid ≤ number of SMs (persistent).
-#[unsafe(no_mangle)]
-pub unsafe extern "ptx-kernel" fn gemm_bf16(p: GemmParams) {
-    unsafe { gemm::<Bf16>(&p) }
+/// Defines a bf16 and an f16 entry point for a configuration. Launch: block [`THREADS`],
+/// `smem_bytes()` dynamic shared memory, a persistent grid of at most one block per SM (a
+/// multiple of `cluster_m`, launched with that cluster size).
+macro_rules! entries {
+    ($bf16:ident, $f16:ident, $config:ty) => {
+        /// bf16 × bf16 → f32 accumulate → bf16.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $bf16(p: GemmParams) {
+            unsafe { gemm::<Bf16, $config>(&p) }
+        }
+        /// f16 × f16 → f32 accumulate → f16.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $f16(p: GemmParams) {
+            unsafe { gemm::<F16, $config>(&p) }
+        }
+    };
 }
 
-/// f16 × f16 → f32 accumulate → f16. Launch as [`gemm_bf16`].
-#[unsafe(no_mangle)]
-pub unsafe extern "ptx-kernel" fn gemm_f16(p: GemmParams) {
-    unsafe { gemm::<F16>(&p) }
-}
+entries!(gemm_bf16, gemm_f16, Tile128x256);
+entries!(gemm_bf16_c2, gemm_f16_c2, Tile128x256C2);
+entries!(gemm_bf16_n128, gemm_f16_n128, Tile128x128);
+entries!(gemm_bf16_n128_c2, gemm_f16_n128_c2, Tile128x128C2);

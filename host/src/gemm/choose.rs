@@ -1,0 +1,79 @@
+//! Which compiled tile configuration runs a given problem: a documented rule, not a table of
+//! timings.
+//!
+//! A persistent grid runs `tiles` output tiles on `slots` resident blocks (one per SM; with
+//! 2-block clusters, pairs of SMs). The run takes `⌈tiles / slots⌉` *waves*, each as long as
+//! one tile's main loop, so the estimated time of a configuration is
+//! `⌈tiles / slots⌉ · tile_cost`, with `tile_cost` proportional to the tile's area times a
+//! per-configuration efficiency factor (smaller tiles reread more operand bytes per FLOP).
+//! The rule picks the configuration with the smallest estimate; ties go to the larger tile.
+use kernels_gpu::gemm_abi::{BLOCK_M, GemmVariant, VARIANTS};
+
+/// Relative cost of one tile's main loop per output element, by configuration name
+/// (128×256 = 1). The factors come from the measured per-SM throughput of each configuration
+/// on large problems, where every configuration fills its waves (kernels-gpu/NOTES.md).
+fn cost_per_element(variant: &GemmVariant) -> f64 {
+    match variant.name {
+        "128x256" => 1.0,
+        "128x256c2" => 0.99,
+        "128x128" => 1.08,
+        "128x128c2" => 1.05,
+        _ => 1.2,
+    }
+}
+
+/// Estimated relative run time of `variant` on an `m × n` output with `sm_count` SMs.
+#[must_use]
+pub fn estimated_cost(variant: &GemmVariant, m: u64, n: u64, sm_count: u32) -> f64 {
+    let c = variant.config;
+    let slots = u64::from((sm_count / c.cluster_m) * c.cluster_m).max(1);
+    let tiles = m
+        .div_ceil(u64::from(BLOCK_M))
+        .next_multiple_of(u64::from(c.cluster_m))
+        * n.div_ceil(u64::from(c.block_n));
+    let waves = tiles.div_ceil(slots);
+    waves as f64 * f64::from(BLOCK_M * c.block_n) * cost_per_element(variant)
+}
+
+/// The configuration the rule picks for an `m × n` output on a GPU with `sm_count` SMs.
+#[must_use]
+pub fn choose_variant(m: u64, n: u64, sm_count: u32) -> &'static GemmVariant {
+    let mut best = &VARIANTS[0];
+    let mut best_cost = estimated_cost(best, m, n, sm_count);
+    for v in &VARIANTS[1..] {
+        let cost = estimated_cost(v, m, n, sm_count);
+        if cost < best_cost * 0.999 {
+            best = v;
+            best_cost = cost;
+        }
+    }
+    best
+}
+
+/// The configuration named `name` (`128x256`, `128x256c2`, `128x128`, `128x128c2`).
+#[must_use]
+pub fn variant_named(name: &str) -> Option<&'static GemmVariant> {
+    VARIANTS.iter().find(|v| v.name == name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn full_waves_keep_the_large_tile_and_ragged_waves_split() {
+        // 8192×8192: 64×32 = 2048 tiles of 128×256 = 15.5 waves on 132 SMs: keeps wide tiles.
+        assert_eq!(choose_variant(8192, 8192, 132).config.block_n, 256);
+        // 2048×7168: 448 wide tiles = 3.39 waves (4 waves for 3.39 of work); 896 narrow
+        // tiles = 6.8 waves (7 waves of half the work): the narrow tiles win.
+        assert_eq!(choose_variant(2048, 7168, 132).config.block_n, 128);
+    }
+
+    #[test]
+    fn every_variant_is_reachable_by_name() {
+        for v in &VARIANTS {
+            assert_eq!(variant_named(v.name), Some(v));
+        }
+        assert_eq!(variant_named("256x256"), None);
+    }
+}

@@ -1,0 +1,122 @@
+//! The contract between the host and the collective kernels (`kernels::collective`): the
+//! start-of-run barrier and the single-stage reduce-scatter's reduction. Compiled for both
+//! sides so they cannot drift, like [`crate::gemm_abi`].
+//!
+//! Peer addresses travel inside the by-value parameter blocks as fixed arrays of
+//! [`MAX_PEERS`] entries (unused entries are 0), so a launch needs no device-side argument
+//! buffer and a graph kernel node carries everything it needs.
+
+/// Largest number of devices a parameter block describes (the plan's `MAX_TP`).
+pub const MAX_PEERS: usize = 8;
+
+/// Threads per block of the reduction kernel.
+pub const REDUCE_THREADS: u32 = 256;
+
+/// Elements one thread sums per step: one 16-byte vector of 2-byte elements.
+pub const REDUCE_VECTOR: u32 = 8;
+
+/// Dynamic shared memory of the reduction kernel: one word that broadcasts thread 0's
+/// "a wait timed out" decision to the block.
+pub const REDUCE_SMEM_BYTES: u32 = 16;
+
+/// Parameters of the start-of-run barrier (one block of one thread):
+/// 1. `griddepcontrol.launch_dependents`, then `griddepcontrol.wait`;
+/// 2. store 0 into each of the `reset_count` flags of `reset` (the device's own stage flags);
+/// 3. `fence.acq_rel.sys`, then `red.release.sys.add 1` into each of the `arrive_count`
+///    counters of `arrive` (the peers' barrier counters);
+/// 4. spin (`ld.acquire.sys`, bounded by `timeout_ns`) until `*counter >= arrivals`;
+/// 5. `atom.acq_rel.sys.add −arrivals` on `*counter`: a *running* counter, so an arrival a
+///    fast peer already made for the next run survives.
+///
+/// On timeout it stores `error_code` into `*error_word`, skips step 5 and sets every reset
+/// flag to `0xFFFF_FFFF`, so that the rest of the run drains without waiting a further
+/// timeout per stage (its results are meaningless; the host reports the barrier's error).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BarrierParams {
+    /// Own stage flags to reset (device addresses).
+    pub reset: [u64; MAX_PEERS],
+    /// Peers' barrier counters to arrive at (device addresses, usually on other GPUs).
+    pub arrive: [u64; MAX_PEERS],
+    /// Own barrier counter.
+    pub counter: u64,
+    /// Own error word.
+    pub error_word: u64,
+    /// Spin-wait bound in nanoseconds.
+    pub timeout_ns: u64,
+    /// Entries of `reset` in use.
+    pub reset_count: u32,
+    /// Entries of `arrive` in use.
+    pub arrive_count: u32,
+    /// Arrivals to wait for (P − 1).
+    pub arrivals: u32,
+    /// Value stored into `*error_word` on timeout.
+    pub error_code: u32,
+}
+
+/// Parameters of the single-stage reduce-scatter's reduction
+/// `dst = Σ_{i < source_count} sources[i]` over a `rows × cols` block (f32 accumulation in
+/// source order, one rounding at the store).
+///
+/// Prologue, before any source is read: `griddepcontrol.wait` (the device's own partial is
+/// complete); block 0's thread 0 then does `fence.acq_rel.sys` and `st.release.sys
+/// signal_value` into each of the `signal_count` flags of `signals` ("my partial is
+/// complete"); then thread 0 of every block spins (`ld.acquire.sys`, bounded by `timeout_ns`)
+/// until each of the `wait_count` flags of `waits` is non-zero. If wait `i` times out, it
+/// stores `wait_codes[i]` into `*error_word` and the whole block returns without writing `dst`.
+///
+/// Requirements (checked by the host): `cols`, every leading dimension and every address are
+/// multiples of [`REDUCE_VECTOR`] elements (16 bytes).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ReduceParams {
+    /// Element (0, 0) of each source block (device addresses, possibly on peers).
+    pub sources: [u64; MAX_PEERS],
+    /// Flags to signal (device addresses on peers).
+    pub signals: [u64; MAX_PEERS],
+    /// Own flags to wait on.
+    pub waits: [u64; MAX_PEERS],
+    /// Leading dimension of each source, in elements.
+    pub source_ld: [u32; MAX_PEERS],
+    /// Error code stored when the matching wait times out.
+    pub wait_codes: [u32; MAX_PEERS],
+    /// Element (0, 0) of the output block.
+    pub dst: u64,
+    /// Own error word.
+    pub error_word: u64,
+    /// Spin-wait bound in nanoseconds.
+    pub timeout_ns: u64,
+    /// Rows of the block.
+    pub rows: u32,
+    /// Columns of the block (a multiple of [`REDUCE_VECTOR`]).
+    pub cols: u32,
+    /// Leading dimension of `dst`, in elements.
+    pub dst_ld: u32,
+    /// Entries of `sources` in use.
+    pub source_count: u32,
+    /// Entries of `signals` in use.
+    pub signal_count: u32,
+    /// Entries of `waits` in use.
+    pub wait_count: u32,
+    /// Value stored into each signalled flag.
+    pub signal_value: u32,
+    /// Padding (keeps the size a multiple of 8).
+    pub reserved: u32,
+}
+
+// The PTX declares `.param .align 8 .b8 [size]`: both blocks must stay 8-byte aligned, padded.
+const _: () = assert!(core::mem::size_of::<BarrierParams>() == 2 * 8 * MAX_PEERS + 24 + 16);
+const _: () = assert!(core::mem::size_of::<ReduceParams>() == 3 * 8 * MAX_PEERS + 8 * MAX_PEERS + 56);
+const _: () = assert!(core::mem::align_of::<ReduceParams>() == 8);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parameter_blocks_are_8_byte_aligned_and_padded() {
+        assert_eq!(core::mem::size_of::<BarrierParams>() % 8, 0);
+        assert_eq!(core::mem::size_of::<ReduceParams>() % 8, 0);
+        assert_eq!(core::mem::align_of::<BarrierParams>(), 8);
+    }
+}
