@@ -106,7 +106,8 @@ pub struct ReduceParams {
 
 // The PTX declares `.param .align 8 .b8 [size]`: both blocks must stay 8-byte aligned, padded.
 const _: () = assert!(core::mem::size_of::<BarrierParams>() == 2 * 8 * MAX_PEERS + 24 + 16);
-const _: () = assert!(core::mem::size_of::<ReduceParams>() == 3 * 8 * MAX_PEERS + 8 * MAX_PEERS + 56);
+const _: () =
+    assert!(core::mem::size_of::<ReduceParams>() == 3 * 8 * MAX_PEERS + 8 * MAX_PEERS + 56);
 const _: () = assert!(core::mem::align_of::<ReduceParams>() == 8);
 
 #[cfg(test)]
