@@ -136,6 +136,89 @@ where
     Timing::from_samples(samples)
 }
 
+/// Times work that spans several GPUs (one stream each): every repetition records a start
+/// event on every stream, calls `enqueue` (which puts one repetition's work on all streams),
+/// then records an end event on every stream. A repetition's time is the **maximum over
+/// devices** of its start-to-end time, the convention of CUTLASS's distributed GEMM benchmark
+/// (a device that starts early and waits for a peer counts that wait).
+pub fn time_on_streams<F>(
+    gpus: &[Gpu],
+    streams: &[Arc<CudaStream>],
+    config: TimingConfig,
+    mut enqueue: F,
+) -> Result<Timing, BenchError>
+where
+    F: FnMut(usize) -> Result<(), BenchError>,
+{
+    if gpus.is_empty() || gpus.len() != streams.len() {
+        return Err(BenchError::Config(format!(
+            "{} GPUs but {} streams",
+            gpus.len(),
+            streams.len()
+        )));
+    }
+    if config.reps < MIN_TIMED_REPS {
+        return Err(BenchError::Config(format!(
+            "{} timed repetitions requested; use at least {MIN_TIMED_REPS}",
+            config.reps
+        )));
+    }
+    for i in 0..config.warmup {
+        enqueue(i)?;
+    }
+    // events[device][rep] = (start, end)
+    let events: Vec<Vec<(CudaEvent, CudaEvent)>> = gpus
+        .iter()
+        .map(|gpu| {
+            (0..config.reps)
+                .map(|_| Ok((stream::timing_event(gpu)?, stream::timing_event(gpu)?)))
+                .collect::<Result<Vec<_>, RuntimeError>>()
+        })
+        .collect::<Result<_, _>>()?;
+    for rep in 0..config.reps {
+        for (dev, s) in streams.iter().enumerate() {
+            stream::record(&events[dev][rep].0, s)?;
+        }
+        enqueue(config.warmup + rep)?;
+        for (dev, s) in streams.iter().enumerate() {
+            stream::record(&events[dev][rep].1, s)?;
+        }
+    }
+    for s in streams {
+        stream::synchronize(s)?;
+    }
+    let per_device = events
+        .iter()
+        .map(|dev| {
+            dev.iter()
+                .map(|(start, end)| Ok(f64::from(stream::elapsed_ms(start, end)?)))
+                .collect::<Result<Vec<_>, RuntimeError>>()
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Timing::from_samples(max_over_devices(&per_device)?)
+}
+
+/// Per repetition, the slowest device: `per_device[d][rep]` → `out[rep] = max_d`. All devices
+/// must have the same number of samples.
+pub fn max_over_devices(per_device: &[Vec<f64>]) -> Result<Vec<f64>, BenchError> {
+    let Some(first) = per_device.first() else {
+        return Err(BenchError::Config("no devices".into()));
+    };
+    if per_device.iter().any(|d| d.len() != first.len()) {
+        return Err(BenchError::Config(
+            "devices recorded different numbers of samples".into(),
+        ));
+    }
+    Ok((0..first.len())
+        .map(|rep| {
+            per_device
+                .iter()
+                .map(|d| d[rep])
+                .fold(f64::NEG_INFINITY, f64::max)
+        })
+        .collect())
+}
+
 /// Achieved TFLOP/s of a GEMM `m × n × k` (2·M·N·K flops) taking `ms` milliseconds.
 pub fn gemm_tflops(m: u64, n: u64, k: u64, ms: f64) -> f64 {
     2.0 * m as f64 * n as f64 * k as f64 / (ms * 1e-3) / 1e12
@@ -411,6 +494,14 @@ mod tests {
         let t = Timing::from_samples(vec![4.0, 1.0, 2.0, 3.0]).unwrap();
         assert_eq!(t.median_ms, 2.5);
         assert!(Timing::from_samples(vec![]).is_err());
+    }
+
+    #[test]
+    fn slowest_device_per_repetition() {
+        let v = max_over_devices(&[vec![1.0, 5.0, 2.0], vec![3.0, 4.0, 2.5]]).unwrap();
+        assert_eq!(v, vec![3.0, 5.0, 2.5]);
+        assert!(max_over_devices(&[]).is_err());
+        assert!(max_over_devices(&[vec![1.0], vec![1.0, 2.0]]).is_err());
     }
 
     #[test]

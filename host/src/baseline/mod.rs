@@ -2,5 +2,7 @@
 //! process and on the same buffers.
 
 pub mod cublaslt;
+pub mod nccl;
 
 pub use cublaslt::{BaselineError, CublasLtElement, CublasLtGemm, TnGemmShape};
+pub use nccl::{NcclComms, NcclElement, NcclError, NcclGemmBaseline, NcclGemmKind, NcclGemmLayout};
