@@ -171,6 +171,10 @@ fn run() -> Result<(), BenchError> {
     let module = Module::load(&gpu)?;
     let kernel = GemmKernel::new(&module)?;
     let provenance = Provenance::collect(&gpu);
+    println!(
+        "resident clusters (blocks) per tile configuration: {:?}",
+        kernel.resident_clusters()
+    );
     let mut records = Vec::new();
     println!(
         "| shape | M | N | K | dtype | tile | ours ms | cuBLAS ms | ours TFLOP/s | cuBLAS TFLOP/s | ours/cuBLAS | % of 989 | TFLOP/s per tile config |"

@@ -4,7 +4,7 @@ use super::{GemmArgs, GemmError, MatrixView, check};
 use crate::dtype::Dtype;
 use crate::runtime::{
     CudaStream, Gpu, Kernel, KernelArgs, LaunchConfig, Module, RuntimeError, TensorMap2d,
-    TensorMapDtype, TensorMapSpec, launch,
+    TensorMapDtype, TensorMapSpec, launch, max_active_clusters,
 };
 use kernels_gpu::gemm_abi::{self, GemmParams, GemmVariant, StageHook};
 use std::sync::Arc;
@@ -23,6 +23,8 @@ struct Compiled {
     variant: &'static GemmVariant,
     bf16: Kernel,
     f16: Kernel,
+    /// Clusters (blocks, without clusters) the GPU holds at once: the persistent grid's size.
+    resident_clusters: u32,
 }
 
 /// The GEMM entry points of one GPU's module: every compiled tile configuration.
@@ -42,13 +44,34 @@ impl GemmKernel {
                 for k in [&bf16, &f16] {
                     k.reserve_dynamic_smem(variant.config.smem_bytes())?;
                 }
-                Ok(Compiled { variant, bf16, f16 })
+                let sms = module.gpu().sm_count();
+                let cluster = variant.config.cluster_m;
+                let resident_clusters = if cluster == 1 {
+                    sms
+                } else {
+                    let probe = launch_config(variant, sms / cluster * cluster, false);
+                    max_active_clusters(&bf16, &probe)?.clamp(1, sms / cluster)
+                };
+                Ok(Compiled {
+                    variant,
+                    bf16,
+                    f16,
+                    resident_clusters,
+                })
             })
             .collect::<Result<_, RuntimeError>>()?;
         Ok(Self {
             gpu: module.gpu().clone(),
             compiled,
         })
+    }
+
+    /// For each tile configuration, how many of its clusters (or blocks) are resident at once.
+    pub fn resident_clusters(&self) -> Vec<(&'static str, u32)> {
+        self.compiled
+            .iter()
+            .map(|c| (c.variant.name, c.resident_clusters))
+            .collect()
     }
 
     /// The GPU the kernels are loaded on.
@@ -135,7 +158,7 @@ impl GemmKernel {
         let cluster = config.cluster_m;
         let cluster_tiles = params.m.div_ceil(gemm_abi::BLOCK_M).div_ceil(cluster)
             * params.n.div_ceil(config.block_n);
-        let grid = cluster_tiles.min(self.gpu.sm_count() / cluster).max(1) * cluster;
+        let grid = cluster_tiles.min(compiled.resident_clusters).max(1) * cluster;
         let kernel = match args.dtype {
             Dtype::Bf16 => compiled.bf16.clone(),
             Dtype::F16 => compiled.f16.clone(),
@@ -147,6 +170,19 @@ impl GemmKernel {
             grid,
             _maps: [map_a, map_b],
         })
+    }
+}
+
+/// The launch configuration of `variant` with `grid` blocks.
+fn launch_config(variant: &GemmVariant, grid: u32, pdl: bool) -> LaunchConfig {
+    let config = variant.config;
+    let launch = LaunchConfig::linear(grid, gemm_abi::THREADS)
+        .with_dynamic_smem(config.smem_bytes())
+        .with_programmatic_serialization(pdl);
+    if config.cluster_m > 1 {
+        launch.with_cluster((config.cluster_m, 1, 1))
+    } else {
+        launch
     }
 }
 
@@ -185,15 +221,7 @@ impl PreparedGemm {
     /// in clusters of the configuration's size. With `pdl`, the launch may overlap the previous
     /// kernel in the stream up to the kernel's `griddepcontrol.wait`.
     pub fn launch_config(&self, pdl: bool) -> LaunchConfig {
-        let config = self.variant.config;
-        let launch = LaunchConfig::linear(self.grid, gemm_abi::THREADS)
-            .with_dynamic_smem(config.smem_bytes())
-            .with_programmatic_serialization(pdl);
-        if config.cluster_m > 1 {
-            launch.with_cluster((config.cluster_m, 1, 1))
-        } else {
-            launch
-        }
+        launch_config(self.variant, self.grid, pdl)
     }
 
     /// The kernel arguments (the parameter block by value).

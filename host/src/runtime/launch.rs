@@ -232,7 +232,7 @@ impl KernelArgs {
 
     /// The `void**` array `cuLaunchKernelEx` takes: one pointer to each stored value. The
     /// pointers borrow `self` mutably, so the values cannot move while the array is alive.
-    fn param_pointers(&mut self) -> Vec<*mut c_void> {
+    pub(super) fn param_pointers(&mut self) -> Vec<*mut c_void> {
         self.args
             .iter_mut()
             .map(|a| match a {
@@ -265,6 +265,49 @@ fn launch_attributes(cfg: &LaunchConfig) -> Vec<sys::CUlaunchAttribute> {
         attrs.push(a);
     }
     attrs
+}
+
+/// The driver's launch configuration for `cfg` on `stream` (null for occupancy queries); it
+/// points into `attrs`, which must outlive it.
+fn raw_config(
+    cfg: &LaunchConfig,
+    stream: sys::CUstream,
+    attrs: &mut [sys::CUlaunchAttribute],
+) -> sys::CUlaunchConfig {
+    sys::CUlaunchConfig {
+        gridDimX: cfg.grid.0,
+        gridDimY: cfg.grid.1,
+        gridDimZ: cfg.grid.2,
+        blockDimX: cfg.block.0,
+        blockDimY: cfg.block.1,
+        blockDimZ: cfg.block.2,
+        sharedMemBytes: cfg.dynamic_smem,
+        hStream: stream,
+        attrs: if attrs.is_empty() {
+            std::ptr::null_mut()
+        } else {
+            attrs.as_mut_ptr()
+        },
+        numAttrs: attrs.len() as u32,
+    }
+}
+
+/// How many clusters of `cfg.cluster` blocks (with `cfg`'s block size and dynamic shared
+/// memory) the GPU can hold at once (`cuOccupancyMaxActiveClusters`). A persistent kernel
+/// launched in clusters must not have more: clusters beyond it run as a second wave. Not every
+/// SM can join a cluster (a GPC's SM count need not be a multiple of the cluster size), so this
+/// can be below `SMs / cluster size`.
+pub fn max_active_clusters(kernel: &Kernel, cfg: &LaunchConfig) -> Result<u32> {
+    kernel.reserve_dynamic_smem(cfg.dynamic_smem)?;
+    let mut attrs = launch_attributes(cfg);
+    let raw_cfg = raw_config(cfg, std::ptr::null_mut(), &mut attrs);
+    let mut clusters = 0;
+    kernel.gpu().bind()?;
+    // SAFETY: `raw_cfg` and the attributes it points to live across the call; one int is written.
+    unsafe { sys::cuOccupancyMaxActiveClusters(&mut clusters, kernel.cu_function(), &raw_cfg) }
+        .result()
+        .map_err(RuntimeError::driver("cuOccupancyMaxActiveClusters"))?;
+    Ok(clusters.max(0) as u32)
 }
 
 /// Enqueues `kernel` on `stream` with `cfg` and `args` (`cuLaunchKernelEx`).
@@ -301,22 +344,7 @@ pub unsafe fn launch(
     }
     kernel.reserve_dynamic_smem(cfg.dynamic_smem)?;
     let mut attrs = launch_attributes(cfg);
-    let raw_cfg = sys::CUlaunchConfig {
-        gridDimX: cfg.grid.0,
-        gridDimY: cfg.grid.1,
-        gridDimZ: cfg.grid.2,
-        blockDimX: cfg.block.0,
-        blockDimY: cfg.block.1,
-        blockDimZ: cfg.block.2,
-        sharedMemBytes: cfg.dynamic_smem,
-        hStream: stream.cu_stream(),
-        attrs: if attrs.is_empty() {
-            std::ptr::null_mut()
-        } else {
-            attrs.as_mut_ptr()
-        },
-        numAttrs: attrs.len() as u32,
-    };
+    let raw_cfg = raw_config(cfg, stream.cu_stream(), &mut attrs);
     let mut params = args.param_pointers();
     gpu.bind()?;
     // SAFETY: `raw_cfg`, `attrs` and `params` (pointing into `args`) live across the call; the
