@@ -8,6 +8,8 @@
 //! commit and date, and results are written as JSON (for tools) and a markdown table (for
 //! people) under `benches/results/`.
 
+pub mod distgemm_report;
+
 use distgemm::runtime::{CudaEvent, CudaStream, Gpu, RuntimeError, driver_version, stream};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};

@@ -316,8 +316,8 @@ impl NcclComms {
         self.lib
             .check("ncclGroupStart", unsafe { (self.lib.group_start)() })?;
         let mut result = Ok(());
-        for rank in 0..self.comms.len() {
-            let r = self.gpus[rank]
+        for (rank, gpu) in self.gpus.iter().enumerate() {
+            let r = gpu
                 .bind()
                 .map_err(NcclError::from)
                 .and_then(|()| per_rank(rank));
@@ -476,7 +476,7 @@ impl NcclGemmLayout {
             return Err("TP must be at least 1".into());
         }
         let split = |name: &str, v: u64| {
-            if v % tp == 0 && v / tp > 0 {
+            if v.is_multiple_of(tp) && v / tp > 0 {
                 Ok(v / tp)
             } else {
                 Err(format!(

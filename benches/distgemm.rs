@@ -1,0 +1,891 @@
+//! distgemm side by side with everything it should beat, measured in one run (issue 6, items 5
+//! and 6).
+//!
+//! For every preset (Llama-3 70B/405B fc1/fc2, M = `--tokens`, default 16384) and every
+//! schedule (the four pipelined ones, their single-stage variants, and `auto`), on TP GPUs:
+//!
+//! | column | what is timed | where |
+//! |---|---|---|
+//! | (a) | the full M×N×K GEMM on one GPU: our kernel and cuBLASLt | GPU 0 |
+//! | (b) | the single-stage GEMM of the schedule's family without communication: the GEMM node(s) of device 0's plan of the `*-single` schedule (e.g. M×N/P×K for `ag-a`), our kernel | GPU 0 |
+//! | (c) | the P stage GEMMs of the family's pipelined plan, back to back with PDL, no communication, our kernel | GPU 0 |
+//! | (d) | distgemm itself (`host/src/cuda`): one `run()` per repetition, time = max over devices | all TP GPUs |
+//! | (e) | NCCL collective + cuBLASLt GEMM in sequence on every GPU (all-gather of A for `ag-a*`, of B for `ag-b*`, GEMM then reduce-scatter of row blocks for `rs-*`); for `auto` the best of the three | all TP GPUs |
+//! | (f) | PyTorch async TP: `torch.ops.symm_mem.fused_all_gather_matmul` (all-gather rows) / `fused_matmul_reduce_scatter` (reduce-scatter rows), from `peers/torch_async_tp.py`; for `auto` the better of the two | all TP GPUs, separate processes |
+//!
+//! Derived: TFLOP/s per GPU = 2·M·N·K / TP / (d); "% of (b)" = (b)/(d) and "% of (c)" =
+//! (c)/(d) (how much of the no-communication GEMM speed distgemm keeps); % of 989 TFLOP/s
+//! (dense bf16 peak of H100/H200 SXM); speed-up = (e)/(d) and (f)/(d).
+//!
+//! Method: operands filled with N(0,1)-like values on the GPU (`fill_normal`), warm-up runs,
+//! then ≥ 20 timed repetitions bracketed by CUDA events (per device for the multi-GPU columns;
+//! a repetition's time is the slowest device's), median reported. No input rotation: every
+//! working set here is several times the 50 MiB L2 (a warning is printed if one is not).
+//! A column that cannot be measured is `null` in the JSON with the reason in `missing`.
+//!
+//! Usage (the bundle's runner passes a FILTER and `--bench`):
+//! `distgemm [FILTER] [--bench] [--tp N] [--tokens M] [--dtype bf16|f16] [--reps N] [--quick]
+//!  [--sweep] [--no-torch] [--python PATH] [--torch-timeout S]`
+//! - `--quick`: 70B presets only, 20 repetitions;
+//! - `--sweep`: instead of the table, the token sweep M ∈ {256, …, 16384} for 70B fc1/fc2:
+//!   distgemm (best pipelined, best single-stage, `auto`) vs (e), where pipelining stops paying
+//!   and whether `auto` follows; writes `distgemm-sweep-<date>-<commit>.{json,md}`.
+//! - FILTER keeps rows whose id `distgemm/<preset>/<schedule>` contains it.
+//!
+//! Writes `distgemm-<date>-<commit>.{json,md}` under `DISTGEMM_BENCH_RESULTS` or
+//! `benches/results/`. The PyTorch script is found in `DISTGEMM_PEERS_DIR`, else
+//! `<bench binary>/../peers/`, else `benches/peers/` of the source tree; the interpreter is
+//! `--python`, else `DISTGEMM_PYTHON`, else `python3`.
+
+use distgemm::baseline::{
+    CublasLtGemm, NcclElement, NcclGemmBaseline, NcclGemmKind, NcclGemmLayout, TnGemmShape,
+};
+use distgemm::dtype::Dtype;
+use distgemm::gemm::{GemmArgs, GemmKernel, MatrixView, PreparedGemm};
+use distgemm::plan::{DevicePlan, Plan};
+use distgemm::problem::{Preset, Problem};
+use distgemm::runtime::{CudaStream, DeviceBuffer, Gpu, Module, hopper_gpus};
+use distgemm::schedule::{BufferKind, CSource, GemmStage, ScheduleKind, View};
+use distgemm::testdata::fill_normal;
+use distgemm_benches::distgemm_report::{
+    Options, Record, SWEEP_TOKENS, Sched, SweepPoint, TABLE_HEADER, TORCH_AG, TORCH_RS,
+    TorchResults, USAGE, find_peer_script, missing_notes, ms, nccl_kind_of, parse_args,
+    pipelined_of, pipelining_threshold, presets, row_id, single_stage_of, table_row, timing_for,
+    torch_op_of, verdicts,
+};
+use distgemm_benches::{
+    BenchError, Provenance, Timing, results_dir, time_on_stream, time_on_streams,
+};
+use std::collections::{BTreeMap, HashMap};
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Runs the PyTorch script once; never fails (a failure is recorded in the result).
+fn run_torch(o: &Options, presets: &[Preset], tokens: &[usize], tp: usize) -> TorchResults {
+    let script = match find_peer_script() {
+        Ok(s) => s,
+        Err(e) => return TorchResults::failed(e),
+    };
+    let python = o
+        .python
+        .clone()
+        .or_else(|| {
+            std::env::var("DISTGEMM_PYTHON")
+                .ok()
+                .filter(|p| !p.is_empty())
+        })
+        .unwrap_or_else(|| "python3".into());
+    let join = |v: Vec<String>| v.join(",");
+    let mut cmd = Command::new(&python);
+    cmd.arg(&script)
+        .arg("--presets")
+        .arg(join(presets.iter().map(|p| p.name().to_owned()).collect()))
+        .arg("--tokens")
+        .arg(join(tokens.iter().map(|t| t.to_string()).collect()))
+        .arg("--tp")
+        .arg(tp.to_string())
+        .arg("--dtype")
+        .arg(o.dtype.name())
+        .arg("--reps")
+        .arg(o.reps.unwrap_or(20).to_string())
+        .env("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+        .env("NCCL_NVLS_ENABLE", "0")
+        .env("NVSHMEM_DISABLE_NVLS", "1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    // Own process group, so that a timeout can end the script and the workers it spawned.
+    std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+    println!("== PyTorch peer: {python} {}", script.display());
+    let started = Instant::now();
+    let mut child = match cmd.spawn() {
+        Ok(c) => c,
+        Err(e) => return TorchResults::failed(format!("cannot start {python}: {e}")),
+    };
+    let pid = child.id();
+    let Some(stdout) = child.stdout.take() else {
+        return TorchResults::failed("no stdout pipe".into());
+    };
+    let reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            println!("   torch: {line}");
+            text.push_str(&line);
+            text.push('\n');
+        }
+        text
+    });
+    let deadline = Duration::from_secs(o.torch_timeout_s);
+    let mut timed_out = false;
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break Some(status),
+            Ok(None) if started.elapsed() > deadline => {
+                timed_out = true;
+                // The whole group: the script and the worker processes it spawned.
+                let _ = Command::new("kill")
+                    .args(["-KILL", &format!("-{pid}")])
+                    .status();
+                let _ = child.kill();
+                break child.wait().ok();
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(200)),
+            Err(_) => break None,
+        }
+    };
+    let text = reader.join().unwrap_or_default();
+    let mut r = TorchResults::parse(&text);
+    let why = if timed_out {
+        Some(format!(
+            "timed out after {} s (--torch-timeout)",
+            o.torch_timeout_s
+        ))
+    } else {
+        match status {
+            Some(s) if s.success() => None,
+            Some(s) => Some(format!("{python} exited with {s}")),
+            None => Some("could not wait for the script".into()),
+        }
+    };
+    if let Some(why) = why {
+        r.failure = Some(match r.failure.take() {
+            Some(prev) => format!("{prev}; {why}"),
+            None => why,
+        });
+    }
+    println!(
+        "== PyTorch peer finished in {:.1} s{}",
+        started.elapsed().as_secs_f64(),
+        r.failure
+            .as_ref()
+            .map_or(String::new(), |f| format!(" ({f})"))
+    );
+    r
+}
+
+// ------------------------------------------------------------------------------------------
+// GPU measurements
+// ------------------------------------------------------------------------------------------
+
+struct Ctx {
+    gpus: Vec<Gpu>,
+    modules: Vec<Arc<Module>>,
+    kernel0: GemmKernel,
+    opts: Options,
+    l2_bytes: u64,
+}
+
+fn err(e: impl std::fmt::Display) -> String {
+    e.to_string()
+}
+
+fn warn_if_in_l2(ctx: &Ctx, what: &str, bytes: u64) {
+    if bytes < 3 * ctx.l2_bytes {
+        println!(
+            "   warning: {what}: working set {} MiB is below 3× L2; repetitions may hit in L2",
+            bytes >> 20
+        );
+    }
+}
+
+/// (a): the full problem on GPU 0, our kernel and cuBLASLt, on the same operands.
+fn single_gpu<T: NcclElement>(
+    ctx: &Ctx,
+    (m, n, k): (u64, u64, u64),
+) -> (Result<Timing, String>, Result<Timing, String>) {
+    let run = || -> Result<(Result<Timing, String>, Result<Timing, String>), String> {
+        let gpu = &ctx.gpus[0];
+        let module = &ctx.modules[0];
+        let stream = gpu.new_stream().map_err(err)?;
+        let mut a = DeviceBuffer::<T>::alloc(gpu, (m * k) as usize).map_err(err)?;
+        let mut b = DeviceBuffer::<T>::alloc(gpu, (n * k) as usize).map_err(err)?;
+        let mut d = DeviceBuffer::<T>::alloc(gpu, (m * n) as usize).map_err(err)?;
+        fill_normal(module, &stream, &mut a, 11).map_err(err)?;
+        fill_normal(module, &stream, &mut b, 12).map_err(err)?;
+        warn_if_in_l2(ctx, "single GPU", 2 * (m * k + n * k + m * n));
+        let timing = timing_for(2.0 * (m * n * k) as f64, &ctx.opts);
+        let args = GemmArgs {
+            dtype: T::DTYPE,
+            a: MatrixView::dense(a.device_ptr(), m, k),
+            b: MatrixView::dense(b.device_ptr(), n, k),
+            c: None,
+            d: MatrixView::dense(d.device_ptr(), m, n),
+            alpha: 1.0,
+            beta: 0.0,
+        };
+        let ours = ctx
+            .kernel0
+            .prepare(&stream, &args)
+            .map_err(err)
+            .and_then(|g| {
+                time_on_stream(gpu, &stream, timing, |_| Ok(g.launch(&stream, false)?)).map_err(err)
+            });
+        let cublas = CublasLtGemm::<T>::new(gpu, stream.clone(), TnGemmShape::packed(m, n, k))
+            .map_err(err)
+            .and_then(|lt| {
+                time_on_stream(gpu, &stream, timing, |_| {
+                    lt.run(&a, &b, None, &mut d, 1.0, 0.0)
+                        .map_err(|e| BenchError::Work(e.to_string()))
+                })
+                .map_err(err)
+            });
+        Ok((ours, cublas))
+    };
+    match run() {
+        Ok(r) => r,
+        Err(e) => (Err(e.clone()), Err(e)),
+    }
+}
+
+/// Device 0's buffers of a plan, allocated on GPU 0 and filled with random values (inputs and
+/// workspace; the workspace stands in for data a peer would have sent).
+struct PlanBuffers<T: NcclElement> {
+    a: DeviceBuffer<T>,
+    b: DeviceBuffer<T>,
+    c: DeviceBuffer<T>,
+    d: DeviceBuffer<T>,
+    ws: DeviceBuffer<T>,
+}
+
+impl<T: NcclElement> PlanBuffers<T> {
+    fn new(ctx: &Ctx, dev: &DevicePlan, stream: &CudaStream) -> Result<Self, String> {
+        let gpu = &ctx.gpus[0];
+        let module = &ctx.modules[0];
+        let alloc = |kind| DeviceBuffer::<T>::alloc(gpu, dev.buffer_elements(kind)).map_err(err);
+        let mut s = PlanBuffers {
+            a: alloc(BufferKind::A)?,
+            b: alloc(BufferKind::B)?,
+            c: alloc(BufferKind::C)?,
+            d: alloc(BufferKind::D)?,
+            ws: alloc(BufferKind::Workspace)?,
+        };
+        for (i, buf) in [&mut s.a, &mut s.b, &mut s.c, &mut s.ws]
+            .into_iter()
+            .enumerate()
+        {
+            if !buf.is_empty() {
+                fill_normal(module, stream, buf, 21 + i as u32).map_err(err)?;
+            }
+        }
+        Ok(s)
+    }
+
+    fn buffer(&self, kind: BufferKind) -> &DeviceBuffer<T> {
+        match kind {
+            BufferKind::A => &self.a,
+            BufferKind::B => &self.b,
+            BufferKind::C => &self.c,
+            BufferKind::D => &self.d,
+            BufferKind::Workspace => &self.ws,
+        }
+    }
+
+    /// The view on GPU 0's own buffer of the same kind (a peer's buffer has the same layout,
+    /// so a remote operand is replaced by the local one: compute without communication).
+    fn local(&self, v: &View) -> Result<MatrixView, String> {
+        let buf = self.buffer(v.buffer);
+        if v.end() > buf.len() {
+            return Err(format!(
+                "view {v:?} does not fit device 0's {} buffer",
+                v.buffer.name()
+            ));
+        }
+        Ok(MatrixView {
+            ptr: buf.device_ptr() + (v.offset * size_of::<T>()) as u64,
+            rows: v.rows as u64,
+            cols: v.cols as u64,
+            ld: v.ld as u64,
+        })
+    }
+
+    fn args(&self, g: &GemmStage) -> Result<GemmArgs, String> {
+        let c = match &g.epilogue.source {
+            CSource::None => None,
+            CSource::Local(v) | CSource::Peer(v) => Some(self.local(v)?),
+        };
+        Ok(GemmArgs {
+            dtype: T::DTYPE,
+            a: self.local(&g.a)?,
+            b: self.local(&g.b)?,
+            c,
+            d: self.local(&g.d)?,
+            alpha: g.epilogue.alpha,
+            beta: g.epilogue.beta,
+        })
+    }
+}
+
+/// "M×N×K" of a plan's GEMM nodes, e.g. "2×(8192×28672×8192)".
+fn stage_shapes(dev: &DevicePlan) -> String {
+    let shapes: Vec<String> = dev
+        .gemms()
+        .map(|g| format!("{}×{}×{}", g.shape.m, g.shape.n, g.shape.k))
+        .collect();
+    match shapes.first() {
+        Some(first) if shapes.iter().all(|s| s == first) && shapes.len() > 1 => {
+            format!("{}×({first})", shapes.len())
+        }
+        _ => shapes.join(" + "),
+    }
+}
+
+/// (b)/(c): device 0's GEMM nodes of `kind`'s plan on GPU 0, back to back (PDL between them),
+/// no communication and no flags.
+fn plan_gemms<T: NcclElement>(
+    ctx: &Ctx,
+    kind: ScheduleKind,
+    problem: Problem,
+    tp: usize,
+) -> Result<(Timing, String), String> {
+    let plan = Plan::build(kind, problem, tp).map_err(|e| format!("{}: {e}", kind.cli_name()))?;
+    let dev = &plan.devices[0];
+    let gpu = &ctx.gpus[0];
+    let stream = gpu.new_stream().map_err(err)?;
+    let bufs = PlanBuffers::<T>::new(ctx, dev, &stream)?;
+    let gemms: Vec<PreparedGemm> = dev
+        .gemms()
+        .map(|g| {
+            let args = bufs.args(g)?;
+            ctx.kernel0.prepare(&stream, &args).map_err(err)
+        })
+        .collect::<Result<_, _>>()?;
+    if gemms.is_empty() {
+        return Err("the plan has no GEMM".into());
+    }
+    let flops: f64 = dev.gemms().map(|g| g.shape.flops()).sum();
+    let bytes: usize = [
+        BufferKind::A,
+        BufferKind::B,
+        BufferKind::D,
+        BufferKind::Workspace,
+    ]
+    .iter()
+    .map(|&b| dev.buffer_elements(b) * size_of::<T>())
+    .sum();
+    warn_if_in_l2(ctx, kind.cli_name(), bytes as u64);
+    let timing = timing_for(flops, &ctx.opts);
+    let t = time_on_stream(gpu, &stream, timing, |_| {
+        for (i, g) in gemms.iter().enumerate() {
+            g.launch(&stream, i > 0)?;
+        }
+        Ok(())
+    })
+    .map_err(err)?;
+    Ok((t, stage_shapes(dev)))
+}
+
+/// (e): NCCL collective + cuBLASLt on the first `tp` GPUs.
+fn nccl_cublas<T: NcclElement>(
+    ctx: &Ctx,
+    kind: NcclGemmKind,
+    problem: Problem,
+    tp: usize,
+) -> Result<Timing, String> {
+    let (m, n, k) = (problem.m as u64, problem.n as u64, problem.k as u64);
+    let layout = NcclGemmLayout::new(kind, m, n, k, tp as u64)?;
+    let base = NcclGemmBaseline::<T>::new(&ctx.modules[..tp], kind, (m, n, k), 31).map_err(err)?;
+    let streams = base.streams();
+    let timing = timing_for(layout.gemm.flops(), &ctx.opts);
+    let t = time_on_streams(&ctx.gpus[..tp], &streams, timing, |_| {
+        base.enqueue().map_err(|e| BenchError::Work(e.to_string()))
+    })
+    .map_err(err)?;
+    base.synchronize().map_err(err)?;
+    Ok(t)
+}
+
+/// (d): distgemm on the first `tp` GPUs, and the schedule `auto` picked.
+///
+/// This is the one place that touches the distributed runtime (`host/src/cuda`). What it must
+/// do once that lands: build the `DistGemm` for (`ctx.gpus[..tp]`, `sched`, `problem`,
+/// `T::DTYPE`) with per-device shards filled by `fill_normal`; take each device's stream;
+/// time `run()` with [`time_on_streams`] (warm-up included, max over devices); wait; report
+/// the chosen schedule for `Sched::Auto`.
+fn distgemm<T: NcclElement>(
+    _ctx: &Ctx,
+    _sched: Sched,
+    _problem: Problem,
+    _tp: usize,
+) -> Result<(Timing, Option<ScheduleKind>), String> {
+    Err(DISTGEMM_MISSING.into())
+}
+
+const DISTGEMM_MISSING: &str = "the distributed CUDA runtime (host/src/cuda, DistGemm) is not in this build; column (d) is wired to one function, benches/distgemm.rs `distgemm()`";
+
+// ------------------------------------------------------------------------------------------
+// The table
+// ------------------------------------------------------------------------------------------
+
+/// Measures every selected row of `preset`.
+fn preset_rows<T: NcclElement>(
+    ctx: &Ctx,
+    preset: Preset,
+    tp: usize,
+    torch: &TorchResults,
+    prov: &Provenance,
+) -> Vec<Record> {
+    let o = &ctx.opts;
+    let problem = preset.problem(o.tokens).with_dtype(o.dtype);
+    let rows: Vec<Sched> = Sched::all()
+        .into_iter()
+        .filter(|s| {
+            o.filter
+                .as_ref()
+                .is_none_or(|f| row_id(preset, *s).contains(f.as_str()))
+        })
+        .collect();
+    if rows.is_empty() {
+        return Vec::new();
+    }
+    println!("== {} (M={}, TP={tp})", preset.name(), o.tokens);
+    let (m, n, k) = (problem.m as u64, problem.n as u64, problem.k as u64);
+    let (a_ours, a_cublas) = single_gpu::<T>(ctx, (m, n, k));
+    let mut single: HashMap<ScheduleKind, Result<(Timing, String), String>> = HashMap::new();
+    let mut piped: HashMap<ScheduleKind, Result<(Timing, String), String>> = HashMap::new();
+    let mut nccl: HashMap<NcclGemmKind, Result<Timing, String>> = HashMap::new();
+    let mut get_single = |kind: ScheduleKind| {
+        single
+            .entry(single_stage_of(kind))
+            .or_insert_with(|| plan_gemms::<T>(ctx, single_stage_of(kind), problem, tp))
+            .clone()
+    };
+    let mut get_piped = |kind: ScheduleKind| {
+        piped
+            .entry(pipelined_of(kind))
+            .or_insert_with(|| plan_gemms::<T>(ctx, pipelined_of(kind), problem, tp))
+            .clone()
+    };
+    let mut get_nccl = |kind: NcclGemmKind| {
+        nccl.entry(kind)
+            .or_insert_with(|| nccl_cublas::<T>(ctx, kind, problem, tp))
+            .clone()
+    };
+    let mut out = Vec::new();
+    for sched in rows {
+        let mut r = Record {
+            preset: preset.name().into(),
+            tp,
+            schedule: sched.name().into(),
+            schedule_full: sched
+                .kind()
+                .map_or("Auto".into(), |k| k.full_name().to_owned()),
+            m: problem.m,
+            n: problem.n,
+            k: problem.k,
+            dtype: o.dtype.name().into(),
+            machine: prov.gpu.clone(),
+            driver: prov.driver.clone(),
+            commit: prov.commit.clone(),
+            date: prov.date.clone(),
+            ..Default::default()
+        };
+        r.single_gpu_ours_ms = r
+            .set("single_gpu_ours_ms", &a_ours)
+            .map(|t: Timing| t.median_ms);
+        r.single_gpu_cublas_ms = r
+            .set("single_gpu_cublas_ms", &a_cublas)
+            .map(|t: Timing| t.median_ms);
+        let d = distgemm::<T>(ctx, sched, problem, tp);
+        let chosen = match (&d, sched) {
+            (_, Sched::Fixed(k)) => Some(k),
+            (Ok((_, c)), Sched::Auto) => *c,
+            (Err(_), Sched::Auto) => None,
+        };
+        if let Some(dd) = r.set("distgemm_ms", &d) {
+            r.distgemm_ms = Some(dd.0.median_ms);
+            r.distgemm_min_ms = Some(dd.0.min_ms);
+            r.distgemm_max_ms = Some(dd.0.max_ms);
+            r.distgemm_reps = Some(dd.0.samples_ms.len());
+        }
+        if sched == Sched::Auto {
+            r.auto_choice = chosen.map(|c| c.cli_name().to_owned());
+        }
+        match chosen {
+            Some(kind) => {
+                let b = get_single(kind);
+                if let Some((t, s)) = r.set("single_stage_nocomm_ms", &b) {
+                    r.single_stage_nocomm_ms = Some(t.median_ms);
+                    r.single_stage_shape = Some(s);
+                }
+                let c = get_piped(kind);
+                if let Some((t, s)) = r.set("pipelined_nocomm_ms", &c) {
+                    r.pipelined_nocomm_ms = Some(t.median_ms);
+                    r.pipelined_stage_shapes = Some(s);
+                }
+                let nk = nccl_kind_of(kind);
+                r.nccl_cublas_variant = Some(nk.name().into());
+                r.nccl_cublas_ms = r
+                    .set("nccl_cublas_ms", &get_nccl(nk))
+                    .map(|t: Timing| t.median_ms);
+                let op = torch_op_of(kind);
+                r.torch_async_tp_op = Some(op.into());
+                r.torch_async_tp_ms = r.set(
+                    "torch_async_tp_ms",
+                    &torch.get(preset.name(), problem.m, op),
+                );
+                let (nccl_op, local_op) = if op == TORCH_AG {
+                    ("nccl_all_gather+matmul", "matmul_ag_local")
+                } else {
+                    ("matmul+nccl_reduce_scatter", "matmul_rs_local")
+                };
+                r.torch_nccl_matmul_ms = torch.get(preset.name(), problem.m, nccl_op).ok();
+                r.torch_matmul_local_ms = torch.get(preset.name(), problem.m, local_op).ok();
+            }
+            None => {
+                // `auto` without a known choice: compare with the best plain approaches.
+                let why = "auto's choice is unknown, so its family's (b)/(c) are not shown";
+                r.missing
+                    .insert("single_stage_nocomm_ms".into(), why.into());
+                r.missing.insert("pipelined_nocomm_ms".into(), why.into());
+                let best_e = [
+                    NcclGemmKind::AllGatherA,
+                    NcclGemmKind::AllGatherB,
+                    NcclGemmKind::ReduceScatter,
+                ]
+                .into_iter()
+                .filter_map(|nk| get_nccl(nk).ok().map(|t| (t.median_ms, nk)))
+                .min_by(|a, b| a.0.total_cmp(&b.0));
+                match best_e {
+                    Some((t, nk)) => {
+                        r.nccl_cublas_ms = Some(t);
+                        r.nccl_cublas_variant = Some(format!("best: {}", nk.name()));
+                    }
+                    None => {
+                        r.missing
+                            .insert("nccl_cublas_ms".into(), "no NCCL variant ran".into());
+                    }
+                }
+                let best_f = [TORCH_AG, TORCH_RS]
+                    .into_iter()
+                    .filter_map(|op| {
+                        torch
+                            .get(preset.name(), problem.m, op)
+                            .ok()
+                            .map(|t| (t, op))
+                    })
+                    .min_by(|a, b| a.0.total_cmp(&b.0));
+                match best_f {
+                    Some((t, op)) => {
+                        r.torch_async_tp_ms = Some(t);
+                        r.torch_async_tp_op = Some(format!("best: {op}"));
+                    }
+                    None => {
+                        let e = torch.get(preset.name(), problem.m, TORCH_AG);
+                        r.set("torch_async_tp_ms", &e);
+                    }
+                }
+            }
+        }
+        r.derive();
+        print!("{}", table_row(&r));
+        out.push(r);
+    }
+    out
+}
+
+fn write_outputs(stem: &str, json: &str, md: &str) -> Result<(PathBuf, PathBuf), BenchError> {
+    let dir = results_dir();
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| BenchError::Io { path, source }
+    };
+    std::fs::create_dir_all(&dir).map_err(io(&dir))?;
+    let jp = dir.join(format!("{stem}.json"));
+    let mp = dir.join(format!("{stem}.md"));
+    std::fs::write(&jp, json).map_err(io(&jp))?;
+    std::fs::write(&mp, md).map_err(io(&mp))?;
+    Ok((jp, mp))
+}
+
+fn table<T: NcclElement>(
+    ctx: &Ctx,
+    tp: usize,
+    torch: &TorchResults,
+    prov: &Provenance,
+) -> Result<(), BenchError> {
+    print!("{TABLE_HEADER}");
+    let mut records = Vec::new();
+    for preset in presets(ctx.opts.quick) {
+        records.extend(preset_rows::<T>(ctx, preset, tp, torch, prov));
+    }
+    if records.is_empty() {
+        println!(
+            "distgemm bench: no row matches the filter {:?}",
+            ctx.opts.filter
+        );
+        return Ok(());
+    }
+    let verdict = verdicts(&records);
+    let notes = missing_notes(&records);
+    println!("\n{verdict}");
+    if !notes.is_empty() {
+        println!("missing columns:\n{notes}");
+    }
+    let mut md = format!(
+        "# distgemm vs single-GPU GEMM, NCCL + cuBLAS and PyTorch async-TP\n\n\
+         Machine: {} × {tp}, {}. Date: {}. Commit: {}. M = {} tokens, {}, TP = {tp}.\n\
+         PyTorch: {}.\n\n\
+         (a) full GEMM on one GPU; (b) the family's single-stage local GEMM, no communication; \
+         (c) the family's P pipelined stage GEMMs back to back, no communication; (d) distgemm, \
+         max over devices; (e) NCCL collective + cuBLASLt in sequence; (f) PyTorch symm_mem \
+         fused op. % of (b)/(c) = (b)/(d), (c)/(d); ×(e), ×(f) = speed-up of (d). Medians.\n\n",
+        prov.gpu,
+        prov.driver,
+        prov.date,
+        prov.commit,
+        ctx.opts.tokens,
+        ctx.opts.dtype.name(),
+        torch
+            .info
+            .as_ref()
+            .map_or_else(|| "did not run".into(), |v| v.to_string()),
+    );
+    md.push_str(TABLE_HEADER);
+    for r in &records {
+        md.push_str(&table_row(r));
+    }
+    md.push_str(&format!("\n## Verdicts (issue 6)\n\n{verdict}"));
+    if !notes.is_empty() {
+        md.push_str(&format!("\n## Missing columns\n\n{notes}"));
+    }
+    let stem = format!("distgemm-{}-{}", &prov.date[..10], prov.commit);
+    let (jp, mp) = write_outputs(
+        &stem,
+        &(serde_json::to_string_pretty(&records)? + "\n"),
+        &md,
+    )?;
+    println!("wrote {} and {}", jp.display(), mp.display());
+    Ok(())
+}
+
+// ------------------------------------------------------------------------------------------
+// The token sweep (item 6)
+// ------------------------------------------------------------------------------------------
+
+fn sweep<T: NcclElement>(ctx: &Ctx, tp: usize, prov: &Provenance) -> Result<(), BenchError> {
+    let o = &ctx.opts;
+    let mut points = Vec::new();
+    let mut md = format!(
+        "# distgemm token sweep: where pipelining stops paying\n\n\
+         Machine: {} × {tp}, {}. Date: {}. Commit: {}. {}, TP = {tp}. Times in ms (medians; \
+         max over devices). (e) = NCCL collective + cuBLASLt in sequence.\n\n",
+        prov.gpu,
+        prov.driver,
+        prov.date,
+        prov.commit,
+        o.dtype.name()
+    );
+    for preset in [Preset::Llama3_70bFc1, Preset::Llama3_70bFc2] {
+        if o.filter
+            .as_ref()
+            .is_some_and(|f| !format!("distgemm/{}", preset.name()).contains(f.as_str()))
+        {
+            continue;
+        }
+        let header = format!(
+            "## {}\n\n| M | best pipelined | ms | best single-stage | ms | auto | ms | (e) ms | pipelining pays | auto follows |\n|---:|---|---:|---|---:|---|---:|---:|---|---|\n",
+            preset.name()
+        );
+        print!("\n{header}");
+        md.push_str(&header);
+        let natural = if preset.name().ends_with("fc1") {
+            NcclGemmKind::AllGatherA
+        } else {
+            NcclGemmKind::ReduceScatter
+        };
+        let mut rows = Vec::new();
+        for &m in &SWEEP_TOKENS {
+            let problem = preset.problem(m).with_dtype(o.dtype);
+            let mut p = SweepPoint {
+                preset: preset.name().into(),
+                tp,
+                m,
+                n: problem.n,
+                k: problem.k,
+                dtype: o.dtype.name().into(),
+                nccl_cublas_variant: natural.name().into(),
+                machine: prov.gpu.clone(),
+                commit: prov.commit.clone(),
+                date: prov.date.clone(),
+                ..Default::default()
+            };
+            for sched in Sched::all() {
+                match distgemm::<T>(ctx, sched, problem, tp) {
+                    Ok((t, chosen)) => {
+                        if sched == Sched::Auto {
+                            p.auto_ms = Some(t.median_ms);
+                            p.auto_choice = chosen.map(|c| c.cli_name().into());
+                        } else {
+                            p.schedules_ms
+                                .insert(sched.name().into(), Some(t.median_ms));
+                        }
+                    }
+                    Err(e) => {
+                        if sched != Sched::Auto {
+                            p.schedules_ms.insert(sched.name().into(), None);
+                        }
+                        p.missing.insert(sched.name().into(), e);
+                    }
+                }
+            }
+            match nccl_cublas::<T>(ctx, natural, problem, tp) {
+                Ok(t) => p.nccl_cublas_ms = Some(t.median_ms),
+                Err(e) => {
+                    p.missing.insert("nccl_cublas_ms".into(), e);
+                }
+            }
+            p.derive();
+            let yes_no = |v: Option<bool>| v.map_or("—", |b| if b { "yes" } else { "no" });
+            let line = format!(
+                "| {m} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+                p.best_pipelined.as_deref().unwrap_or("—"),
+                ms(p.best_pipelined_ms),
+                p.best_single_stage.as_deref().unwrap_or("—"),
+                ms(p.best_single_stage_ms),
+                p.auto_choice.as_deref().unwrap_or("?"),
+                ms(p.auto_ms),
+                ms(p.nccl_cublas_ms),
+                yes_no(p.pipelining_pays),
+                yes_no(p.auto_follows),
+            );
+            print!("{line}");
+            md.push_str(&line);
+            rows.push((m, p.pipelining_pays, p.auto_follows));
+            points.push(p);
+        }
+        let threshold = pipelining_threshold(
+            &rows
+                .iter()
+                .map(|&(m, pays, _)| (m, pays))
+                .collect::<Vec<_>>(),
+        );
+        let follows: Vec<usize> = rows
+            .iter()
+            .filter(|r| r.2 == Some(false))
+            .map(|r| r.0)
+            .collect();
+        let known = rows.iter().any(|r| r.1.is_some());
+        let summary = format!(
+            "\n{}: {}; {}\n\n",
+            preset.name(),
+            match (known, threshold) {
+                (false, _) => "pipelining could not be judged (no distgemm times)".to_owned(),
+                (true, Some(t)) => format!("pipelining pays from M = {t} upwards"),
+                (true, None) => "pipelining does not pay at the largest M measured".to_owned(),
+            },
+            if rows.iter().all(|r| r.2.is_none()) {
+                "auto could not be judged".to_owned()
+            } else if follows.is_empty() {
+                "auto is within 3 % of the fastest option at every M".to_owned()
+            } else {
+                format!("auto is more than 3 % slower than the fastest option at M = {follows:?}")
+            }
+        );
+        print!("{summary}");
+        md.push_str(&summary);
+    }
+    if points.is_empty() {
+        println!(
+            "distgemm bench: no sweep preset matches the filter {:?}",
+            o.filter
+        );
+        return Ok(());
+    }
+    let notes: BTreeMap<String, usize> = points
+        .iter()
+        .flat_map(|p| p.missing.values().cloned())
+        .fold(BTreeMap::new(), |mut acc, why| {
+            *acc.entry(why).or_default() += 1;
+            acc
+        });
+    if !notes.is_empty() {
+        md.push_str("## Missing measurements\n\n");
+        for (why, count) in notes {
+            let line = format!("- {why} ({count}×)\n");
+            print!("{line}");
+            md.push_str(&line);
+        }
+    }
+    let stem = format!("distgemm-sweep-{}-{}", &prov.date[..10], prov.commit);
+    let (jp, mp) = write_outputs(&stem, &(serde_json::to_string_pretty(&points)? + "\n"), &md)?;
+    println!("wrote {} and {}", jp.display(), mp.display());
+    Ok(())
+}
+
+// ------------------------------------------------------------------------------------------
+// main
+// ------------------------------------------------------------------------------------------
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let opts = match parse_args(&args) {
+        Ok(o) => o,
+        Err(e) => {
+            if !e.is_empty() {
+                eprintln!("distgemm bench: {e}");
+            }
+            eprintln!("{USAGE}");
+            std::process::exit(2);
+        }
+    };
+    if let Err(e) = run(opts) {
+        eprintln!("distgemm bench: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn run(opts: Options) -> Result<(), BenchError> {
+    let started = Instant::now();
+    // How many GPUs, without creating contexts (PyTorch should find the GPUs untouched).
+    let count = distgemm::runtime::device::device_count()?;
+    let tp = opts.tp.unwrap_or(count);
+    if tp == 0 || tp > count {
+        return Err(BenchError::Config(format!(
+            "--tp {tp} but the driver sees {count} GPU(s)"
+        )));
+    }
+    // The PyTorch peer first, alone on the GPUs, before this process allocates anything.
+    let torch = if opts.sweep {
+        TorchResults::failed("not run for the sweep".into())
+    } else if !opts.torch {
+        TorchResults::failed("--no-torch".into())
+    } else {
+        run_torch(&opts, &presets(opts.quick), &[opts.tokens], tp)
+    };
+    let gpus: Vec<Gpu> = hopper_gpus()?.into_iter().take(tp).collect();
+    let modules = gpus
+        .iter()
+        .map(Module::load)
+        .collect::<Result<Vec<_>, _>>()?;
+    let kernel0 = GemmKernel::new(&modules[0])?;
+    let prov = Provenance::collect(&gpus[0]);
+    let ctx = Ctx {
+        l2_bytes: u64::from(gpus[0].l2_cache_bytes()),
+        gpus,
+        modules,
+        kernel0,
+        opts,
+    };
+    println!(
+        "distgemm bench: {} × {tp}, {}, commit {}, {}{}",
+        prov.gpu,
+        prov.driver,
+        prov.commit,
+        ctx.opts.dtype.name(),
+        if ctx.opts.quick { ", --quick" } else { "" }
+    );
+    let result = match (ctx.opts.sweep, ctx.opts.dtype) {
+        (false, Dtype::Bf16) => table::<half::bf16>(&ctx, tp, &torch, &prov),
+        (false, Dtype::F16) => table::<half::f16>(&ctx, tp, &torch, &prov),
+        (true, Dtype::Bf16) => sweep::<half::bf16>(&ctx, tp, &prov),
+        (true, Dtype::F16) => sweep::<half::f16>(&ctx, tp, &prov),
+    };
+    println!(
+        "distgemm bench: finished in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    result
+}

@@ -1,0 +1,806 @@
+//! The pure half of the `distgemm` benchmark (`benches/distgemm.rs`): command line, which
+//! baseline pairs with which schedule, the result records and their derived columns, tables,
+//! verdicts, the parsing of the PyTorch peer's output and the token-sweep analysis. Kept in the
+//! support library so that `cargo test` runs its tests (a `harness = false` bench's tests do
+//! not run).
+
+use distgemm::baseline::NcclGemmKind;
+use distgemm::dtype::Dtype;
+use distgemm::problem::{DEFAULT_TOKENS, Preset};
+use distgemm::schedule::{Collective, ScheduleKind};
+use serde::Serialize;
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+
+use crate::TimingConfig;
+
+/// Dense bf16/f16 tensor peak of an H100/H200 SXM, TFLOP/s.
+pub const PEAK_TFLOPS: f64 = 989.0;
+/// Throughput assumed when choosing repetition counts (TFLOP/s per GPU).
+pub const PLANNING_TFLOPS: f64 = 650.0;
+/// Token counts of the sweep.
+pub const SWEEP_TOKENS: [usize; 7] = [256, 512, 1024, 2048, 4096, 8192, 16384];
+/// A schedule whose time is within this factor of the best counts as "as fast".
+pub const NOISE: f64 = 1.03;
+
+// ------------------------------------------------------------------------------------------
+// Schedules and their families (pure)
+// ------------------------------------------------------------------------------------------
+
+/// A row of the table: a fixed schedule, or distgemm's own choice.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Sched {
+    Fixed(ScheduleKind),
+    Auto,
+}
+
+impl Sched {
+    pub fn all() -> Vec<Sched> {
+        let mut v: Vec<Sched> = ScheduleKind::ALL.iter().map(|&k| Sched::Fixed(k)).collect();
+        v.push(Sched::Auto);
+        v
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Sched::Fixed(k) => k.cli_name(),
+            Sched::Auto => "auto",
+        }
+    }
+
+    pub fn kind(self) -> Option<ScheduleKind> {
+        match self {
+            Sched::Fixed(k) => Some(k),
+            Sched::Auto => None,
+        }
+    }
+}
+
+/// The single-stage schedule of `kind`'s family (what column (b) times).
+pub fn single_stage_of(kind: ScheduleKind) -> ScheduleKind {
+    use ScheduleKind::*;
+    match kind {
+        AllGatherRotatingA | AllGatherSingleStageA => AllGatherSingleStageA,
+        AllGatherRotatingB | AllGatherSingleStageB => AllGatherSingleStageB,
+        ReduceScatterTilingA | ReduceScatterSingleStageA => ReduceScatterSingleStageA,
+        ReduceScatterTilingB | ReduceScatterSingleStageB => ReduceScatterSingleStageB,
+    }
+}
+
+/// The pipelined schedule of `kind`'s family (what column (c) times).
+pub fn pipelined_of(kind: ScheduleKind) -> ScheduleKind {
+    use ScheduleKind::*;
+    match kind {
+        AllGatherRotatingA | AllGatherSingleStageA => AllGatherRotatingA,
+        AllGatherRotatingB | AllGatherSingleStageB => AllGatherRotatingB,
+        ReduceScatterTilingA | ReduceScatterSingleStageA => ReduceScatterTilingA,
+        ReduceScatterTilingB | ReduceScatterSingleStageB => ReduceScatterTilingB,
+    }
+}
+
+/// The NCCL + cuBLAS pairing that does the same job as `kind` (column (e)).
+pub fn nccl_kind_of(kind: ScheduleKind) -> NcclGemmKind {
+    match (kind.collective(), kind.tiles_rows()) {
+        (Collective::AllGather, true) => NcclGemmKind::AllGatherA,
+        (Collective::AllGather, false) => NcclGemmKind::AllGatherB,
+        (Collective::ReduceScatter, _) => NcclGemmKind::ReduceScatter,
+    }
+}
+
+/// The PyTorch op doing the same collective as `kind` (column (f)); PyTorch's all-gather op
+/// always gathers A and its reduce-scatter always scatters rows.
+pub fn torch_op_of(kind: ScheduleKind) -> &'static str {
+    match kind.collective() {
+        Collective::AllGather => TORCH_AG,
+        Collective::ReduceScatter => TORCH_RS,
+    }
+}
+
+pub const TORCH_AG: &str = "fused_all_gather_matmul";
+pub const TORCH_RS: &str = "fused_matmul_reduce_scatter";
+
+// ------------------------------------------------------------------------------------------
+// Command line (pure)
+// ------------------------------------------------------------------------------------------
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Options {
+    pub filter: Option<String>,
+    pub tp: Option<usize>,
+    pub tokens: usize,
+    pub dtype: Dtype,
+    pub reps: Option<usize>,
+    pub quick: bool,
+    pub sweep: bool,
+    pub torch: bool,
+    pub python: Option<String>,
+    pub torch_timeout_s: u64,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            filter: None,
+            tp: None,
+            tokens: DEFAULT_TOKENS,
+            dtype: Dtype::Bf16,
+            reps: None,
+            quick: false,
+            sweep: false,
+            torch: true,
+            python: None,
+            torch_timeout_s: 900,
+        }
+    }
+}
+
+pub fn parse_args(args: &[String]) -> Result<Options, String> {
+    let mut o = Options::default();
+    let mut it = args.iter();
+    fn value<'a>(it: &mut impl Iterator<Item = &'a String>, flag: &str) -> Result<String, String> {
+        it.next()
+            .cloned()
+            .ok_or_else(|| format!("{flag} needs a value"))
+    }
+    fn number<T: std::str::FromStr>(s: &str, flag: &str) -> Result<T, String> {
+        s.parse()
+            .map_err(|_| format!("{flag}: '{s}' is not a valid number"))
+    }
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--bench" => {}
+            "--quick" => o.quick = true,
+            "--sweep" => o.sweep = true,
+            "--no-torch" => o.torch = false,
+            "--tp" => {
+                let tp: usize = number(&value(&mut it, a)?, a)?;
+                if tp == 0 {
+                    return Err("--tp must be at least 1".into());
+                }
+                o.tp = Some(tp);
+            }
+            "--tokens" => {
+                o.tokens = number(&value(&mut it, a)?, a)?;
+                if o.tokens == 0 {
+                    return Err("--tokens must be at least 1".into());
+                }
+            }
+            "--reps" => {
+                let r: usize = number(&value(&mut it, a)?, a)?;
+                if r < crate::MIN_TIMED_REPS {
+                    return Err(format!(
+                        "--reps {r}: use at least {}",
+                        crate::MIN_TIMED_REPS
+                    ));
+                }
+                o.reps = Some(r);
+            }
+            "--dtype" => {
+                o.dtype = match value(&mut it, a)?.as_str() {
+                    "bf16" => Dtype::Bf16,
+                    "f16" | "fp16" => Dtype::F16,
+                    other => return Err(format!("--dtype {other}: use bf16 or f16")),
+                }
+            }
+            "--python" => o.python = Some(value(&mut it, a)?),
+            "--torch-timeout" => o.torch_timeout_s = number(&value(&mut it, a)?, a)?,
+            "-h" | "--help" => return Err(String::new()),
+            s if s.starts_with('-') => return Err(format!("unknown option {s}")),
+            s => {
+                if o.filter.is_some() {
+                    return Err(format!("only one FILTER allowed (extra '{s}')"));
+                }
+                o.filter = Some(s.to_owned());
+            }
+        }
+    }
+    Ok(o)
+}
+
+pub const USAGE: &str = "usage: distgemm [FILTER] [--bench] [--tp N] [--tokens M] [--dtype bf16|f16] \
+[--reps N] [--quick] [--sweep] [--no-torch] [--python PATH] [--torch-timeout SECONDS]";
+
+/// Presets of a run.
+pub fn presets(quick: bool) -> Vec<Preset> {
+    Preset::ALL
+        .into_iter()
+        .filter(|p| !quick || p.name().contains("70b"))
+        .collect()
+}
+
+/// Warm-up and repetitions for work of `flops_per_gpu`: about 1.5 s of timed work, between 20
+/// and 50 repetitions (20 with `--quick`), unless `--reps` says otherwise.
+pub fn timing_for(flops_per_gpu: f64, o: &Options) -> TimingConfig {
+    let est_ms = (flops_per_gpu / (PLANNING_TFLOPS * 1e12) * 1e3).max(1e-3);
+    let reps = o.reps.unwrap_or(if o.quick {
+        20
+    } else {
+        ((1500.0 / est_ms) as usize).clamp(20, 50)
+    });
+    TimingConfig {
+        warmup: if est_ms > 20.0 { 2 } else { 5 },
+        reps,
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// Results (pure)
+// ------------------------------------------------------------------------------------------
+
+/// One preset × schedule.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Record {
+    pub preset: String,
+    pub tp: usize,
+    pub schedule: String,
+    pub schedule_full: String,
+    /// The schedule `auto` chose, when the runtime says.
+    pub auto_choice: Option<String>,
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub dtype: String,
+    /// (a) our kernel, full problem on one GPU.
+    pub single_gpu_ours_ms: Option<f64>,
+    /// (a) cuBLASLt, full problem on one GPU.
+    pub single_gpu_cublas_ms: Option<f64>,
+    /// (b) shape(s) and time.
+    pub single_stage_shape: Option<String>,
+    pub single_stage_nocomm_ms: Option<f64>,
+    /// (c) stage shapes and time.
+    pub pipelined_stage_shapes: Option<String>,
+    pub pipelined_nocomm_ms: Option<f64>,
+    /// (d)
+    pub distgemm_ms: Option<f64>,
+    pub distgemm_min_ms: Option<f64>,
+    pub distgemm_max_ms: Option<f64>,
+    pub distgemm_reps: Option<usize>,
+    /// (e)
+    pub nccl_cublas_variant: Option<String>,
+    pub nccl_cublas_ms: Option<f64>,
+    /// (f)
+    pub torch_async_tp_op: Option<String>,
+    pub torch_async_tp_ms: Option<f64>,
+    /// PyTorch's own NCCL + matmul and matmul-alone times for the same collective.
+    pub torch_nccl_matmul_ms: Option<f64>,
+    pub torch_matmul_local_ms: Option<f64>,
+    /// Derived from (d).
+    pub distgemm_tflops_per_gpu: Option<f64>,
+    pub pct_of_single_stage: Option<f64>,
+    pub pct_of_pipelined_nocomm: Option<f64>,
+    pub pct_of_peak: Option<f64>,
+    pub speedup_vs_nccl_cublas: Option<f64>,
+    pub speedup_vs_torch_async_tp: Option<f64>,
+    /// Why a column is null.
+    pub missing: BTreeMap<String, String>,
+    pub machine: String,
+    pub driver: String,
+    pub commit: String,
+    pub date: String,
+}
+
+impl Record {
+    /// Fills the derived columns from the measured ones.
+    pub fn derive(&mut self) {
+        let flops_per_gpu = 2.0 * self.m as f64 * self.n as f64 * self.k as f64 / self.tp as f64;
+        let Some(d) = self.distgemm_ms.filter(|&d| d > 0.0) else {
+            return;
+        };
+        let tflops = flops_per_gpu / (d * 1e-3) / 1e12;
+        self.distgemm_tflops_per_gpu = Some(tflops);
+        self.pct_of_peak = Some(100.0 * tflops / PEAK_TFLOPS);
+        self.pct_of_single_stage = self.single_stage_nocomm_ms.map(|b| 100.0 * b / d);
+        self.pct_of_pipelined_nocomm = self.pipelined_nocomm_ms.map(|c| 100.0 * c / d);
+        self.speedup_vs_nccl_cublas = self.nccl_cublas_ms.map(|e| e / d);
+        self.speedup_vs_torch_async_tp = self.torch_async_tp_ms.map(|f| f / d);
+    }
+
+    pub fn set<T>(&mut self, column: &str, value: &Result<T, String>) -> Option<T>
+    where
+        T: Clone,
+    {
+        match value {
+            Ok(v) => Some(v.clone()),
+            Err(e) => {
+                self.missing.insert(column.to_owned(), e.clone());
+                None
+            }
+        }
+    }
+}
+
+pub fn ms(v: Option<f64>) -> String {
+    v.map_or("—".into(), |v| format!("{v:.3}"))
+}
+
+pub fn pct(v: Option<f64>) -> String {
+    v.map_or("—".into(), |v| format!("{v:.1}"))
+}
+
+pub fn times(v: Option<f64>) -> String {
+    v.map_or("—".into(), |v| format!("{v:.2}×"))
+}
+
+pub const TABLE_HEADER: &str = "| preset | schedule | (a) ours ms | (a) cuBLAS ms | (b) ms | (c) ms | (d) distgemm ms | TFLOP/s/GPU | % of (b) | % of (c) | % of 989 | (e) NCCL+cuBLAS ms | (f) torch async-TP ms | ×(e) | ×(f) |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+
+pub fn table_row(r: &Record) -> String {
+    let sched = match &r.auto_choice {
+        Some(c) => format!("{} → {c}", r.schedule),
+        None => r.schedule.clone(),
+    };
+    format!(
+        "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+        r.preset,
+        sched,
+        ms(r.single_gpu_ours_ms),
+        ms(r.single_gpu_cublas_ms),
+        ms(r.single_stage_nocomm_ms),
+        ms(r.pipelined_nocomm_ms),
+        ms(r.distgemm_ms),
+        r.distgemm_tflops_per_gpu
+            .map_or("—".into(), |v| format!("{v:.0}")),
+        pct(r.pct_of_single_stage),
+        pct(r.pct_of_pipelined_nocomm),
+        pct(r.pct_of_peak),
+        ms(r.nccl_cublas_ms),
+        ms(r.torch_async_tp_ms),
+        times(r.speedup_vs_nccl_cublas),
+        times(r.speedup_vs_torch_async_tp),
+    )
+}
+
+/// Per preset: the fastest schedule and the issue's three conditions on it.
+pub fn verdicts(records: &[Record]) -> String {
+    let mut out = String::new();
+    let mut names: Vec<&str> = records.iter().map(|r| r.preset.as_str()).collect();
+    names.dedup();
+    for preset in names {
+        let best = records
+            .iter()
+            .filter(|r| r.preset == preset && r.schedule != "auto")
+            .filter_map(|r| r.distgemm_ms.map(|d| (d, r)))
+            .min_by(|a, b| a.0.total_cmp(&b.0));
+        let Some((d, r)) = best else {
+            out.push_str(&format!("- {preset}: no distgemm time\n"));
+            continue;
+        };
+        let best_e = records
+            .iter()
+            .filter(|x| x.preset == preset)
+            .filter_map(|x| x.nccl_cublas_ms)
+            .fold(f64::INFINITY, f64::min);
+        let best_f = records
+            .iter()
+            .filter(|x| x.preset == preset)
+            .filter_map(|x| x.torch_async_tp_ms)
+            .fold(f64::INFINITY, f64::min);
+        let check = |ok: bool| if ok { "yes" } else { "NO" };
+        let b = r.single_stage_nocomm_ms;
+        out.push_str(&format!(
+            "- {preset}: best schedule {} at {d:.3} ms; ≤ 1.03 × (b) ({}): {}; faster than the best (e) ({}): {}; no slower than the best (f) ({}): {}\n",
+            r.schedule,
+            ms(b),
+            b.map_or("unknown", |b| check(d <= NOISE * b)),
+            if best_e.is_finite() { format!("{best_e:.3}") } else { "—".into() },
+            if best_e.is_finite() { check(d < best_e) } else { "unknown" },
+            if best_f.is_finite() { format!("{best_f:.3}") } else { "—".into() },
+            if best_f.is_finite() { check(d <= best_f) } else { "unknown" },
+        ));
+    }
+    out
+}
+
+// ------------------------------------------------------------------------------------------
+// PyTorch peer (subprocess; parsing is pure)
+// ------------------------------------------------------------------------------------------
+
+/// Times (or errors) of the PyTorch script, keyed by (preset, M, op).
+#[derive(Debug, Default, Clone)]
+pub struct TorchResults {
+    /// Set when the script could not run at all.
+    pub failure: Option<String>,
+    pub entries: HashMap<(String, usize, String), Result<f64, String>>,
+    pub info: Option<serde_json::Value>,
+}
+
+impl TorchResults {
+    pub fn failed(reason: String) -> Self {
+        TorchResults {
+            failure: Some(reason),
+            ..Default::default()
+        }
+    }
+
+    /// Parses the script's stdout: one JSON object per line; other lines are ignored.
+    pub fn parse(stdout: &str) -> Self {
+        let mut r = TorchResults::default();
+        for line in stdout.lines() {
+            let Ok(v) = serde_json::from_str::<serde_json::Value>(line.trim()) else {
+                continue;
+            };
+            let op = v["op"].as_str().unwrap_or_default().to_owned();
+            match op.as_str() {
+                "info" => r.info = Some(v),
+                "setup" => {
+                    let e = v["error"].as_str().unwrap_or("setup failed").to_owned();
+                    r.failure = Some(match r.failure.take() {
+                        Some(prev) => format!("{prev}; {e}"),
+                        None => e,
+                    });
+                }
+                _ => {
+                    let (Some(preset), Some(m)) = (v["preset"].as_str(), v["m"].as_u64()) else {
+                        continue;
+                    };
+                    let value = match (v["ms"].as_f64(), v["error"].as_str()) {
+                        (_, Some(e)) => Err(format!("PyTorch: {e}")),
+                        (Some(t), None) => Ok(t),
+                        (None, None) => Err("PyTorch record without ms".into()),
+                    };
+                    r.entries.insert((preset.to_owned(), m as usize, op), value);
+                }
+            }
+        }
+        r
+    }
+
+    pub fn get(&self, preset: &str, m: usize, op: &str) -> Result<f64, String> {
+        if let Some(v) = self.entries.get(&(preset.to_owned(), m, op.to_owned())) {
+            return v.clone();
+        }
+        Err(match &self.failure {
+            Some(f) => format!("PyTorch peer did not run: {f}"),
+            None => format!("PyTorch script printed no record for {preset} M={m} {op}"),
+        })
+    }
+}
+
+/// Where `peers/torch_async_tp.py` is.
+pub fn find_peer_script() -> Result<PathBuf, String> {
+    let name = "torch_async_tp.py";
+    let mut tried = Vec::new();
+    if let Some(dir) = std::env::var_os("DISTGEMM_PEERS_DIR").filter(|d| !d.is_empty()) {
+        tried.push(PathBuf::from(dir).join(name));
+    }
+    if let Some(dir) = std::env::current_exe()
+        .ok()
+        .and_then(|e| e.parent().map(Path::to_path_buf))
+    {
+        tried.push(dir.join("../peers").join(name));
+    }
+    tried.push(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("peers")
+            .join(name),
+    );
+    tried.iter().find(|p| p.is_file()).cloned().ok_or_else(|| {
+        format!(
+            "{name} not found (tried {}); set DISTGEMM_PEERS_DIR",
+            tried
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
+    })
+}
+
+pub fn row_id(preset: Preset, sched: Sched) -> String {
+    format!("distgemm/{}/{}", preset.name(), sched.name())
+}
+
+pub fn missing_notes(records: &[Record]) -> String {
+    let mut reasons: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for r in records {
+        for (col, why) in &r.missing {
+            reasons
+                .entry(why.clone())
+                .or_default()
+                .push(format!("{}/{} {col}", r.preset, r.schedule));
+        }
+    }
+    let mut out = String::new();
+    for (why, where_) in reasons {
+        let shown: Vec<&str> = where_.iter().take(4).map(String::as_str).collect();
+        out.push_str(&format!(
+            "- {why} ({}{})\n",
+            shown.join(", "),
+            if where_.len() > 4 {
+                format!(", … {} in all", where_.len())
+            } else {
+                String::new()
+            }
+        ));
+    }
+    out
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct SweepPoint {
+    pub preset: String,
+    pub tp: usize,
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub dtype: String,
+    /// Every schedule's distgemm time (null: not measured, see `missing`).
+    pub schedules_ms: BTreeMap<String, Option<f64>>,
+    pub best_pipelined: Option<String>,
+    pub best_pipelined_ms: Option<f64>,
+    pub best_single_stage: Option<String>,
+    pub best_single_stage_ms: Option<f64>,
+    pub auto_ms: Option<f64>,
+    pub auto_choice: Option<String>,
+    /// (e) for the preset's natural collective (all-gather of A for fc1, reduce-scatter for fc2).
+    pub nccl_cublas_variant: String,
+    pub nccl_cublas_ms: Option<f64>,
+    /// Best pipelined faster than every non-pipelined option (within noise, they tie).
+    pub pipelining_pays: Option<bool>,
+    /// Auto within 3 % of the fastest option measured.
+    pub auto_follows: Option<bool>,
+    pub missing: BTreeMap<String, String>,
+    pub machine: String,
+    pub commit: String,
+    pub date: String,
+}
+
+impl SweepPoint {
+    /// Fills the best-of and verdict fields from the measured ones.
+    pub fn derive(&mut self) {
+        let best = |pipelined: bool| {
+            self.schedules_ms
+                .iter()
+                .filter(|(name, _)| {
+                    ScheduleKind::ALL
+                        .iter()
+                        .any(|k| k.cli_name() == name.as_str() && k.is_pipelined() == pipelined)
+                })
+                .filter_map(|(name, t)| t.map(|t| (t, name.clone())))
+                .min_by(|a, b| a.0.total_cmp(&b.0))
+        };
+        if let Some((t, name)) = best(true) {
+            self.best_pipelined_ms = Some(t);
+            self.best_pipelined = Some(name);
+        }
+        if let Some((t, name)) = best(false) {
+            self.best_single_stage_ms = Some(t);
+            self.best_single_stage = Some(name);
+        }
+        let alternative = [self.best_single_stage_ms, self.nccl_cublas_ms]
+            .into_iter()
+            .flatten()
+            .fold(f64::INFINITY, f64::min);
+        if let Some(p) = self.best_pipelined_ms
+            && alternative.is_finite()
+        {
+            self.pipelining_pays = Some(p < alternative);
+        }
+        let fastest = [
+            self.best_pipelined_ms,
+            self.best_single_stage_ms,
+            self.nccl_cublas_ms,
+        ]
+        .into_iter()
+        .flatten()
+        .fold(f64::INFINITY, f64::min);
+        if let Some(a) = self.auto_ms
+            && fastest.is_finite()
+        {
+            self.auto_follows = Some(a <= NOISE * fastest);
+        }
+    }
+}
+
+/// The smallest M from which pipelining pays at every larger measured M (None if it never
+/// does at the largest M). Points must be sorted by M.
+pub fn pipelining_threshold(points: &[(usize, Option<bool>)]) -> Option<usize> {
+    let mut threshold = None;
+    for &(m, pays) in points.iter().rev() {
+        match pays {
+            Some(true) => threshold = Some(m),
+            Some(false) => break,
+            None => continue,
+        }
+    }
+    threshold
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(s: &str) -> Vec<String> {
+        s.split_whitespace().map(str::to_owned).collect()
+    }
+
+    #[test]
+    fn parses_the_runner_invocation() {
+        let o = parse_args(&args("distgemm --bench --quick --tp 2")).unwrap();
+        assert_eq!(o.filter.as_deref(), Some("distgemm"));
+        assert!(o.quick && !o.sweep && o.torch);
+        assert_eq!(o.tp, Some(2));
+        assert_eq!(o.tokens, DEFAULT_TOKENS);
+        let o = parse_args(&args("--sweep --dtype f16 --reps 30 --no-torch")).unwrap();
+        assert!(o.sweep && !o.torch);
+        assert_eq!((o.dtype, o.reps), (Dtype::F16, Some(30)));
+        assert!(parse_args(&args("--reps 5")).is_err());
+        assert!(parse_args(&args("--tp 0")).is_err());
+        assert!(parse_args(&args("--tokens")).is_err());
+        assert!(parse_args(&args("--frobnicate")).is_err());
+        assert!(parse_args(&args("a b")).is_err());
+    }
+
+    #[test]
+    fn families_map_to_their_single_stage_pipelined_and_baselines() {
+        use ScheduleKind::*;
+        for k in ScheduleKind::ALL {
+            assert!(!single_stage_of(k).is_pipelined(), "{k}");
+            assert!(pipelined_of(k).is_pipelined(), "{k}");
+            assert_eq!(single_stage_of(k).collective(), k.collective());
+            assert_eq!(pipelined_of(k).tiles_rows(), k.tiles_rows());
+        }
+        assert_eq!(nccl_kind_of(AllGatherRotatingA), NcclGemmKind::AllGatherA);
+        assert_eq!(
+            nccl_kind_of(AllGatherSingleStageB),
+            NcclGemmKind::AllGatherB
+        );
+        assert_eq!(
+            nccl_kind_of(ReduceScatterTilingB),
+            NcclGemmKind::ReduceScatter
+        );
+        assert_eq!(torch_op_of(ReduceScatterSingleStageA), TORCH_RS);
+        assert_eq!(Sched::all().len(), 9);
+    }
+
+    #[test]
+    fn repetitions_stay_within_bounds() {
+        let o = Options::default();
+        // 405B fc1 full: ~57 TFLOP → 20 reps, 2 warm-ups.
+        let t = timing_for(2.0 * 16384.0 * 106496.0 * 16384.0, &o);
+        assert_eq!((t.warmup, t.reps), (2, 20));
+        // A tiny GEMM: capped at 50.
+        let t = timing_for(1e9, &o);
+        assert_eq!((t.warmup, t.reps), (5, 50));
+        let quick = Options {
+            quick: true,
+            ..Options::default()
+        };
+        assert_eq!(timing_for(1e9, &quick).reps, 20);
+        assert_eq!(presets(true).len(), 2);
+        assert_eq!(presets(false).len(), 4);
+    }
+
+    #[test]
+    fn torch_output_is_parsed_with_errors_and_junk() {
+        let out = r#"{"op": "info", "torch": "2.11.0"}
+NCCL INFO something
+{"preset": "llama3-70b-fc1", "m": 16384, "op": "fused_all_gather_matmul", "ms": 12.5}
+{"preset": "llama3-70b-fc2", "m": 16384, "op": "fused_matmul_reduce_scatter", "error": "RuntimeError: no"}
+"#;
+        let t = TorchResults::parse(out);
+        assert_eq!(t.get("llama3-70b-fc1", 16384, TORCH_AG), Ok(12.5));
+        assert!(
+            t.get("llama3-70b-fc2", 16384, TORCH_RS)
+                .unwrap_err()
+                .contains("RuntimeError: no")
+        );
+        assert!(
+            t.get("llama3-405b-fc1", 16384, TORCH_AG)
+                .unwrap_err()
+                .contains("no record")
+        );
+        assert!(t.info.is_some() && t.failure.is_none());
+        let t = TorchResults::parse(r#"{"op": "setup", "error": "cannot import torch"}"#);
+        assert!(
+            t.get("llama3-70b-fc1", 16384, TORCH_AG)
+                .unwrap_err()
+                .contains("cannot import torch")
+        );
+    }
+
+    #[test]
+    fn derived_columns() {
+        let mut r = Record {
+            m: 16384,
+            n: 57344,
+            k: 8192,
+            tp: 2,
+            distgemm_ms: Some(12.0),
+            single_stage_nocomm_ms: Some(11.0),
+            pipelined_nocomm_ms: Some(11.5),
+            nccl_cublas_ms: Some(13.2),
+            torch_async_tp_ms: Some(12.6),
+            ..Default::default()
+        };
+        r.derive();
+        let tflops = 2.0 * 16384.0 * 57344.0 * 8192.0 / 2.0 / 12e-3 / 1e12;
+        assert!((r.distgemm_tflops_per_gpu.unwrap() - tflops).abs() < 1e-9);
+        assert!((r.pct_of_single_stage.unwrap() - 100.0 * 11.0 / 12.0).abs() < 1e-9);
+        assert!((r.speedup_vs_nccl_cublas.unwrap() - 1.1).abs() < 1e-9);
+        assert!((r.speedup_vs_torch_async_tp.unwrap() - 1.05).abs() < 1e-9);
+        let row = table_row(&r);
+        assert!(row.contains("| 12.000 |") && row.contains("1.10×"), "{row}");
+        let mut none = Record::default();
+        none.derive();
+        assert!(none.distgemm_tflops_per_gpu.is_none());
+        let json = serde_json::to_value(&none).unwrap();
+        for key in [
+            "preset",
+            "tp",
+            "schedule",
+            "m",
+            "n",
+            "k",
+            "dtype",
+            "distgemm_ms",
+            "single_stage_nocomm_ms",
+            "pipelined_nocomm_ms",
+            "nccl_cublas_ms",
+            "torch_async_tp_ms",
+            "machine",
+        ] {
+            assert!(json.get(key).is_some(), "{key}");
+        }
+    }
+
+    #[test]
+    fn verdicts_name_the_best_schedule() {
+        let rec = |s: &str, d: f64, b: f64| Record {
+            preset: "p".into(),
+            schedule: s.into(),
+            distgemm_ms: Some(d),
+            single_stage_nocomm_ms: Some(b),
+            nccl_cublas_ms: Some(10.0),
+            torch_async_tp_ms: Some(9.0),
+            ..Default::default()
+        };
+        let v = verdicts(&[rec("ag-a", 9.5, 9.4), rec("ag-b", 9.9, 9.0)]);
+        assert!(v.contains("best schedule ag-a at 9.500"), "{v}");
+        assert!(v.contains("≤ 1.03 × (b) (9.400): yes"), "{v}");
+        assert!(v.contains("no slower than the best (f) (9.000): NO"), "{v}");
+    }
+
+    #[test]
+    fn sweep_verdicts() {
+        let mut p = SweepPoint::default();
+        p.schedules_ms.insert("ag-a".into(), Some(10.0));
+        p.schedules_ms.insert("ag-b".into(), Some(11.0));
+        p.schedules_ms.insert("ag-a-single".into(), Some(10.5));
+        p.schedules_ms.insert("rs-a".into(), None);
+        p.nccl_cublas_ms = Some(12.0);
+        p.auto_ms = Some(10.2);
+        p.derive();
+        assert_eq!(p.best_pipelined.as_deref(), Some("ag-a"));
+        assert_eq!(p.best_single_stage.as_deref(), Some("ag-a-single"));
+        assert_eq!(p.pipelining_pays, Some(true));
+        assert_eq!(p.auto_follows, Some(true));
+        p.auto_ms = Some(11.0);
+        p.derive();
+        assert_eq!(p.auto_follows, Some(false));
+
+        assert_eq!(
+            pipelining_threshold(&[
+                (256, Some(false)),
+                (512, Some(true)),
+                (1024, Some(false)),
+                (2048, Some(true)),
+                (4096, None),
+                (8192, Some(true)),
+            ]),
+            Some(2048)
+        );
+        assert_eq!(
+            pipelining_threshold(&[(256, Some(true)), (512, Some(false))]),
+            None
+        );
+        assert_eq!(pipelining_threshold(&[(256, None)]), None);
+    }
+
+    #[test]
+    fn the_peer_script_is_found_in_the_source_tree() {
+        if std::env::var_os("DISTGEMM_PEERS_DIR").is_none() {
+            let p = find_peer_script().unwrap();
+            assert!(p.ends_with("peers/torch_async_tp.py"), "{}", p.display());
+        }
+    }
+}
