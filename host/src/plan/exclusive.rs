@@ -1,7 +1,10 @@
 //! The exclusive workspace of a device: the barrier counter and the P stage flags (u32 each).
 //!
 //! Layout, as CUTLASS's: the counter at byte 0 (32 bytes reserved), flag t at byte `32 + 4·t`;
-//! total `32 + roundup(4·P, 32)` bytes (64 B for P ≤ 8). It is zeroed once, before the first
+//! total `32 + roundup(4·P, 32)` bytes (64 B for P ≤ 8). distgemm adds an *error word* at
+//! byte 4 (inside the counter's reserved area): a GPU wait that times out stores a code there
+//! naming the node, stage and flag (`crate::cuda` decodes it). The CPU executor reports
+//! timeouts as Rust errors and does not use it. It is zeroed once, before the first
 //! run of any device, and must persist across runs: the counter is a running counter that
 //! peers update asynchronously, and the flags are reset by every run's barrier.
 
@@ -12,12 +15,20 @@ use serde::{Deserialize, Serialize};
 pub struct ExclusiveLayout {
     /// Byte offset of the barrier counter (0).
     pub counter_offset: usize,
+    /// Byte offset of the u32 error word (4).
+    #[serde(default = "default_error_offset")]
+    pub error_offset: usize,
     /// Byte offset of flag 0 (32).
     pub flags_offset: usize,
     /// Number of stage flags (P).
     pub flag_count: usize,
     /// Total bytes.
     pub bytes: usize,
+}
+
+/// The error word's offset (plans serialised before it existed get it too).
+const fn default_error_offset() -> usize {
+    4
 }
 
 impl ExclusiveLayout {
@@ -30,6 +41,7 @@ impl ExclusiveLayout {
         let flag_bytes = (4 * p).div_ceil(Self::COUNTER_BYTES) * Self::COUNTER_BYTES;
         ExclusiveLayout {
             counter_offset: 0,
+            error_offset: default_error_offset(),
             flags_offset: Self::COUNTER_BYTES,
             flag_count: p,
             bytes: Self::COUNTER_BYTES + flag_bytes,
@@ -53,5 +65,8 @@ mod tests {
             assert_eq!(ExclusiveLayout::new(p).bytes, 64);
         }
         assert_eq!(ExclusiveLayout::new(4).flag_offset(3), 44);
+        let layout = ExclusiveLayout::new(2);
+        assert!(layout.error_offset + 4 <= layout.flags_offset);
+        assert_ne!(layout.error_offset, layout.counter_offset);
     }
 }

@@ -14,12 +14,14 @@
 //! | [`tensor_map`] | [`TensorMap2d`]: `cuTensorMapEncodeTiled`, kept in device memory (passed as `u64`) |
 //! | [`launch`] | [`LaunchConfig`], [`KernelArgs`], `cuLaunchKernelEx` with cluster / programmatic serialization |
 //! | [`stream`] | timing events and CUDA-graph capture / topology on top of cudarc's stream |
+//! | [`graph`] | explicitly built graphs: kernel / memcpy / memset nodes, edges with edge data, instantiation, launch, `cuGraphExec*SetParams` |
 //!
 //! Everything that needs no GPU (launch validation, tensor-map validation, PTX source
 //! selection) is a plain function with unit tests.
 
 pub mod device;
 mod error;
+pub mod graph;
 pub mod launch;
 pub mod memory;
 pub mod module;
@@ -29,6 +31,7 @@ pub mod tensor_map;
 pub use cudarc::driver::{CudaContext, CudaEvent, CudaGraph, CudaStream};
 pub use device::{DriverVersion, Gpu, driver_version, enable_peer_access_between, hopper_gpus};
 pub use error::{MIN_DRIVER_API_VERSION, Result, RuntimeError};
+pub use graph::{Graph, GraphExec, GraphNode};
 pub use launch::{KernelArgs, LaunchConfig, launch, max_active_clusters};
 pub use memory::{DeviceBuffer, DeviceCopy};
 pub use module::{Kernel, Module, PtxOrigin};

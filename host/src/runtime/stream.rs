@@ -112,7 +112,12 @@ pub struct GraphTopology {
 /// Reads the topology of a captured graph (`cuGraphGetNodes`, `cuGraphGetEdges` with edge
 /// data; each called once for the count and once for the contents).
 pub fn graph_topology(graph: &CudaGraph) -> Result<GraphTopology> {
-    let raw = graph.cu_graph();
+    topology_of(graph.cu_graph()).map(|(_, topology)| topology)
+}
+
+/// [`graph_topology`] of a raw graph handle, with the node handles in the order the indices of
+/// the returned edges refer to (`cuGraphGetNodes` order).
+pub(super) fn topology_of(raw: sys::CUgraph) -> Result<(Vec<sys::CUgraphNode>, GraphTopology)> {
     let mut node_count = 0usize;
     // SAFETY: the graph is alive (borrowed); a null array asks for the count only.
     unsafe { sys::cuGraphGetNodes(raw, std::ptr::null_mut(), &mut node_count) }
@@ -181,8 +186,9 @@ pub fn graph_topology(graph: &CudaGraph) -> Result<GraphTopology> {
             })
         })
         .collect::<Result<Vec<_>>>()?;
-    Ok(GraphTopology {
+    let topology = GraphTopology {
         node_count: nodes.len(),
         edges,
-    })
+    };
+    Ok((nodes, topology))
 }

@@ -1,0 +1,242 @@
+//! `Auto`: choosing, per shape, between the pipelined schedule of a family and its
+//! single-stage variant ("collective then GEMM" for all-gather, "GEMM then collective" for
+//! reduce-scatter), by a fixed cost model — never by timing, so the choice is deterministic.
+//!
+//! A family is fixed by the shard layout the user holds (`ag-a` / `ag-a-single` share theirs,
+//! and so on), so `Auto` only ever picks between the two schedules of one family.
+//!
+//! **The rule** (constants in [`MachineModel`], measured on H200: ~650 TFLOP/s for stage-sized
+//! GEMMs, ~390 GB/s per peer copy, machine.md):
+//! 1. TP = 1: the pipelined plan is one plain GEMM without communication — take it.
+//! 2. A problem whose local GEMM takes less than `tiny_seconds` (30 µs) is "tiny": pipelining
+//!    could hide at most that much, which is of the order of its own per-stage overheads, so
+//!    take the single-stage variant.
+//! 3. Otherwise compare two estimates and pipeline only if that is strictly faster:
+//!    - a GEMM of m×n×k takes `2mnk / (F · e)` where `e = tiles / (waves · SMs)` is the wave
+//!      efficiency of 128×256 output tiles: stage GEMMs that leave SMs idle pay for it;
+//!    - moving `b` bytes between two GPUs takes `b / BW`;
+//!    - pipelined (P stages, per-stage GEMM `g`, per-stage communication `c`): stage 0 runs
+//!      uncovered, every later stage takes `max(g, c)` — distgemm-design.md §6's overlap
+//!      condition `g ≥ c` decides whether the communication is hidden — plus a fixed
+//!      `stage_overhead` per hand-off (kernel boundary and cross-GPU flag):
+//!      `g + (P−1)·(max(g, c) + stage_overhead)`;
+//!    - single-stage: one GEMM of the local shape `G` plus all communication, unhidden:
+//!      `G + (P−1)·c`.
+//!
+//! Ties go to the single-stage variant, so a small problem never runs slower than the plain
+//! "collective then GEMM" approach by the model's account.
+
+use crate::problem::Problem;
+use crate::schedule::{Collective, ScheduleKind};
+
+/// The machine constants of the model.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MachineModel {
+    /// Dense GEMM rate at full wave efficiency, FLOP/s.
+    pub gemm_flops: f64,
+    /// Peer-to-peer bandwidth of one pull, bytes/s.
+    pub peer_bandwidth: f64,
+    /// SMs.
+    pub sm_count: u32,
+    /// Fixed cost of one pipelined stage hand-off (kernel boundary + cross-GPU flag), seconds.
+    pub stage_overhead: f64,
+    /// Local GEMMs faster than this are never pipelined, seconds.
+    pub tiny_seconds: f64,
+}
+
+impl MachineModel {
+    /// H200 (machine.md): 650 TFLOP/s stage GEMMs, 390 GB/s peer copies, 132 SMs; 6 µs per
+    /// stage hand-off and a 30 µs "tiny" threshold (estimates, not measurements).
+    pub const H200: MachineModel = MachineModel {
+        gemm_flops: 650e12,
+        peer_bandwidth: 390e9,
+        sm_count: 132,
+        stage_overhead: 6e-6,
+        tiny_seconds: 30e-6,
+    };
+
+    /// Seconds for an m×n×k GEMM.
+    #[must_use]
+    pub fn gemm_seconds(&self, m: usize, n: usize, k: usize) -> f64 {
+        let tiles = m.div_ceil(128) * n.div_ceil(256);
+        let sms = self.sm_count.max(1) as usize;
+        let waves = tiles.div_ceil(sms).max(1);
+        let efficiency = tiles as f64 / (waves * sms) as f64;
+        2.0 * m as f64 * n as f64 * k as f64 / (self.gemm_flops * efficiency.max(1e-9))
+    }
+
+    /// Seconds to move `bytes` between two GPUs.
+    #[must_use]
+    pub fn copy_seconds(&self, bytes: usize) -> f64 {
+        bytes as f64 / self.peer_bandwidth
+    }
+}
+
+/// The choice and the estimates it was made from.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AutoChoice {
+    /// The chosen schedule.
+    pub schedule: ScheduleKind,
+    /// Estimated seconds of the pipelined schedule.
+    pub pipelined_seconds: f64,
+    /// Estimated seconds of the single-stage schedule.
+    pub single_stage_seconds: f64,
+}
+
+/// The pipelined and single-stage schedules of `kind`'s family.
+#[must_use]
+pub fn family(kind: ScheduleKind) -> (ScheduleKind, ScheduleKind) {
+    use ScheduleKind as S;
+    match kind {
+        S::AllGatherRotatingA | S::AllGatherSingleStageA => {
+            (S::AllGatherRotatingA, S::AllGatherSingleStageA)
+        }
+        S::AllGatherRotatingB | S::AllGatherSingleStageB => {
+            (S::AllGatherRotatingB, S::AllGatherSingleStageB)
+        }
+        S::ReduceScatterTilingA | S::ReduceScatterSingleStageA => {
+            (S::ReduceScatterTilingA, S::ReduceScatterSingleStageA)
+        }
+        S::ReduceScatterTilingB | S::ReduceScatterSingleStageB => {
+            (S::ReduceScatterTilingB, S::ReduceScatterSingleStageB)
+        }
+    }
+}
+
+/// Chooses between the pipelined and the single-stage schedule of `kind`'s family for
+/// `problem` on `tp` devices (see the module documentation). Pure and deterministic.
+#[must_use]
+pub fn choose_schedule(
+    kind: ScheduleKind,
+    problem: &Problem,
+    tp: usize,
+    model: &MachineModel,
+) -> AutoChoice {
+    let (pipelined, single) = family(kind);
+    let p = tp.max(1);
+    let (m, n, k) = (problem.m, problem.n, problem.k);
+    let elem = problem.dtype.size_bytes();
+    // Per-stage GEMM shape and per-stage bytes moved, and the local (single GEMM) shape.
+    let (stage, local, stage_bytes) = match (kind.collective(), kind.tiles_rows()) {
+        // All-gather: stage (M/P, N/P, K); one stage moves one shard of the rotating operand.
+        (Collective::AllGather, true) => ((m / p, n / p, k), (m, n / p, k), (m / p) * k * elem),
+        (Collective::AllGather, false) => ((m / p, n / p, k), (m / p, n, k), (n / p) * k * elem),
+        // Reduce-scatter: stage (M/P, N, K/P) or (M, N/P, K/P); one stage moves one partial
+        // output block.
+        (Collective::ReduceScatter, true) => ((m / p, n, k / p), (m, n, k / p), (m / p) * n * elem),
+        (Collective::ReduceScatter, false) => {
+            ((m, n / p, k / p), (m, n, k / p), m * (n / p) * elem)
+        }
+    };
+    let g = model.gemm_seconds(stage.0, stage.1, stage.2);
+    let c = model.copy_seconds(stage_bytes);
+    let local_gemm = model.gemm_seconds(local.0, local.1, local.2);
+    let hops = (p - 1) as f64;
+    let pipelined_seconds = g + hops * (g.max(c) + model.stage_overhead);
+    let single_stage_seconds = local_gemm + hops * c;
+    let schedule = if p == 1 {
+        pipelined
+    } else if local_gemm < model.tiny_seconds {
+        single
+    } else if pipelined_seconds < single_stage_seconds {
+        pipelined
+    } else {
+        single
+    };
+    AutoChoice {
+        schedule,
+        pipelined_seconds,
+        single_stage_seconds,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::problem::Preset;
+
+    #[test]
+    fn large_presets_pipeline_at_tp2() {
+        for preset in Preset::ALL {
+            let problem = preset.problem(16384);
+            for kind in [
+                ScheduleKind::AllGatherRotatingA,
+                ScheduleKind::ReduceScatterTilingA,
+            ] {
+                let choice = choose_schedule(kind, &problem, 2, &MachineModel::H200);
+                assert!(
+                    choice.schedule.is_pipelined(),
+                    "{preset} {kind}: {choice:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn tiny_problems_take_the_single_stage_variant() {
+        let problem = Problem::new(64, 256, 256);
+        for kind in ScheduleKind::ALL {
+            let choice = choose_schedule(kind, &problem, 2, &MachineModel::H200);
+            assert!(!choice.schedule.is_pipelined(), "{kind}: {choice:?}");
+            assert_eq!(choice.schedule.collective(), kind.collective());
+            assert_eq!(choice.schedule.tiles_rows(), kind.tiles_rows());
+        }
+    }
+
+    #[test]
+    fn tp1_is_the_plain_gemm() {
+        let problem = Problem::new(64, 256, 256);
+        let choice = choose_schedule(
+            ScheduleKind::AllGatherSingleStageB,
+            &problem,
+            1,
+            &MachineModel::H200,
+        );
+        assert_eq!(choice.schedule, ScheduleKind::AllGatherRotatingB);
+    }
+
+    #[test]
+    fn overheads_decide_when_the_stages_are_short() {
+        // A mid-sized problem: the per-stage hand-off is what pipelining has to beat.
+        let problem = Problem::new(2048, 2048, 2048);
+        let choice = choose_schedule(
+            ScheduleKind::AllGatherRotatingA,
+            &problem,
+            8,
+            &MachineModel::H200,
+        );
+        let expected = if choice.pipelined_seconds < choice.single_stage_seconds {
+            ScheduleKind::AllGatherRotatingA
+        } else {
+            ScheduleKind::AllGatherSingleStageA
+        };
+        assert_eq!(choice.schedule, expected);
+        let no_overhead = MachineModel {
+            stage_overhead: 0.0,
+            ..MachineModel::H200
+        };
+        let free = choose_schedule(ScheduleKind::AllGatherRotatingA, &problem, 8, &no_overhead);
+        assert!(free.pipelined_seconds < choice.pipelined_seconds);
+    }
+
+    #[test]
+    fn the_choice_is_deterministic_and_stays_in_the_family() {
+        for kind in ScheduleKind::ALL {
+            let problem = Problem::new(4096, 8192, 4096);
+            let a = choose_schedule(kind, &problem, 4, &MachineModel::H200);
+            let b = choose_schedule(kind, &problem, 4, &MachineModel::H200);
+            assert_eq!(a, b);
+            let (p, s) = family(kind);
+            assert!(a.schedule == p || a.schedule == s);
+        }
+    }
+
+    #[test]
+    fn wave_efficiency_penalises_a_partial_wave() {
+        let m = MachineModel::H200;
+        // 133 tiles need two waves: almost twice the time of 132 tiles.
+        let full = m.gemm_seconds(128 * 132, 256, 4096);
+        let spill = m.gemm_seconds(128 * 133, 256, 4096);
+        assert!(spill > 1.9 * full);
+    }
+}

@@ -1,0 +1,650 @@
+//! Lowering a device's plan DAG to CUDA-graph node descriptions, as plain data.
+//!
+//! Every plan node becomes exactly one graph node, and every plan edge one graph edge, in the
+//! plan's order, so node `i` of the graph *is* node `i` of the plan (what `distgemm plan
+//! --format dot` shows):
+//!
+//! | plan node | graph node |
+//! |---|---|
+//! | `Barrier` | kernel `collective_barrier` (1 thread), [`BarrierParams`] |
+//! | `PeerCopy` | memcpy node (copy engine), peer → own workspace |
+//! | `FlagSet` | 4-byte memset node storing the flag value |
+//! | `Gemm` | kernel node of the GEMM stage kernel, [`GemmArgs`] + [`StageHook`] |
+//! | `Reduce` | kernel `reduce_sum_{bf16,f16}`, [`ReduceParams`] |
+//!
+//! `Full` edges become default edges and `Programmatic` edges programmatic ones (only between
+//! kernel nodes, which the plan guarantees and [`lower_device`] checks).
+//!
+//! Addresses: element `e` of buffer `X` of device `q` is `addresses[q].X + 2·e`; flag `i` of
+//! device `q` is `addresses[q].exclusive + layout.flag_offset(i)`, its counter
+//! `+ counter_offset` and its error word `+ error_offset`. Nothing here re-derives an index of
+//! the schedule: views, regions and flags come from the plan as they are.
+
+use std::time::Duration;
+
+use kernels_gpu::collective_abi::{BarrierParams, MAX_PEERS, REDUCE_VECTOR, ReduceParams};
+use kernels_gpu::gemm_abi::StageHook;
+
+use super::error::{DistGemmError, TimeoutSite, WaitingNode, encode_timeout};
+use crate::gemm::{GemmArgs, MatrixView};
+use crate::plan::{EdgeKind, KERNEL_SIGNAL_VALUE, Node, Plan};
+use crate::runtime::stream::DependencyKind;
+use crate::schedule::{BufferKind, FlagRef, Region, View};
+
+/// The device addresses of one device's buffers (0 for an absent buffer).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DeviceAddresses {
+    /// Shard of A.
+    pub a: u64,
+    /// Shard of B.
+    pub b: u64,
+    /// Shard of C (0 when the problem has none).
+    pub c: u64,
+    /// Shard of D.
+    pub d: u64,
+    /// Workspace.
+    pub workspace: u64,
+    /// Exclusive workspace (counter, error word, flags).
+    pub exclusive: u64,
+}
+
+impl DeviceAddresses {
+    /// Base address of `buffer`.
+    #[must_use]
+    pub fn of(&self, buffer: BufferKind) -> u64 {
+        match buffer {
+            BufferKind::A => self.a,
+            BufferKind::B => self.b,
+            BufferKind::C => self.c,
+            BufferKind::D => self.d,
+            BufferKind::Workspace => self.workspace,
+        }
+    }
+}
+
+/// Options of a lowering.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LowerOptions {
+    /// Bound of every GPU spin-wait.
+    pub timeout: Duration,
+    /// Flags whose stores are left out (fault injection for tests: the nodes stay, a kernel
+    /// skips the store, a flag-set node stores 0), so the waiter times out.
+    pub missing_signals: Vec<FlagRef>,
+}
+
+/// One graph node, fully resolved to addresses.
+#[derive(Clone, Debug, PartialEq)]
+pub enum LoweredNode {
+    /// The barrier kernel.
+    Barrier(BarrierParams),
+    /// A stage GEMM: its operands (for `GemmKernel::prepare`) and its prologue hook.
+    Gemm {
+        /// The stage.
+        stage: usize,
+        /// The GEMM.
+        args: GemmArgs,
+        /// Flags to signal and wait on.
+        hook: StageHook,
+    },
+    /// The reduction kernel.
+    Reduce(ReduceParams),
+    /// A flat copy.
+    Copy {
+        /// Destination address.
+        dst: u64,
+        /// Source address (possibly on a peer).
+        src: u64,
+        /// Bytes.
+        bytes: usize,
+    },
+    /// A 4-byte store.
+    FlagSet {
+        /// The flag's address.
+        dst: u64,
+        /// The value.
+        value: u32,
+    },
+}
+
+impl LoweredNode {
+    /// Whether the node is a kernel node.
+    #[must_use]
+    pub fn is_kernel(&self) -> bool {
+        matches!(
+            self,
+            LoweredNode::Barrier(_) | LoweredNode::Gemm { .. } | LoweredNode::Reduce(_)
+        )
+    }
+}
+
+/// A dependency `nodes[from] → nodes[to]`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LoweredEdge {
+    /// Upstream node.
+    pub from: usize,
+    /// Downstream node.
+    pub to: usize,
+    /// Default or programmatic.
+    pub kind: DependencyKind,
+}
+
+/// A device's graph as data.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LoweredGraph {
+    /// The device.
+    pub device: usize,
+    /// Nodes, in the plan's order.
+    pub nodes: Vec<LoweredNode>,
+    /// Edges, in the plan's order.
+    pub edges: Vec<LoweredEdge>,
+}
+
+/// Resolves addresses for one plan.
+struct Resolver<'a> {
+    plan: &'a Plan,
+    addresses: &'a [DeviceAddresses],
+    elem_bytes: u64,
+}
+
+impl Resolver<'_> {
+    fn device(&self, device: usize) -> Result<&DeviceAddresses, DistGemmError> {
+        self.addresses
+            .get(device)
+            .ok_or_else(|| DistGemmError::Internal(format!("no addresses for device {device}")))
+    }
+
+    fn element(
+        &self,
+        device: usize,
+        buffer: BufferKind,
+        offset: usize,
+    ) -> Result<u64, DistGemmError> {
+        let base = self.device(device)?.of(buffer);
+        if base == 0 {
+            return Err(DistGemmError::Internal(format!(
+                "device {device}'s {} buffer is used but has no address",
+                buffer.name()
+            )));
+        }
+        Ok(base + offset as u64 * self.elem_bytes)
+    }
+
+    fn view(&self, v: &View) -> Result<MatrixView, DistGemmError> {
+        Ok(MatrixView {
+            ptr: self.element(v.device, v.buffer, v.offset)?,
+            rows: v.rows as u64,
+            cols: v.cols as u64,
+            ld: v.ld as u64,
+        })
+    }
+
+    fn region(&self, r: &Region) -> Result<u64, DistGemmError> {
+        self.element(r.device, r.buffer, r.offset)
+    }
+
+    fn exclusive(&self, device: usize, offset: usize) -> Result<u64, DistGemmError> {
+        Ok(self.device(device)?.exclusive + offset as u64)
+    }
+
+    fn flag(&self, f: &FlagRef) -> Result<u64, DistGemmError> {
+        self.exclusive(f.device, self.plan.exclusive.flag_offset(f.index))
+    }
+
+    fn counter(&self, device: usize) -> Result<u64, DistGemmError> {
+        self.exclusive(device, self.plan.exclusive.counter_offset)
+    }
+
+    fn error_word(&self, device: usize) -> Result<u64, DistGemmError> {
+        self.exclusive(device, self.plan.exclusive.error_offset)
+    }
+}
+
+/// Copies up to [`MAX_PEERS`] values into a fixed array.
+fn fixed<T: Copy + Default>(values: &[T], what: &str) -> Result<[T; MAX_PEERS], DistGemmError> {
+    if values.len() > MAX_PEERS {
+        return Err(DistGemmError::Internal(format!(
+            "{} {what}, more than the {MAX_PEERS} a parameter block holds",
+            values.len()
+        )));
+    }
+    let mut out = [T::default(); MAX_PEERS];
+    out[..values.len()].copy_from_slice(values);
+    Ok(out)
+}
+
+fn count(n: usize) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
+}
+
+/// Lowers device `device` of `plan`, with every device's buffer addresses.
+pub fn lower_device(
+    plan: &Plan,
+    device: usize,
+    addresses: &[DeviceAddresses],
+    options: &LowerOptions,
+) -> Result<LoweredGraph, DistGemmError> {
+    let dev = plan
+        .devices
+        .get(device)
+        .ok_or(DistGemmError::NoSuchDevice {
+            device,
+            tp: plan.tp,
+        })?;
+    let r = Resolver {
+        plan,
+        addresses,
+        elem_bytes: plan.problem.dtype.size_bytes() as u64,
+    };
+    let timeout_ns = u64::try_from(options.timeout.as_nanos()).unwrap_or(u64::MAX);
+    let sends = |f: &FlagRef| !options.missing_signals.contains(f);
+    let error_word = r.error_word(device)?;
+
+    let nodes = dev
+        .nodes
+        .iter()
+        .map(|node| -> Result<LoweredNode, DistGemmError> {
+            Ok(match node {
+                Node::Barrier(b) => {
+                    let reset: Vec<u64> = b
+                        .reset_flags
+                        .iter()
+                        .map(|f| r.flag(f))
+                        .collect::<Result<_, _>>()?;
+                    let arrive: Vec<u64> = b
+                        .arrive_at
+                        .iter()
+                        .map(|&q| r.counter(q))
+                        .collect::<Result<_, _>>()?;
+                    LoweredNode::Barrier(BarrierParams {
+                        reset: fixed(&reset, "flags to reset")?,
+                        arrive: fixed(&arrive, "peers to arrive at")?,
+                        counter: r.counter(device)?,
+                        error_word,
+                        timeout_ns,
+                        reset_count: count(reset.len()),
+                        arrive_count: count(arrive.len()),
+                        arrivals: b.arrivals,
+                        error_code: encode_timeout(TimeoutSite {
+                            node: WaitingNode::Barrier,
+                            stage: 0,
+                            flag: None,
+                        }),
+                    })
+                }
+                Node::PeerCopy(c) => LoweredNode::Copy {
+                    dst: r.region(&c.dst)?,
+                    src: r.region(&c.src)?,
+                    bytes: c.bytes,
+                },
+                Node::FlagSet(f) => LoweredNode::FlagSet {
+                    dst: r.flag(&f.flag)?,
+                    value: if sends(&f.flag) { f.value } else { 0 },
+                },
+                Node::Gemm(g) => {
+                    let c = g.epilogue.source.view().map(|v| r.view(v)).transpose()?;
+                    let args = GemmArgs {
+                        dtype: plan.problem.dtype,
+                        a: r.view(&g.a)?,
+                        b: r.view(&g.b)?,
+                        c,
+                        d: r.view(&g.d)?,
+                        alpha: g.epilogue.alpha,
+                        beta: g.epilogue.beta,
+                    };
+                    let signal_flag = match g.signals.filter(|f| sends(f)) {
+                        Some(f) => r.flag(&f)?,
+                        None => 0,
+                    };
+                    let wait_flag = match &g.waits {
+                        Some(f) => r.flag(f)?,
+                        None => 0,
+                    };
+                    let hook = StageHook {
+                        signal_flag,
+                        wait_flag,
+                        error_word,
+                        timeout_ns,
+                        signal_value: KERNEL_SIGNAL_VALUE,
+                        wait_value: 1,
+                        error_code: encode_timeout(TimeoutSite {
+                            node: WaitingNode::Gemm,
+                            stage: g.stage,
+                            flag: g.waits,
+                        }),
+                        reserved: 0,
+                    };
+                    LoweredNode::Gemm {
+                        stage: g.stage,
+                        args,
+                        hook,
+                    }
+                }
+                Node::Reduce(red) => {
+                    let dst = r.view(&red.dst)?;
+                    let mut sources = Vec::with_capacity(red.sources.len());
+                    let mut source_ld = Vec::with_capacity(red.sources.len());
+                    for s in &red.sources {
+                        if (s.rows, s.cols) != (red.dst.rows, red.dst.cols) {
+                            return Err(DistGemmError::Internal(format!(
+                                "reduce source {s:?} is not the shape of its destination"
+                            )));
+                        }
+                        let v = r.view(s)?;
+                        sources.push(v.ptr);
+                        source_ld.push(u32::try_from(v.ld).map_err(|_| {
+                            DistGemmError::Internal(format!(
+                                "leading dimension {} exceeds 2^32",
+                                v.ld
+                            ))
+                        })?);
+                    }
+                    let vector_ok = |x: u64| x.is_multiple_of(u64::from(REDUCE_VECTOR));
+                    let aligned = sources
+                        .iter()
+                        .chain([&dst.ptr])
+                        .all(|p| p.is_multiple_of(16))
+                        && source_ld.iter().all(|&ld| vector_ok(u64::from(ld)))
+                        && vector_ok(dst.ld)
+                        && vector_ok(dst.cols);
+                    if !aligned {
+                        return Err(DistGemmError::Internal(format!(
+                            "the reduction of device {device} is not 16-byte aligned"
+                        )));
+                    }
+                    let signals: Vec<u64> = red
+                        .signals
+                        .iter()
+                        .filter(|f| sends(f))
+                        .map(|f| r.flag(f))
+                        .collect::<Result<_, _>>()?;
+                    let waits: Vec<u64> = red
+                        .waits
+                        .iter()
+                        .map(|f| r.flag(f))
+                        .collect::<Result<_, _>>()?;
+                    let codes: Vec<u32> = red
+                        .waits
+                        .iter()
+                        .map(|f| {
+                            encode_timeout(TimeoutSite {
+                                node: WaitingNode::Reduce,
+                                stage: red.stage,
+                                flag: Some(*f),
+                            })
+                        })
+                        .collect();
+                    let dim = |x: u64| {
+                        u32::try_from(x).map_err(|_| {
+                            DistGemmError::Internal(format!("reduction dimension {x} exceeds 2^32"))
+                        })
+                    };
+                    LoweredNode::Reduce(ReduceParams {
+                        sources: fixed(&sources, "reduction sources")?,
+                        signals: fixed(&signals, "flags to signal")?,
+                        waits: fixed(&waits, "flags to wait on")?,
+                        source_ld: fixed(&source_ld, "reduction sources")?,
+                        wait_codes: fixed(&codes, "flags to wait on")?,
+                        dst: dst.ptr,
+                        error_word,
+                        timeout_ns,
+                        rows: dim(dst.rows)?,
+                        cols: dim(dst.cols)?,
+                        dst_ld: dim(dst.ld)?,
+                        source_count: count(sources.len()),
+                        signal_count: count(signals.len()),
+                        wait_count: count(waits.len()),
+                        signal_value: KERNEL_SIGNAL_VALUE,
+                        reserved: 0,
+                    })
+                }
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+
+    let edges = dev
+        .edges
+        .iter()
+        .map(|e| {
+            let kind = match e.kind {
+                EdgeKind::Full => DependencyKind::Default,
+                EdgeKind::Programmatic => DependencyKind::Programmatic,
+            };
+            let endpoints_are_kernels = nodes.get(e.from).is_some_and(LoweredNode::is_kernel)
+                && nodes.get(e.to).is_some_and(LoweredNode::is_kernel);
+            if e.from >= nodes.len() || e.to >= nodes.len() {
+                return Err(DistGemmError::Internal(format!(
+                    "edge {e:?} leaves the node list"
+                )));
+            }
+            if kind == DependencyKind::Programmatic && !endpoints_are_kernels {
+                return Err(DistGemmError::Internal(format!(
+                    "programmatic edge {e:?} does not join two kernel nodes"
+                )));
+            }
+            Ok(LoweredEdge {
+                from: e.from,
+                to: e.to,
+                kind,
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+
+    Ok(LoweredGraph {
+        device,
+        nodes,
+        edges,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::problem::Problem;
+    use crate::schedule::ScheduleKind;
+
+    /// Fake, well separated addresses: device q's buffers at q·2^40 + k·2^32.
+    fn addresses(tp: usize) -> Vec<DeviceAddresses> {
+        (0..tp as u64)
+            .map(|q| {
+                let base = (q + 1) << 40;
+                DeviceAddresses {
+                    a: base + (1 << 32),
+                    b: base + (2 << 32),
+                    c: base + (3 << 32),
+                    d: base + (4 << 32),
+                    workspace: base + (5 << 32),
+                    exclusive: base + (6 << 32),
+                }
+            })
+            .collect()
+    }
+
+    fn options() -> LowerOptions {
+        LowerOptions {
+            timeout: Duration::from_millis(1500),
+            missing_signals: Vec::new(),
+        }
+    }
+
+    fn lowered(
+        kind: ScheduleKind,
+        tp: usize,
+        d: usize,
+    ) -> (Plan, Vec<DeviceAddresses>, LoweredGraph) {
+        let problem = Problem::new(64 * tp, 64 * tp, 64 * tp);
+        let plan = Plan::build(kind, problem, tp).unwrap_or_else(|e| panic!("{e}"));
+        let addr = addresses(tp);
+        let g = lower_device(&plan, d, &addr, &options()).unwrap_or_else(|e| panic!("{e}"));
+        (plan, addr, g)
+    }
+
+    #[test]
+    fn every_schedule_lowers_one_graph_node_per_plan_node() {
+        for kind in ScheduleKind::ALL {
+            for tp in [1, 2, 4] {
+                for d in 0..tp {
+                    let (plan, _, g) = lowered(kind, tp, d);
+                    assert_eq!(g.nodes.len(), plan.devices[d].nodes.len(), "{kind}");
+                    assert_eq!(g.edges.len(), plan.devices[d].edges.len(), "{kind}");
+                    for (e, pe) in g.edges.iter().zip(&plan.devices[d].edges) {
+                        assert_eq!((e.from, e.to), (pe.from, pe.to));
+                        assert_eq!(
+                            e.kind == DependencyKind::Programmatic,
+                            pe.kind == EdgeKind::Programmatic
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn barrier_arrives_at_every_peer_counter_and_resets_own_flags() {
+        let (plan, addr, g) = lowered(ScheduleKind::AllGatherRotatingA, 4, 2);
+        let LoweredNode::Barrier(b) = &g.nodes[0] else {
+            panic!("node 0 is not the barrier")
+        };
+        assert_eq!((b.reset_count, b.arrive_count, b.arrivals), (4, 3, 3));
+        let counters: Vec<u64> = b.arrive[..3].to_vec();
+        assert_eq!(
+            counters,
+            vec![addr[0].exclusive, addr[1].exclusive, addr[3].exclusive]
+        );
+        assert_eq!(b.counter, addr[2].exclusive);
+        assert_eq!(b.error_word, addr[2].exclusive + 4);
+        for t in 0..4 {
+            assert_eq!(
+                b.reset[t],
+                addr[2].exclusive + plan.exclusive.flag_offset(t) as u64
+            );
+        }
+        assert_eq!(b.timeout_ns, 1_500_000_000);
+        assert_eq!(b.reset[4..], [0; 4]);
+    }
+
+    #[test]
+    fn all_gather_copies_pull_the_peer_shard_into_the_own_slot() {
+        let (plan, addr, g) = lowered(ScheduleKind::AllGatherRotatingA, 2, 0);
+        // Barrier, copy, flag set, gemm 0, gemm 1.
+        let LoweredNode::Copy { dst, src, bytes } = g.nodes[1] else {
+            panic!("node 1 is not a copy")
+        };
+        assert_eq!(src, addr[1].a);
+        assert_eq!(dst, addr[0].workspace);
+        assert_eq!(bytes, plan.devices[0].workspace_bytes);
+        assert_eq!(
+            g.nodes[2],
+            LoweredNode::FlagSet {
+                dst: addr[0].exclusive + plan.exclusive.flag_offset(1) as u64,
+                value: crate::plan::FLAG_SET_VALUE
+            }
+        );
+        let LoweredNode::Gemm { args, hook, .. } = &g.nodes[4] else {
+            panic!("node 4 is not a gemm")
+        };
+        assert_eq!(args.a.ptr, addr[0].workspace);
+        assert_eq!(hook.wait_flag, addr[0].exclusive + 36);
+        assert_eq!(hook.signal_flag, 0);
+        assert_eq!(
+            super::super::error::decode_timeout(hook.error_code),
+            Some(TimeoutSite {
+                node: WaitingNode::Gemm,
+                stage: 1,
+                flag: Some(FlagRef {
+                    device: 0,
+                    index: 1
+                })
+            })
+        );
+        // Stage 1 computes row block 1 of D (mb = 64 rows of nb = 64 columns).
+        assert_eq!(args.d.ptr, addr[0].d + 2 * 64 * 64);
+    }
+
+    #[test]
+    fn reduce_scatter_stages_read_the_left_slot_and_signal_the_right_flag() {
+        let (plan, addr, g) = lowered(ScheduleKind::ReduceScatterTilingA, 2, 1);
+        let LoweredNode::Gemm { args, hook, .. } = &g.nodes[2] else {
+            panic!("node 2 is not a gemm")
+        };
+        assert_eq!(args.c.map(|c| c.ptr), Some(addr[0].workspace));
+        assert_eq!(args.beta, 1.0);
+        assert_eq!(
+            hook.signal_flag,
+            addr[0].exclusive + plan.exclusive.flag_offset(1) as u64
+        );
+        assert_eq!(
+            hook.wait_flag,
+            addr[1].exclusive + plan.exclusive.flag_offset(1) as u64
+        );
+        assert_eq!(g.edges[1].kind, DependencyKind::Programmatic);
+    }
+
+    #[test]
+    fn single_stage_reduction_reads_block_d_of_every_partial() {
+        let (plan, addr, g) = lowered(ScheduleKind::ReduceScatterSingleStageB, 2, 1);
+        let LoweredNode::Reduce(p) = &g.nodes[2] else {
+            panic!("node 2 is not the reduction")
+        };
+        // N = 128, nb = 64: block 1 starts 64 columns into each M×N partial.
+        assert_eq!(p.source_count, 2);
+        assert_eq!(p.sources[0], addr[0].workspace + 2 * 64);
+        assert_eq!(p.sources[1], addr[1].workspace + 2 * 64);
+        assert_eq!(p.source_ld[..2], [128, 128]);
+        assert_eq!((p.rows, p.cols, p.dst_ld), (128, 64, 64));
+        assert_eq!(
+            p.signals[0],
+            addr[0].exclusive + plan.exclusive.flag_offset(1) as u64
+        );
+        assert_eq!(
+            p.waits[0],
+            addr[1].exclusive + plan.exclusive.flag_offset(0) as u64
+        );
+        assert_eq!((p.signal_count, p.wait_count), (1, 1));
+    }
+
+    #[test]
+    fn missing_signals_keep_the_node_but_drop_the_store() {
+        let problem = Problem::new(128, 128, 128);
+        let plan = Plan::build(ScheduleKind::ReduceScatterTilingA, problem, 2)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let missing = FlagRef {
+            device: 0,
+            index: 1,
+        };
+        let opts = LowerOptions {
+            missing_signals: vec![missing],
+            ..options()
+        };
+        let g = lower_device(&plan, 1, &addresses(2), &opts).unwrap_or_else(|e| panic!("{e}"));
+        let LoweredNode::Gemm { hook, .. } = &g.nodes[2] else {
+            panic!("node 2 is not a gemm")
+        };
+        assert_eq!(hook.signal_flag, 0);
+        assert_ne!(hook.wait_flag, 0);
+
+        let plan = Plan::build(ScheduleKind::AllGatherRotatingB, problem, 2)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let g = lower_device(&plan, 0, &addresses(2), &opts).unwrap_or_else(|e| panic!("{e}"));
+        assert!(matches!(g.nodes[2], LoweredNode::FlagSet { value: 0, .. }));
+    }
+
+    #[test]
+    fn a_missing_buffer_address_is_an_error_not_a_null_pointer() {
+        let plan = Plan::build(
+            ScheduleKind::AllGatherRotatingA,
+            Problem::new(64, 64, 64),
+            2,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let mut addr = addresses(2);
+        addr[1].a = 0;
+        assert!(matches!(
+            lower_device(&plan, 0, &addr, &options()),
+            Err(DistGemmError::Internal(_))
+        ));
+        assert!(matches!(
+            lower_device(&plan, 5, &addr, &options()),
+            Err(DistGemmError::NoSuchDevice { .. })
+        ));
+    }
+}

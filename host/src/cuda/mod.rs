@@ -1,0 +1,29 @@
+//! The CUDA backend: a [`Plan`](crate::plan::Plan) lowered to one CUDA graph per GPU, built
+//! once and replayed.
+//!
+//! - [`lower`]: the pure part — every plan node becomes one graph node (barrier / GEMM /
+//!   reduce kernels, peer memcpy, flag memset) with all addresses, prologue hooks and error
+//!   codes resolved, every plan edge one graph edge (programmatic between kernels where the
+//!   plan says so). Unit-tested without a GPU.
+//! - [`DistGemm`]: the host API — validation, peer access, workspaces, graph construction
+//!   and instantiation, `run` / `wait`, pointer updates through `cuGraphExec*SetParams`, and
+//!   errors that name the device, stage and flag of a wait that timed out.
+//! - [`auto`]: the deterministic `Auto` schedule rule.
+//! - [`error`]: [`DistGemmError`] and the timeout codes the kernels write.
+//!
+//! Cross-GPU protocol (kernels in `kernels_gpu::kernels::collective` and the GEMM's prologue
+//! hook): the start-of-run barrier resets the device's flags and meets every peer on a running
+//! counter; flags are set with system-scope release stores (kernels) or by memset nodes after
+//! their copy (all-gather) and awaited with system-scope acquire loads; every wait is bounded
+//! by the configured timeout and leaves a code in the device's error word on expiry, which
+//! [`DistGemm::wait`] turns into [`DistGemmError::Timeout`].
+
+pub mod auto;
+mod dist;
+pub mod error;
+pub mod lower;
+
+pub use auto::{AutoChoice, MachineModel, choose_schedule};
+pub use dist::{BufferRef, DEFAULT_TIMEOUT, DeviceArgs, DistGemm, DistGemmBuilder, ScheduleChoice};
+pub use error::{DistGemmError, TimeoutSite, WaitingNode};
+pub use lower::{DeviceAddresses, LowerOptions, LoweredGraph, LoweredNode, lower_device};
