@@ -65,3 +65,66 @@ pub fn hopper_gpu(test: &str) -> Option<GpuSession> {
         }
     }
 }
+
+/// `count` Hopper GPUs with peer access between every pair, held exclusively by one test.
+#[derive(Debug)]
+pub struct PeerGpuSession {
+    /// GPUs 0..count.
+    pub gpus: Vec<Gpu>,
+    _lock: MutexGuard<'static, ()>,
+}
+
+impl PeerGpuSession {
+    /// Loads distgemm's PTX module on every GPU.
+    pub fn modules(&self) -> Result<Vec<Arc<Module>>, RuntimeError> {
+        self.gpus.iter().map(Module::load).collect()
+    }
+}
+
+/// Opens the first `count` GPUs for `test` if they are Hopper GPUs with peer access between
+/// every pair, or reports the skip and returns `None`.
+///
+/// With [`REQUIRE_GPU_ENV`]` = 1`, no usable GPU at all fails the test (as [`hopper_gpu`]
+/// does), but a machine with fewer than `count` GPUs, or without peer access, only skips:
+/// the bundle runs on 1-GPU machines too, where a multi-GPU test cannot run. The skip line
+/// says which of the two it was.
+pub fn peer_hopper_gpus(test: &str, count: usize) -> Option<PeerGpuSession> {
+    let lock = GPU_LOCK.lock().unwrap_or_else(PoisonError::into_inner);
+    let all = match distgemm::runtime::hopper_gpus() {
+        Ok(all) => all,
+        Err(e) => {
+            assert!(
+                !gpu_required(),
+                "{test}: {REQUIRE_GPU_ENV}=1 but no Hopper GPU is usable: {e}"
+            );
+            visible_line(&format!("SKIPPED {test}: no Hopper GPU ({e})"));
+            return None;
+        }
+    };
+    if all.len() < count {
+        visible_line(&format!(
+            "SKIPPED {test}: needs {count} Hopper GPUs with peer access, this machine has {} \
+             (not a failure even with {REQUIRE_GPU_ENV}=1)",
+            all.len()
+        ));
+        return None;
+    }
+    let gpus: Vec<Gpu> = all.into_iter().take(count).collect();
+    for a in &gpus {
+        for b in &gpus {
+            match a.can_access_peer(b) {
+                Ok(true) => {}
+                Ok(false) | Err(_) => {
+                    visible_line(&format!(
+                        "SKIPPED {test}: GPU {} cannot access GPU {} (no peer access; not a \
+                         failure even with {REQUIRE_GPU_ENV}=1)",
+                        a.ordinal(),
+                        b.ordinal()
+                    ));
+                    return None;
+                }
+            }
+        }
+    }
+    Some(PeerGpuSession { gpus, _lock: lock })
+}

@@ -1,0 +1,657 @@
+//! The CUDA backend end to end: per-device graphs of the plans, on two GPUs with peer access
+//! (TP=2) and — where only one GPU exists — TP=1 plans and TP=2 with both ranks on one GPU.
+//!
+//! Inputs are N(0, 1) (never zero); every output shard and every workspace is poisoned with
+//! NaN (0xFF bytes) before the first run, so anything not written, or read before it is
+//! written, shows up. Checks:
+//! - all-gather schedules: D bit-identical to our single-GPU GEMM kernel run on the gathered
+//!   global problem on GPU 0 (each output element is the same dot product in the same order);
+//! - reduce-scatter schedules: within `distgemm::reference::check`'s bound of the f64
+//!   reference (it counts the schedule's roundings);
+//! - 1,000 consecutive runs of one graph, then the result and the barrier counters;
+//! - new inputs and outputs through the pointer-update path (`DistGemm::set_args`);
+//! - graph edges read back from the driver (programmatic type and port where the plan says so);
+//! - a stuck peer (never launched) and a missing signal: errors naming device, stage and flag
+//!   within the configured timeout, not hangs.
+//!
+//! Run from the bundle: `bundle/tests/gpu_distributed` (or `cargo test -p distgemm-tests
+//! --test gpu_distributed`).
+use std::time::{Duration, Instant};
+
+use distgemm::cuda::{DeviceArgs, DistGemm, DistGemmError, WaitingNode};
+use distgemm::dtype::{Dtype, Element};
+use distgemm::gemm::{GemmArgs, GemmKernel, MatrixView};
+use distgemm::plan::{EdgeKind, GlobalInputs, Plan};
+use distgemm::problem::Problem;
+use distgemm::reference::{CheckInputs, check};
+use distgemm::runtime::stream::DependencyKind;
+use distgemm::runtime::{CudaStream, DeviceBuffer, DeviceCopy, Gpu, Module};
+use distgemm::schedule::{BufferKind, Collective, FlagRef, ScheduleKind};
+use distgemm_tests::gpu::{self, visible_line};
+use std::sync::Arc;
+
+/// Bound of every GPU wait in these tests (a failure costs seconds, not the 10 s default).
+const TIMEOUT: Duration = Duration::from_secs(3);
+
+const ALL_GATHER: [ScheduleKind; 4] = [
+    ScheduleKind::AllGatherRotatingA,
+    ScheduleKind::AllGatherRotatingB,
+    ScheduleKind::AllGatherSingleStageA,
+    ScheduleKind::AllGatherSingleStageB,
+];
+
+const REDUCE_SCATTER: [ScheduleKind; 4] = [
+    ScheduleKind::ReduceScatterTilingA,
+    ScheduleKind::ReduceScatterTilingB,
+    ScheduleKind::ReduceScatterSingleStageA,
+    ScheduleKind::ReduceScatterSingleStageB,
+];
+
+/// One rank's shard buffers.
+struct Shards<T: DeviceCopy> {
+    a: DeviceBuffer<T>,
+    b: DeviceBuffer<T>,
+    c: Option<DeviceBuffer<T>>,
+    d: DeviceBuffer<T>,
+    stream: Arc<CudaStream>,
+}
+
+impl<T: DeviceCopy> Shards<T> {
+    fn args(&self) -> DeviceArgs {
+        DeviceArgs {
+            a: (&self.a).into(),
+            b: (&self.b).into(),
+            c: self.c.as_ref().map(Into::into),
+            d: (&self.d).into(),
+        }
+    }
+}
+
+/// Uploads every rank's shards of `inputs` to `gpus[rank]` and poisons D with NaN.
+fn upload<T: Element + DeviceCopy>(
+    gpus: &[Gpu],
+    plan: &Plan,
+    inputs: &GlobalInputs<T>,
+) -> Vec<Shards<T>> {
+    plan.shard_inputs(inputs)
+        .into_iter()
+        .zip(gpus)
+        .zip(&plan.devices)
+        .map(|((shard, gpu), dev)| {
+            let stream = gpu.new_stream().expect("stream");
+            let a = DeviceBuffer::from_host(gpu, &stream, &shard.a).expect("upload A");
+            let b = DeviceBuffer::from_host(gpu, &stream, &shard.b).expect("upload B");
+            let c = shard
+                .c
+                .as_ref()
+                .map(|c| DeviceBuffer::from_host(gpu, &stream, c).expect("upload C"));
+            let mut d = DeviceBuffer::alloc(gpu, dev.buffer_elements(BufferKind::D)).expect("D");
+            d.fill_bytes(&stream, 0xFF).expect("poison D");
+            distgemm::runtime::stream::synchronize(&stream).expect("sync");
+            Shards { a, b, c, d, stream }
+        })
+        .collect()
+}
+
+/// The global D assembled from every rank's output shard.
+fn gather<T: Element + DeviceCopy>(plan: &Plan, shards: &[Shards<T>]) -> Vec<T> {
+    let outputs: Vec<Vec<T>> = shards
+        .iter()
+        .map(|s| s.d.download(&s.stream).expect("download D"))
+        .collect();
+    plan.gather_output(&outputs)
+}
+
+/// Our single-GPU kernel on the whole problem (on `gpu`): the bit-exact reference of the
+/// all-gather schedules.
+fn single_gpu_reference<T: Element + DeviceCopy>(
+    gpu: &Gpu,
+    module: &Arc<Module>,
+    problem: &Problem,
+    inputs: &GlobalInputs<T>,
+) -> Vec<T> {
+    let (m, n, k) = (problem.m as u64, problem.n as u64, problem.k as u64);
+    let stream = gpu.new_stream().expect("stream");
+    let a = DeviceBuffer::from_host(gpu, &stream, &inputs.a).expect("A");
+    let b = DeviceBuffer::from_host(gpu, &stream, &inputs.b).expect("B");
+    let c = inputs
+        .c
+        .as_ref()
+        .map(|c| DeviceBuffer::from_host(gpu, &stream, c).expect("C"));
+    let mut d = DeviceBuffer::<T>::alloc(gpu, problem.m * problem.n).expect("D");
+    d.fill_bytes(&stream, 0xFF).expect("poison");
+    let kernel = GemmKernel::new(module).expect("GEMM kernels");
+    let args = GemmArgs {
+        dtype: problem.dtype,
+        a: MatrixView::dense(a.device_ptr(), m, k),
+        b: MatrixView::dense(b.device_ptr(), n, k),
+        c: c.as_ref().map(|c| MatrixView::dense(c.device_ptr(), m, n)),
+        d: MatrixView::dense(d.device_ptr(), m, n),
+        alpha: problem.alpha,
+        beta: problem.beta,
+    };
+    let prepared = kernel.prepare(&stream, &args).expect("prepare");
+    prepared.launch(&stream, false).expect("launch");
+    d.download(&stream).expect("download")
+}
+
+fn assert_bit_identical<T: Element>(what: &str, got: &[T], want: &[T]) {
+    assert_eq!(got.len(), want.len(), "{what}: sizes differ");
+    let diff = got
+        .iter()
+        .zip(want)
+        .position(|(g, w)| g.to_bits() != w.to_bits());
+    if let Some(i) = diff {
+        let count = got
+            .iter()
+            .zip(want)
+            .filter(|(g, w)| g.to_bits() != w.to_bits())
+            .count();
+        panic!(
+            "{what}: {count} elements differ from the single-GPU kernel; first at {i}: {:?} vs {:?}",
+            got[i], want[i]
+        );
+    }
+}
+
+fn assert_within_bound<T: Element>(what: &str, plan: &Plan, inputs: &GlobalInputs<T>, d: &[T]) {
+    let report = check(
+        &plan.problem,
+        plan.schedule.roundings(plan.tp),
+        plan.tp,
+        CheckInputs {
+            a: &inputs.a,
+            b: &inputs.b,
+            c: inputs.c.as_deref(),
+        },
+        d,
+    );
+    assert!(report.passed(), "{what}: {report:?}");
+}
+
+/// Builds a DistGemm over `shards` (workspaces poisoned).
+fn build<T: DeviceCopy>(
+    gpus: &[Gpu],
+    modules: &[Arc<Module>],
+    kind: ScheduleKind,
+    problem: Problem,
+    shards: &[Shards<T>],
+    share: bool,
+) -> DistGemm {
+    let mut dist = DistGemm::builder()
+        .devices(gpus.to_vec())
+        .schedule(kind)
+        .problem(problem)
+        .timeout(TIMEOUT)
+        .modules(modules.to_vec())
+        .ranks_may_share_gpus(share)
+        .args(shards.iter().map(Shards::args).collect())
+        .build()
+        .unwrap_or_else(|e| panic!("{kind}: build: {e}"));
+    dist.poison_workspaces(0xFF).expect("poison workspaces");
+    dist
+}
+
+/// Runs `kind` on `gpus` (TP = gpus.len()) once and checks D: bit-exact against the
+/// single-GPU kernel for all-gather, within the f64 bound for reduce-scatter.
+fn run_and_check<T: Element + DeviceCopy>(
+    test: &str,
+    gpus: &[Gpu],
+    modules: &[Arc<Module>],
+    kind: ScheduleKind,
+    problem: Problem,
+    share: bool,
+) {
+    let tp = gpus.len();
+    let plan = Plan::build(kind, problem, tp).unwrap_or_else(|e| panic!("{kind}: {e}"));
+    let inputs = GlobalInputs::<T>::random(&problem, (problem.m ^ (problem.n << 16)) as u64);
+    let shards = upload(gpus, &plan, &inputs);
+    let mut dist = build(gpus, modules, kind, problem, &shards, share);
+    dist.run().expect("run");
+    dist.wait().unwrap_or_else(|e| panic!("{test} {kind}: {e}"));
+    let d = gather(&plan, &shards);
+    let what = format!("{test} {kind} TP={tp} {problem}");
+    match kind.collective() {
+        Collective::AllGather => {
+            let want = single_gpu_reference(&gpus[0], &modules[0], &problem, &inputs);
+            assert_bit_identical(&what, &d, &want);
+        }
+        Collective::ReduceScatter => assert_within_bound(&what, &plan, &inputs, &d),
+    }
+    visible_line(&format!(
+        "{what}: ok (workspace {} B per device)",
+        dist.workspace_bytes(0)
+    ));
+}
+
+#[test]
+fn all_gather_is_bit_identical_to_the_single_gpu_kernel() {
+    let test = "gpu_distributed::all_gather_is_bit_identical_to_the_single_gpu_kernel";
+    let Some(session) = gpu::peer_hopper_gpus(test, 2) else {
+        return;
+    };
+    let modules = session.modules().expect("modules");
+    // 2048³, and a ragged-but-valid shape with C (beta ≠ 0): M/2 = 500 rows, N/2 = 392.
+    let problems = [
+        Problem::new(2048, 2048, 2048),
+        Problem::new(1000, 784, 520).with_scalars(1.0, 0.5),
+    ];
+    for kind in ALL_GATHER {
+        for problem in problems {
+            run_and_check::<half::bf16>(test, &session.gpus, &modules, kind, problem, false);
+        }
+    }
+}
+
+#[test]
+fn reduce_scatter_is_within_the_f64_bound() {
+    let test = "gpu_distributed::reduce_scatter_is_within_the_f64_bound";
+    let Some(session) = gpu::peer_hopper_gpus(test, 2) else {
+        return;
+    };
+    let modules = session.modules().expect("modules");
+    for kind in REDUCE_SCATTER {
+        run_and_check::<half::bf16>(
+            test,
+            &session.gpus,
+            &modules,
+            kind,
+            Problem::new(1024, 1024, 1024),
+            false,
+        );
+        // Ragged M, K/2 = 264, f16 (the f16 reduction kernel).
+        let ragged = Problem::new(1000, 784, 528).with_dtype(Dtype::F16);
+        run_and_check::<half::f16>(test, &session.gpus, &modules, kind, ragged, false);
+    }
+}
+
+#[test]
+fn a_thousand_runs_of_one_graph() {
+    let test = "gpu_distributed::a_thousand_runs_of_one_graph";
+    let Some(session) = gpu::peer_hopper_gpus(test, 2) else {
+        return;
+    };
+    let modules = session.modules().expect("modules");
+    let problem = Problem::new(2048, 2048, 2048);
+    for kind in [
+        ScheduleKind::AllGatherRotatingA,
+        ScheduleKind::ReduceScatterTilingB,
+        ScheduleKind::ReduceScatterSingleStageA,
+    ] {
+        let plan = Plan::build(kind, problem, 2).expect("plan");
+        let inputs = GlobalInputs::<half::bf16>::random(&problem, 11);
+        let shards = upload(&session.gpus, &plan, &inputs);
+        let mut dist = build(&session.gpus, &modules, kind, problem, &shards, false);
+        let start = Instant::now();
+        for _ in 0..1000 {
+            dist.run().expect("run");
+        }
+        dist.wait().unwrap_or_else(|e| panic!("{kind}: {e}"));
+        let elapsed = start.elapsed();
+        for rank in 0..2 {
+            let words = dist.exclusive_words(rank).expect("exclusive");
+            assert_eq!(
+                words[0], 0,
+                "{kind}: device {rank}'s barrier counter after 1000 runs"
+            );
+            assert_eq!(words[1], 0, "{kind}: device {rank}'s error word");
+        }
+        let d = gather(&plan, &shards);
+        match kind.collective() {
+            Collective::AllGather => {
+                let want = single_gpu_reference(&session.gpus[0], &modules[0], &problem, &inputs);
+                assert_bit_identical(&format!("{kind} after 1000 runs"), &d, &want);
+            }
+            Collective::ReduceScatter => {
+                assert_within_bound(&format!("{kind} after 1000 runs"), &plan, &inputs, &d);
+            }
+        }
+        visible_line(&format!(
+            "{test}: {kind}: 1000 runs in {elapsed:?} ({:.1} µs/run), result and counters ok",
+            elapsed.as_secs_f64() * 1e3
+        ));
+    }
+}
+
+#[test]
+fn pointer_updates_without_rebuilding() {
+    let test = "gpu_distributed::pointer_updates_without_rebuilding";
+    let Some(session) = gpu::peer_hopper_gpus(test, 2) else {
+        return;
+    };
+    let modules = session.modules().expect("modules");
+    let problem = Problem::new(1024, 1024, 1024);
+    for kind in [
+        ScheduleKind::AllGatherRotatingA,
+        ScheduleKind::AllGatherSingleStageB,
+        ScheduleKind::ReduceScatterTilingA,
+        ScheduleKind::ReduceScatterSingleStageB,
+    ] {
+        let plan = Plan::build(kind, problem, 2).expect("plan");
+        let first = GlobalInputs::<half::bf16>::random(&problem, 1);
+        let second = GlobalInputs::<half::bf16>::random(&problem, 2);
+        let shards_1 = upload(&session.gpus, &plan, &first);
+        let shards_2 = upload(&session.gpus, &plan, &second);
+        let mut dist = build(&session.gpus, &modules, kind, problem, &shards_1, false);
+        dist.run().expect("run");
+        dist.wait().expect("wait");
+        let d1 = gather(&plan, &shards_1);
+        dist.set_args(shards_2.iter().map(Shards::args).collect())
+            .unwrap_or_else(|e| panic!("{kind}: set_args: {e}"));
+        dist.run().expect("run");
+        dist.wait().expect("wait");
+        let d2 = gather(&plan, &shards_2);
+        // The first outputs were not touched by the second run.
+        assert_bit_identical(
+            &format!("{kind}: first outputs"),
+            &gather(&plan, &shards_1),
+            &d1,
+        );
+        match kind.collective() {
+            Collective::AllGather => {
+                let want = single_gpu_reference(&session.gpus[0], &modules[0], &problem, &second);
+                assert_bit_identical(&format!("{kind} after set_args"), &d2, &want);
+            }
+            Collective::ReduceScatter => {
+                assert_within_bound(&format!("{kind} after set_args"), &plan, &second, &d2);
+            }
+        }
+        visible_line(&format!("{test}: {kind}: ok"));
+    }
+}
+
+/// The driver's edges match the plan's: same endpoints, programmatic type and port exactly
+/// where the plan has a programmatic edge.
+fn check_edges(what: &str, dist: &DistGemm) {
+    for (rank, dev) in dist.plan().devices.iter().enumerate() {
+        let topology = dist.graph_topology(rank).expect("topology");
+        assert_eq!(
+            topology.node_count,
+            dev.nodes.len(),
+            "{what}: device {rank}"
+        );
+        assert_eq!(
+            topology.edges.len(),
+            dev.edges.len(),
+            "{what}: device {rank}"
+        );
+        for e in &dev.edges {
+            let got = topology
+                .edges
+                .iter()
+                .find(|g| (g.from, g.to) == (e.from, e.to))
+                .unwrap_or_else(|| panic!("{what}: device {rank}: edge {e:?} missing"));
+            match e.kind {
+                EdgeKind::Programmatic => {
+                    assert_eq!(got.kind, DependencyKind::Programmatic, "{what}: {e:?}");
+                    assert_eq!((got.from_port, got.to_port), (1, 0), "{what}: {e:?}");
+                }
+                EdgeKind::Full => {
+                    assert_eq!(got.kind, DependencyKind::Default, "{what}: {e:?}");
+                    assert_eq!(got.from_port, 0, "{what}: {e:?}");
+                }
+            }
+        }
+        let gemm_to_gemm = dev
+            .edges
+            .iter()
+            .filter(|e| {
+                e.kind == EdgeKind::Programmatic
+                    && dev.nodes[e.from].name() == "gemm"
+                    && dev.nodes[e.to].name() == "gemm"
+            })
+            .count();
+        if dist.schedule().is_pipelined() {
+            assert_eq!(gemm_to_gemm, dist.plan().tp - 1, "{what}: GEMM chain");
+        }
+    }
+}
+
+#[test]
+fn graph_edges_are_the_plans() {
+    let test = "gpu_distributed::graph_edges_are_the_plans";
+    let Some(session) = gpu::hopper_gpu(test) else {
+        return;
+    };
+    let module = session.module().expect("module");
+    // Two ranks on one GPU: the graphs are the same as on two GPUs.
+    let gpus = vec![session.gpu.clone(), session.gpu.clone()];
+    let modules = vec![module];
+    let problem = Problem::new(512, 512, 512);
+    for kind in ScheduleKind::ALL {
+        let plan = Plan::build(kind, problem, 2).expect("plan");
+        let inputs = GlobalInputs::<half::bf16>::random(&problem, 3);
+        let shards = upload(&gpus, &plan, &inputs);
+        let dist = build(&gpus, &modules, kind, problem, &shards, true);
+        check_edges(&format!("{kind}"), &dist);
+    }
+    visible_line(&format!("{test}: every schedule's edges match its plan"));
+}
+
+#[test]
+fn a_stuck_peer_is_a_named_timeout_not_a_hang() {
+    let test = "gpu_distributed::a_stuck_peer_is_a_named_timeout_not_a_hang";
+    let Some(session) = gpu::peer_hopper_gpus(test, 2) else {
+        return;
+    };
+    let modules = session.modules().expect("modules");
+    let problem = Problem::new(1024, 1024, 1024);
+    for kind in [
+        ScheduleKind::ReduceScatterTilingA,
+        ScheduleKind::AllGatherRotatingB,
+    ] {
+        let plan = Plan::build(kind, problem, 2).expect("plan");
+        let inputs = GlobalInputs::<half::bf16>::random(&problem, 5);
+        let shards = upload(&session.gpus, &plan, &inputs);
+        let mut dist = build(&session.gpus, &modules, kind, problem, &shards, false);
+        let start = Instant::now();
+        dist.run_only(&[0]).expect("launch device 0 only");
+        let err = dist.wait().expect_err("device 1 never ran");
+        let elapsed = start.elapsed();
+        assert!(
+            matches!(
+                &err,
+                DistGemmError::Timeout { device: 0, site, .. }
+                    if site.node == WaitingNode::Barrier && site.flag.is_none()
+            ),
+            "{kind}: {err}"
+        );
+        assert!(
+            elapsed < TIMEOUT + Duration::from_secs(5),
+            "{kind}: took {elapsed:?}"
+        );
+        assert!(matches!(dist.run(), Err(DistGemmError::Poisoned(_))));
+        visible_line(&format!("{test}: {kind}: {err} (after {elapsed:?})"));
+    }
+}
+
+#[test]
+fn a_missing_signal_names_device_stage_and_flag() {
+    let test = "gpu_distributed::a_missing_signal_names_device_stage_and_flag";
+    let Some(session) = gpu::peer_hopper_gpus(test, 2) else {
+        return;
+    };
+    let modules = session.modules().expect("modules");
+    let problem = Problem::new(1024, 1024, 1024);
+    // (schedule, flag whose store is dropped, the node that then waits in vain)
+    let cases = [
+        // Device 1's stage-1 GEMM signals flag 1 of device 0; device 0's stage 1 waits.
+        (
+            ScheduleKind::ReduceScatterTilingA,
+            FlagRef {
+                device: 0,
+                index: 1,
+            },
+            WaitingNode::Gemm,
+            1,
+        ),
+        // Device 1's memset after its copy sets its own flag 1; its stage-1 GEMM waits.
+        (
+            ScheduleKind::AllGatherRotatingA,
+            FlagRef {
+                device: 1,
+                index: 1,
+            },
+            WaitingNode::Gemm,
+            1,
+        ),
+        // Device 1's reduction signals flag 1 of device 0; device 0's reduction waits.
+        (
+            ScheduleKind::ReduceScatterSingleStageA,
+            FlagRef {
+                device: 0,
+                index: 1,
+            },
+            WaitingNode::Reduce,
+            1,
+        ),
+    ];
+    for (kind, flag, node, stage) in cases {
+        let plan = Plan::build(kind, problem, 2).expect("plan");
+        let inputs = GlobalInputs::<half::bf16>::random(&problem, 6);
+        let shards = upload(&session.gpus, &plan, &inputs);
+        let mut dist = DistGemm::builder()
+            .devices(session.gpus.clone())
+            .schedule(kind)
+            .problem(problem)
+            .timeout(TIMEOUT)
+            .modules(modules.clone())
+            .inject_missing_signal(flag)
+            .args(shards.iter().map(Shards::args).collect())
+            .build()
+            .unwrap_or_else(|e| panic!("{kind}: {e}"));
+        let start = Instant::now();
+        dist.run().expect("run");
+        let err = dist.wait().expect_err("the flag is never set");
+        let elapsed = start.elapsed();
+        assert!(
+            matches!(
+                &err,
+                DistGemmError::Timeout { device, site, .. }
+                    if *device == flag.device && site.node == node && site.stage == stage
+                        && site.flag == Some(flag)
+            ),
+            "{kind}: {err}"
+        );
+        assert!(
+            elapsed < TIMEOUT + Duration::from_secs(5),
+            "{kind}: took {elapsed:?}"
+        );
+        visible_line(&format!("{test}: {kind}: {err} (after {elapsed:?})"));
+    }
+}
+
+#[test]
+fn tp1_plans_on_one_gpu() {
+    let test = "gpu_distributed::tp1_plans_on_one_gpu";
+    let Some(session) = gpu::hopper_gpu(test) else {
+        return;
+    };
+    let modules = vec![session.module().expect("module")];
+    let gpus = vec![session.gpu.clone()];
+    for kind in ScheduleKind::ALL {
+        run_and_check::<half::bf16>(
+            test,
+            &gpus,
+            &modules,
+            kind,
+            Problem::new(1000, 784, 520),
+            false,
+        );
+    }
+}
+
+#[test]
+fn two_ranks_on_one_gpu() {
+    let test = "gpu_distributed::two_ranks_on_one_gpu";
+    let Some(session) = gpu::hopper_gpu(test) else {
+        return;
+    };
+    let modules = vec![session.module().expect("module")];
+    // Small enough that both ranks' kernels are resident together (checked by the builder).
+    let gpus = vec![session.gpu.clone(), session.gpu.clone()];
+    let problem = Problem::new(1024, 1024, 1024);
+    for kind in ScheduleKind::ALL {
+        run_and_check::<half::bf16>(test, &gpus, &modules, kind, problem, true);
+    }
+    // And a hundred back-to-back runs of a reduce-scatter ring on one GPU.
+    let kind = ScheduleKind::ReduceScatterTilingA;
+    let plan = Plan::build(kind, problem, 2).expect("plan");
+    let inputs = GlobalInputs::<half::bf16>::random(&problem, 9);
+    let shards = upload(&gpus, &plan, &inputs);
+    let mut dist = build(&gpus, &modules, kind, problem, &shards, true);
+    for _ in 0..100 {
+        dist.run().expect("run");
+    }
+    dist.wait()
+        .unwrap_or_else(|e| panic!("{kind} x100 on one GPU: {e}"));
+    assert_within_bound("100 runs, one GPU", &plan, &inputs, &gather(&plan, &shards));
+    visible_line(&format!("{test}: 100 runs of {kind} on one GPU: ok"));
+}
+
+#[test]
+fn bad_setups_are_errors() {
+    let test = "gpu_distributed::bad_setups_are_errors";
+    let Some(session) = gpu::hopper_gpu(test) else {
+        return;
+    };
+    let problem = Problem::new(1024, 1024, 1024);
+    let kind = ScheduleKind::AllGatherRotatingA;
+    // Too few devices.
+    let err = DistGemm::builder()
+        .devices(vec![session.gpu.clone()])
+        .tp(2)
+        .schedule(kind)
+        .problem(problem)
+        .build()
+        .expect_err("one GPU for TP=2");
+    assert!(
+        matches!(err, DistGemmError::TooFewDevices { tp: 2, given: 1 }),
+        "{err}"
+    );
+    // The same GPU twice without opting in.
+    let err = DistGemm::builder()
+        .devices(vec![session.gpu.clone(), session.gpu.clone()])
+        .schedule(kind)
+        .problem(problem)
+        .build()
+        .expect_err("shared GPU");
+    assert!(matches!(err, DistGemmError::SharedGpu { .. }), "{err}");
+    // Indivisible shape.
+    let err = DistGemm::builder()
+        .devices(vec![session.gpu.clone(), session.gpu.clone()])
+        .ranks_may_share_gpus(true)
+        .schedule(kind)
+        .problem(Problem::new(1023, 1024, 1024))
+        .build()
+        .expect_err("M odd");
+    assert!(matches!(err, DistGemmError::Plan(_)), "{err}");
+    // Buffers too small.
+    let gpus = vec![session.gpu.clone(), session.gpu.clone()];
+    let plan = Plan::build(kind, problem, 2).expect("plan");
+    let inputs = GlobalInputs::<half::bf16>::random(&problem, 4);
+    let shards = upload(&gpus, &plan, &inputs);
+    let mut args: Vec<DeviceArgs> = shards.iter().map(Shards::args).collect();
+    let small = DeviceBuffer::<half::bf16>::alloc(&session.gpu, 8).expect("small");
+    args[1].d = (&small).into();
+    let err = DistGemm::builder()
+        .devices(gpus)
+        .ranks_may_share_gpus(true)
+        .schedule(kind)
+        .problem(problem)
+        .args(args)
+        .build()
+        .expect_err("D too small");
+    assert!(
+        matches!(
+            err,
+            DistGemmError::BadBuffer {
+                device: 1,
+                buffer: BufferKind::D,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    visible_line(&format!("{test}: ok"));
+}
