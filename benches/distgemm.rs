@@ -2,16 +2,18 @@
 //! and 6).
 //!
 //! For every preset (Llama-3 70B/405B fc1/fc2, M = `--tokens`, default 16384) and every
-//! schedule (the four pipelined ones, their single-stage variants, and `auto`), on TP GPUs:
+//! schedule (the four pipelined ones, their single-stage variants, and `auto(<family>)`: what
+//! distgemm's `Auto` rule picks within each family, reusing that schedule's measurement), on TP
+//! GPUs:
 //!
 //! | column | what is timed | where |
 //! |---|---|---|
 //! | (a) | the full M×N×K GEMM on one GPU: our kernel and cuBLASLt | GPU 0 |
 //! | (b) | the single-stage GEMM of the schedule's family without communication: the GEMM node(s) of device 0's plan of the `*-single` schedule (e.g. M×N/P×K for `ag-a`), our kernel | GPU 0 |
 //! | (c) | the P stage GEMMs of the family's pipelined plan, back to back with PDL, no communication, our kernel | GPU 0 |
-//! | (d) | distgemm itself (`host/src/cuda`): one `run()` per repetition, time = max over devices | all TP GPUs |
-//! | (e) | NCCL collective + cuBLASLt GEMM in sequence on every GPU (all-gather of A for `ag-a*`, of B for `ag-b*`, GEMM then reduce-scatter of row blocks for `rs-*`); for `auto` the best of the three | all TP GPUs |
-//! | (f) | PyTorch async TP: `torch.ops.symm_mem.fused_all_gather_matmul` (all-gather rows) / `fused_matmul_reduce_scatter` (reduce-scatter rows), from `peers/torch_async_tp.py`; for `auto` the better of the two | all TP GPUs, separate processes |
+//! | (d) | distgemm itself (`host/src/cuda` `DistGemm`, graphs built once): one `run()` per repetition, time = max over devices, `wait()` checked afterwards | all TP GPUs |
+//! | (e) | NCCL collective + cuBLASLt GEMM in sequence on every GPU (all-gather of A for `ag-a*`, of B for `ag-b*`, GEMM then reduce-scatter of row blocks for `rs-*`) | all TP GPUs |
+//! | (f) | PyTorch async TP: `torch.ops.symm_mem.fused_all_gather_matmul` (gathers A) for the all-gather families, `fused_matmul_reduce_scatter` (scatters rows) for the reduce-scatter ones, from `peers/torch_async_tp.py` | all TP GPUs, separate processes |
 //!
 //! Derived: TFLOP/s per GPU = 2·M·N·K / TP / (d); "% of (b)" = (b)/(d) and "% of (c)" =
 //! (c)/(d) (how much of the no-communication GEMM speed distgemm keeps); % of 989 TFLOP/s
@@ -27,9 +29,10 @@
 //! `distgemm [FILTER] [--bench] [--tp N] [--tokens M] [--dtype bf16|f16] [--reps N] [--quick]
 //!  [--sweep] [--no-torch] [--python PATH] [--torch-timeout S]`
 //! - `--quick`: 70B presets only, 20 repetitions;
-//! - `--sweep`: instead of the table, the token sweep M ∈ {256, …, 16384} for 70B fc1/fc2:
-//!   distgemm (best pipelined, best single-stage, `auto`) vs (e), where pipelining stops paying
-//!   and whether `auto` follows; writes `distgemm-sweep-<date>-<commit>.{json,md}`.
+//! - `--sweep`: instead of the table, the token sweep M ∈ {256, …, 16384} for 70B fc1/fc2: all
+//!   eight schedules, judged in the preset's natural family (`ag-a` for fc1, `rs-a` for fc2):
+//!   its pipelined vs its single-stage schedule vs (e), where pipelining stops paying and
+//!   whether `Auto` follows; writes `distgemm-sweep-<date>-<commit>.{json,md}`.
 //! - FILTER keeps rows whose id `distgemm/<preset>/<schedule>` contains it.
 //!
 //! Writes `distgemm-<date>-<commit>.{json,md}` under `DISTGEMM_BENCH_RESULTS` or
@@ -40,6 +43,7 @@
 use distgemm::baseline::{
     CublasLtGemm, NcclElement, NcclGemmBaseline, NcclGemmKind, NcclGemmLayout, TnGemmShape,
 };
+use distgemm::cuda::{BufferRef, DeviceArgs, DistGemm};
 use distgemm::dtype::Dtype;
 use distgemm::gemm::{GemmArgs, GemmKernel, MatrixView, PreparedGemm};
 use distgemm::plan::{DevicePlan, Plan};
@@ -48,10 +52,10 @@ use distgemm::runtime::{CudaStream, DeviceBuffer, Gpu, Module, hopper_gpus};
 use distgemm::schedule::{BufferKind, CSource, GemmStage, ScheduleKind, View};
 use distgemm::testdata::fill_normal;
 use distgemm_benches::distgemm_report::{
-    Options, Record, SWEEP_TOKENS, Sched, SweepPoint, TABLE_HEADER, TORCH_AG, TORCH_RS,
-    TorchResults, USAGE, find_peer_script, missing_notes, ms, nccl_kind_of, parse_args,
-    pipelined_of, pipelining_threshold, presets, row_id, single_stage_of, table_row, timing_for,
-    torch_op_of, verdicts,
+    Options, Record, SWEEP_TOKENS, Sched, SweepPoint, TABLE_HEADER, TORCH_AG, TorchResults, USAGE,
+    find_peer_script, missing_notes, ms, nccl_kind_of, parse_args, pipelined_of,
+    pipelining_threshold, presets, row_id, single_stage_of, table_row, timing_for, torch_op_of,
+    verdicts,
 };
 use distgemm_benches::{
     BenchError, Provenance, Timing, results_dir, time_on_stream, time_on_streams,
@@ -397,23 +401,85 @@ fn nccl_cublas<T: NcclElement>(
     Ok(t)
 }
 
-/// (d): distgemm on the first `tp` GPUs, and the schedule `auto` picked.
-///
-/// This is the one place that touches the distributed runtime (`host/src/cuda`). What it must
-/// do once that lands: build the `DistGemm` for (`ctx.gpus[..tp]`, `sched`, `problem`,
-/// `T::DTYPE`) with per-device shards filled by `fill_normal`; take each device's stream;
-/// time `run()` with [`time_on_streams`] (warm-up included, max over devices); wait; report
-/// the chosen schedule for `Sched::Auto`.
+/// (d): distgemm (`host/src/cuda`) running `kind` on the first `tp` GPUs: per-device shards
+/// sized by the plan and filled on their GPUs, one `DistGemm` built (graphs instantiated
+/// once), then `run()` per repetition timed on every device's stream (max over devices), and
+/// a final `wait()` that turns a timed-out GPU wait into an error instead of a number.
 fn distgemm<T: NcclElement>(
-    _ctx: &Ctx,
-    _sched: Sched,
-    _problem: Problem,
-    _tp: usize,
-) -> Result<(Timing, Option<ScheduleKind>), String> {
-    Err(DISTGEMM_MISSING.into())
+    ctx: &Ctx,
+    kind: ScheduleKind,
+    problem: Problem,
+    tp: usize,
+) -> Result<Timing, String> {
+    let gpus = &ctx.gpus[..tp];
+    let builder = DistGemm::builder()
+        .devices(gpus.to_vec())
+        .tp(tp)
+        .schedule(kind)
+        .problem(problem)
+        .dtype(T::DTYPE)
+        .modules(ctx.modules[..tp].to_vec());
+    let plan = builder.plan().map_err(err)?;
+    // Shards first: they must outlive the DistGemm (locals drop in reverse order).
+    let mut shards: Vec<[DeviceBuffer<T>; 4]> = Vec::with_capacity(tp);
+    for (d, dev) in plan.devices.iter().enumerate() {
+        let gpu = &gpus[d];
+        let stream = gpu.new_stream().map_err(err)?;
+        let alloc = |kind| DeviceBuffer::<T>::alloc(gpu, dev.buffer_elements(kind)).map_err(err);
+        let mut bufs = [
+            alloc(BufferKind::A)?,
+            alloc(BufferKind::B)?,
+            alloc(BufferKind::C)?,
+            alloc(BufferKind::D)?,
+        ];
+        for (i, buf) in bufs.iter_mut().take(3).enumerate() {
+            if !buf.is_empty() {
+                fill_normal(&ctx.modules[d], &stream, buf, 41 + 8 * d as u32 + i as u32)
+                    .map_err(err)?;
+            }
+        }
+        stream.synchronize().map_err(err)?;
+        shards.push(bufs);
+    }
+    let args: Vec<DeviceArgs> = shards
+        .iter()
+        .map(|[a, b, c, d]| DeviceArgs {
+            a: BufferRef::of(a),
+            b: BufferRef::of(b),
+            c: (!c.is_empty()).then(|| BufferRef::of(c)),
+            d: BufferRef::of(d),
+        })
+        .collect();
+    let mut dist = builder.args(args).build().map_err(err)?;
+    let streams = dist.streams();
+    let flops_per_gpu = problem.flops() / tp as f64;
+    let timing = timing_for(flops_per_gpu, &ctx.opts);
+    let measured = time_on_streams(gpus, &streams, timing, |_| {
+        dist.run().map_err(|e| BenchError::Work(e.to_string()))
+    });
+    // Always wait (and read the error words), also after a failed launch.
+    let waited = dist.wait().map_err(err);
+    let t = measured.map_err(err)?;
+    waited?;
+    Ok(t)
 }
 
-const DISTGEMM_MISSING: &str = "the distributed CUDA runtime (host/src/cuda, DistGemm) is not in this build; column (d) is wired to one function, benches/distgemm.rs `distgemm()`";
+/// The schedule distgemm's `Auto` picks in `family` for `problem` (pure: the cost model).
+fn resolve_auto<T: NcclElement>(
+    ctx: &Ctx,
+    family: ScheduleKind,
+    problem: Problem,
+    tp: usize,
+) -> Result<ScheduleKind, String> {
+    DistGemm::builder()
+        .devices(ctx.gpus[..tp].to_vec())
+        .tp(tp)
+        .auto_schedule(family)
+        .problem(problem)
+        .dtype(T::DTYPE)
+        .resolved_schedule()
+        .map_err(err)
+}
 
 // ------------------------------------------------------------------------------------------
 // The table
@@ -463,15 +529,23 @@ fn preset_rows<T: NcclElement>(
             .or_insert_with(|| nccl_cublas::<T>(ctx, kind, problem, tp))
             .clone()
     };
+    let mut dist_cache: HashMap<ScheduleKind, Result<Timing, String>> = HashMap::new();
+    let mut get_dist = |kind: ScheduleKind| {
+        dist_cache
+            .entry(kind)
+            .or_insert_with(|| distgemm::<T>(ctx, kind, problem, tp))
+            .clone()
+    };
     let mut out = Vec::new();
     for sched in rows {
         let mut r = Record {
             preset: preset.name().into(),
             tp,
-            schedule: sched.name().into(),
-            schedule_full: sched
-                .kind()
-                .map_or("Auto".into(), |k| k.full_name().to_owned()),
+            schedule: sched.name(),
+            schedule_full: match sched {
+                Sched::Fixed(k) => k.full_name().to_owned(),
+                Sched::Auto(f) => format!("Auto within {}", f.full_name()),
+            },
             m: problem.m,
             n: problem.n,
             k: problem.k,
@@ -488,97 +562,54 @@ fn preset_rows<T: NcclElement>(
         r.single_gpu_cublas_ms = r
             .set("single_gpu_cublas_ms", &a_cublas)
             .map(|t: Timing| t.median_ms);
-        let d = distgemm::<T>(ctx, sched, problem, tp);
-        let chosen = match (&d, sched) {
-            (_, Sched::Fixed(k)) => Some(k),
-            (Ok((_, c)), Sched::Auto) => *c,
-            (Err(_), Sched::Auto) => None,
+        // `Auto` is resolved by the runtime's (pure) rule, and the chosen schedule's
+        // measurement is reused: the graphs would be identical.
+        let chosen = match sched {
+            Sched::Fixed(k) => Ok(k),
+            Sched::Auto(f) => resolve_auto::<T>(ctx, f, problem, tp),
         };
-        if let Some(dd) = r.set("distgemm_ms", &d) {
-            r.distgemm_ms = Some(dd.0.median_ms);
-            r.distgemm_min_ms = Some(dd.0.min_ms);
-            r.distgemm_max_ms = Some(dd.0.max_ms);
-            r.distgemm_reps = Some(dd.0.samples_ms.len());
+        if let Sched::Auto(_) = sched {
+            r.auto_choice = r
+                .set("auto_choice", &chosen)
+                .map(|k| k.cli_name().to_owned());
         }
-        if sched == Sched::Auto {
-            r.auto_choice = chosen.map(|c| c.cli_name().to_owned());
+        let d = chosen.clone().and_then(&mut get_dist);
+        if let Some(t) = r.set("distgemm_ms", &d) {
+            r.distgemm_ms = Some(t.median_ms);
+            r.distgemm_min_ms = Some(t.min_ms);
+            r.distgemm_max_ms = Some(t.max_ms);
+            r.distgemm_reps = Some(t.samples_ms.len());
         }
-        match chosen {
-            Some(kind) => {
-                let b = get_single(kind);
-                if let Some((t, s)) = r.set("single_stage_nocomm_ms", &b) {
-                    r.single_stage_nocomm_ms = Some(t.median_ms);
-                    r.single_stage_shape = Some(s);
-                }
-                let c = get_piped(kind);
-                if let Some((t, s)) = r.set("pipelined_nocomm_ms", &c) {
-                    r.pipelined_nocomm_ms = Some(t.median_ms);
-                    r.pipelined_stage_shapes = Some(s);
-                }
-                let nk = nccl_kind_of(kind);
-                r.nccl_cublas_variant = Some(nk.name().into());
-                r.nccl_cublas_ms = r
-                    .set("nccl_cublas_ms", &get_nccl(nk))
-                    .map(|t: Timing| t.median_ms);
-                let op = torch_op_of(kind);
-                r.torch_async_tp_op = Some(op.into());
-                r.torch_async_tp_ms = r.set(
-                    "torch_async_tp_ms",
-                    &torch.get(preset.name(), problem.m, op),
-                );
-                let (nccl_op, local_op) = if op == TORCH_AG {
-                    ("nccl_all_gather+matmul", "matmul_ag_local")
-                } else {
-                    ("matmul+nccl_reduce_scatter", "matmul_rs_local")
-                };
-                r.torch_nccl_matmul_ms = torch.get(preset.name(), problem.m, nccl_op).ok();
-                r.torch_matmul_local_ms = torch.get(preset.name(), problem.m, local_op).ok();
-            }
-            None => {
-                // `auto` without a known choice: compare with the best plain approaches.
-                let why = "auto's choice is unknown, so its family's (b)/(c) are not shown";
-                r.missing
-                    .insert("single_stage_nocomm_ms".into(), why.into());
-                r.missing.insert("pipelined_nocomm_ms".into(), why.into());
-                let best_e = [
-                    NcclGemmKind::AllGatherA,
-                    NcclGemmKind::AllGatherB,
-                    NcclGemmKind::ReduceScatter,
-                ]
-                .into_iter()
-                .filter_map(|nk| get_nccl(nk).ok().map(|t| (t.median_ms, nk)))
-                .min_by(|a, b| a.0.total_cmp(&b.0));
-                match best_e {
-                    Some((t, nk)) => {
-                        r.nccl_cublas_ms = Some(t);
-                        r.nccl_cublas_variant = Some(format!("best: {}", nk.name()));
-                    }
-                    None => {
-                        r.missing
-                            .insert("nccl_cublas_ms".into(), "no NCCL variant ran".into());
-                    }
-                }
-                let best_f = [TORCH_AG, TORCH_RS]
-                    .into_iter()
-                    .filter_map(|op| {
-                        torch
-                            .get(preset.name(), problem.m, op)
-                            .ok()
-                            .map(|t| (t, op))
-                    })
-                    .min_by(|a, b| a.0.total_cmp(&b.0));
-                match best_f {
-                    Some((t, op)) => {
-                        r.torch_async_tp_ms = Some(t);
-                        r.torch_async_tp_op = Some(format!("best: {op}"));
-                    }
-                    None => {
-                        let e = torch.get(preset.name(), problem.m, TORCH_AG);
-                        r.set("torch_async_tp_ms", &e);
-                    }
-                }
-            }
+        // (b), (c), (e), (f) of the family (the chosen schedule's, which is in the family).
+        let kind = chosen.unwrap_or(sched.family());
+        let b = get_single(kind);
+        if let Some((t, s)) = r.set("single_stage_nocomm_ms", &b) {
+            r.single_stage_nocomm_ms = Some(t.median_ms);
+            r.single_stage_shape = Some(s);
         }
+        let c = get_piped(kind);
+        if let Some((t, s)) = r.set("pipelined_nocomm_ms", &c) {
+            r.pipelined_nocomm_ms = Some(t.median_ms);
+            r.pipelined_stage_shapes = Some(s);
+        }
+        let nk = nccl_kind_of(kind);
+        r.nccl_cublas_variant = Some(nk.name().into());
+        r.nccl_cublas_ms = r
+            .set("nccl_cublas_ms", &get_nccl(nk))
+            .map(|t: Timing| t.median_ms);
+        let op = torch_op_of(kind);
+        r.torch_async_tp_op = Some(op.into());
+        r.torch_async_tp_ms = r.set(
+            "torch_async_tp_ms",
+            &torch.get(preset.name(), problem.m, op),
+        );
+        let (nccl_op, local_op) = if op == TORCH_AG {
+            ("nccl_all_gather+matmul", "matmul_ag_local")
+        } else {
+            ("matmul+nccl_reduce_scatter", "matmul_rs_local")
+        };
+        r.torch_nccl_matmul_ms = torch.get(preset.name(), problem.m, nccl_op).ok();
+        r.torch_matmul_local_ms = torch.get(preset.name(), problem.m, local_op).ok();
         r.derive();
         print!("{}", table_row(&r));
         out.push(r);
@@ -685,17 +716,22 @@ fn sweep<T: NcclElement>(ctx: &Ctx, tp: usize, prov: &Provenance) -> Result<(), 
         {
             continue;
         }
+        // The preset's natural family: all-gather of A for fc1, reduce-scatter of rows for fc2.
+        let family = if preset.name().ends_with("fc1") {
+            ScheduleKind::AllGatherRotatingA
+        } else {
+            ScheduleKind::ReduceScatterTilingA
+        };
+        let natural = nccl_kind_of(family);
         let header = format!(
-            "## {}\n\n| M | best pipelined | ms | best single-stage | ms | auto | ms | (e) ms | pipelining pays | auto follows |\n|---:|---|---:|---|---:|---|---:|---:|---|---|\n",
-            preset.name()
+            "## {} (family {family}: {family} vs {single} vs (e) {})\n\n| M | {family} ms | {single} ms | (e) ms | auto picks | auto ms | pipelining pays | auto follows | best pipelined (any family) | ms |\n|---:|---:|---:|---:|---|---:|---|---|---|---:|\n",
+            preset.name(),
+            natural.name(),
+            family = family.cli_name(),
+            single = single_stage_of(family).cli_name(),
         );
         print!("\n{header}");
         md.push_str(&header);
-        let natural = if preset.name().ends_with("fc1") {
-            NcclGemmKind::AllGatherA
-        } else {
-            NcclGemmKind::ReduceScatter
-        };
         let mut rows = Vec::new();
         for &m in &SWEEP_TOKENS {
             let problem = preset.problem(m).with_dtype(o.dtype);
@@ -712,23 +748,23 @@ fn sweep<T: NcclElement>(ctx: &Ctx, tp: usize, prov: &Provenance) -> Result<(), 
                 date: prov.date.clone(),
                 ..Default::default()
             };
-            for sched in Sched::all() {
-                match distgemm::<T>(ctx, sched, problem, tp) {
-                    Ok((t, chosen)) => {
-                        if sched == Sched::Auto {
-                            p.auto_ms = Some(t.median_ms);
-                            p.auto_choice = chosen.map(|c| c.cli_name().into());
-                        } else {
-                            p.schedules_ms
-                                .insert(sched.name().into(), Some(t.median_ms));
-                        }
+            p.family = family.cli_name().into();
+            for kind in ScheduleKind::ALL {
+                match distgemm::<T>(ctx, kind, problem, tp) {
+                    Ok(t) => {
+                        p.schedules_ms
+                            .insert(kind.cli_name().into(), Some(t.median_ms));
                     }
                     Err(e) => {
-                        if sched != Sched::Auto {
-                            p.schedules_ms.insert(sched.name().into(), None);
-                        }
-                        p.missing.insert(sched.name().into(), e);
+                        p.schedules_ms.insert(kind.cli_name().into(), None);
+                        p.missing.insert(kind.cli_name().into(), e);
                     }
+                }
+            }
+            match resolve_auto::<T>(ctx, family, problem, tp) {
+                Ok(k) => p.auto_choice = Some(k.cli_name().into()),
+                Err(e) => {
+                    p.missing.insert("auto".into(), e);
                 }
             }
             match nccl_cublas::<T>(ctx, natural, problem, tp) {
@@ -741,15 +777,15 @@ fn sweep<T: NcclElement>(ctx: &Ctx, tp: usize, prov: &Provenance) -> Result<(), 
             let yes_no = |v: Option<bool>| v.map_or("—", |b| if b { "yes" } else { "no" });
             let line = format!(
                 "| {m} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
-                p.best_pipelined.as_deref().unwrap_or("—"),
-                ms(p.best_pipelined_ms),
-                p.best_single_stage.as_deref().unwrap_or("—"),
-                ms(p.best_single_stage_ms),
+                ms(p.family_pipelined_ms),
+                ms(p.family_single_stage_ms),
+                ms(p.nccl_cublas_ms),
                 p.auto_choice.as_deref().unwrap_or("?"),
                 ms(p.auto_ms),
-                ms(p.nccl_cublas_ms),
                 yes_no(p.pipelining_pays),
                 yes_no(p.auto_follows),
+                p.best_pipelined.as_deref().unwrap_or("—"),
+                ms(p.best_pipelined_ms),
             );
             print!("{line}");
             md.push_str(&line);
@@ -779,7 +815,7 @@ fn sweep<T: NcclElement>(ctx: &Ctx, tp: usize, prov: &Provenance) -> Result<(), 
             if rows.iter().all(|r| r.2.is_none()) {
                 "auto could not be judged".to_owned()
             } else if follows.is_empty() {
-                "auto is within 3 % of the fastest option at every M".to_owned()
+                "auto is within 3 % of the fastest of (family pipelined, family single-stage, (e)) at every M".to_owned()
             } else {
                 format!("auto is more than 3 % slower than the fastest option at M = {follows:?}")
             }

@@ -27,31 +27,48 @@ pub const NOISE: f64 = 1.03;
 // Schedules and their families (pure)
 // ------------------------------------------------------------------------------------------
 
-/// A row of the table: a fixed schedule, or distgemm's own choice.
+/// A row of the table: a fixed schedule, or distgemm's `Auto` choice within a family (the
+/// family is fixed by the shard layout the caller holds; `Auto` picks its pipelined or its
+/// single-stage schedule). `Auto` carries the family's pipelined schedule.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Sched {
     Fixed(ScheduleKind),
-    Auto,
+    Auto(ScheduleKind),
 }
 
 impl Sched {
+    /// The eight fixed schedules, then `Auto` of each of the four families.
     pub fn all() -> Vec<Sched> {
         let mut v: Vec<Sched> = ScheduleKind::ALL.iter().map(|&k| Sched::Fixed(k)).collect();
-        v.push(Sched::Auto);
+        v.extend(
+            ScheduleKind::ALL
+                .iter()
+                .filter(|k| k.is_pipelined())
+                .map(|&k| Sched::Auto(k)),
+        );
         v
     }
 
-    pub fn name(self) -> &'static str {
+    /// `ag-a`, `rs-b-single`, `auto(ag-a)`, …
+    pub fn name(self) -> String {
         match self {
-            Sched::Fixed(k) => k.cli_name(),
-            Sched::Auto => "auto",
+            Sched::Fixed(k) => k.cli_name().to_owned(),
+            Sched::Auto(f) => format!("auto({})", pipelined_of(f).cli_name()),
         }
     }
 
+    /// The fixed schedule, if this is one.
     pub fn kind(self) -> Option<ScheduleKind> {
         match self {
             Sched::Fixed(k) => Some(k),
-            Sched::Auto => None,
+            Sched::Auto(_) => None,
+        }
+    }
+
+    /// The schedule family (its pipelined schedule).
+    pub fn family(self) -> ScheduleKind {
+        match self {
+            Sched::Fixed(k) | Sched::Auto(k) => pipelined_of(k),
         }
     }
 }
@@ -357,7 +374,7 @@ pub fn verdicts(records: &[Record]) -> String {
     for preset in names {
         let best = records
             .iter()
-            .filter(|r| r.preset == preset && r.schedule != "auto")
+            .filter(|r| r.preset == preset && !r.schedule.starts_with("auto"))
             .filter_map(|r| r.distgemm_ms.map(|d| (d, r)))
             .min_by(|a, b| a.0.total_cmp(&b.0));
         let Some((d, r)) = best else {
@@ -523,20 +540,25 @@ pub struct SweepPoint {
     pub n: usize,
     pub k: usize,
     pub dtype: String,
-    /// Every schedule's distgemm time (null: not measured, see `missing`).
+    /// The family judged (the preset's natural one: `ag-a` for fc1, `rs-a` for fc2).
+    pub family: String,
+    /// Every fixed schedule's distgemm time (null: not measured, see `missing`).
     pub schedules_ms: BTreeMap<String, Option<f64>>,
+    /// Fastest pipelined schedule of any family.
     pub best_pipelined: Option<String>,
     pub best_pipelined_ms: Option<f64>,
-    pub best_single_stage: Option<String>,
-    pub best_single_stage_ms: Option<f64>,
-    pub auto_ms: Option<f64>,
+    /// The family's pipelined and single-stage schedules.
+    pub family_pipelined_ms: Option<f64>,
+    pub family_single_stage_ms: Option<f64>,
+    /// What `Auto` picks for the family, and that schedule's time.
     pub auto_choice: Option<String>,
-    /// (e) for the preset's natural collective (all-gather of A for fc1, reduce-scatter for fc2).
+    pub auto_ms: Option<f64>,
+    /// (e) for the family's collective.
     pub nccl_cublas_variant: String,
     pub nccl_cublas_ms: Option<f64>,
-    /// Best pipelined faster than every non-pipelined option (within noise, they tie).
+    /// The family's pipelined schedule beats both its single-stage variant and (e).
     pub pipelining_pays: Option<bool>,
-    /// Auto within 3 % of the fastest option measured.
+    /// `Auto` is within 3 % of the fastest of: the family's two schedules and (e).
     pub auto_follows: Option<bool>,
     pub missing: BTreeMap<String, String>,
     pub machine: String,
@@ -545,49 +567,41 @@ pub struct SweepPoint {
 }
 
 impl SweepPoint {
-    /// Fills the best-of and verdict fields from the measured ones.
+    /// Fills the best-of and verdict fields from `schedules_ms`, `auto_choice` and
+    /// `nccl_cublas_ms`.
     pub fn derive(&mut self) {
-        let best = |pipelined: bool| {
-            self.schedules_ms
-                .iter()
-                .filter(|(name, _)| {
-                    ScheduleKind::ALL
-                        .iter()
-                        .any(|k| k.cli_name() == name.as_str() && k.is_pipelined() == pipelined)
-                })
-                .filter_map(|(name, t)| t.map(|t| (t, name.clone())))
-                .min_by(|a, b| a.0.total_cmp(&b.0))
-        };
-        if let Some((t, name)) = best(true) {
+        let time = |name: &str| self.schedules_ms.get(name).copied().flatten();
+        self.best_pipelined = None;
+        self.best_pipelined_ms = None;
+        if let Some((t, name)) = ScheduleKind::ALL
+            .iter()
+            .filter(|k| k.is_pipelined())
+            .filter_map(|k| time(k.cli_name()).map(|t| (t, k.cli_name())))
+            .min_by(|a, b| a.0.total_cmp(&b.0))
+        {
             self.best_pipelined_ms = Some(t);
-            self.best_pipelined = Some(name);
+            self.best_pipelined = Some(name.to_owned());
         }
-        if let Some((t, name)) = best(false) {
-            self.best_single_stage_ms = Some(t);
-            self.best_single_stage = Some(name);
-        }
-        let alternative = [self.best_single_stage_ms, self.nccl_cublas_ms]
+        let family = ScheduleKind::ALL
+            .iter()
+            .find(|k| k.cli_name() == self.family)
+            .copied();
+        self.family_pipelined_ms = family.and_then(|f| time(pipelined_of(f).cli_name()));
+        self.family_single_stage_ms = family.and_then(|f| time(single_stage_of(f).cli_name()));
+        self.auto_ms = self.auto_choice.as_deref().and_then(time);
+        let alternative = [self.family_single_stage_ms, self.nccl_cublas_ms]
             .into_iter()
             .flatten()
             .fold(f64::INFINITY, f64::min);
-        if let Some(p) = self.best_pipelined_ms
-            && alternative.is_finite()
-        {
-            self.pipelining_pays = Some(p < alternative);
-        }
-        let fastest = [
-            self.best_pipelined_ms,
-            self.best_single_stage_ms,
-            self.nccl_cublas_ms,
-        ]
-        .into_iter()
-        .flatten()
-        .fold(f64::INFINITY, f64::min);
-        if let Some(a) = self.auto_ms
-            && fastest.is_finite()
-        {
-            self.auto_follows = Some(a <= NOISE * fastest);
-        }
+        self.pipelining_pays = match self.family_pipelined_ms {
+            Some(p) if alternative.is_finite() => Some(p < alternative),
+            _ => None,
+        };
+        let fastest = alternative.min(self.family_pipelined_ms.unwrap_or(f64::INFINITY));
+        self.auto_follows = match self.auto_ms {
+            Some(a) if fastest.is_finite() => Some(a <= NOISE * fastest),
+            _ => None,
+        };
     }
 }
 
@@ -649,7 +663,16 @@ mod tests {
             NcclGemmKind::ReduceScatter
         );
         assert_eq!(torch_op_of(ReduceScatterSingleStageA), TORCH_RS);
-        assert_eq!(Sched::all().len(), 9);
+        assert_eq!(Sched::all().len(), 12);
+        assert_eq!(Sched::Auto(AllGatherRotatingB).name(), "auto(ag-b)");
+        assert_eq!(
+            Sched::Auto(ReduceScatterTilingA).family(),
+            ReduceScatterTilingA
+        );
+        assert_eq!(
+            Sched::Fixed(AllGatherSingleStageA).family(),
+            AllGatherRotatingA
+        );
     }
 
     #[test]
@@ -762,21 +785,28 @@ NCCL INFO something
 
     #[test]
     fn sweep_verdicts() {
-        let mut p = SweepPoint::default();
+        let mut p = SweepPoint {
+            family: "ag-a".into(),
+            ..Default::default()
+        };
         p.schedules_ms.insert("ag-a".into(), Some(10.0));
-        p.schedules_ms.insert("ag-b".into(), Some(11.0));
+        p.schedules_ms.insert("ag-b".into(), Some(9.0));
         p.schedules_ms.insert("ag-a-single".into(), Some(10.5));
         p.schedules_ms.insert("rs-a".into(), None);
         p.nccl_cublas_ms = Some(12.0);
-        p.auto_ms = Some(10.2);
+        p.auto_choice = Some("ag-a".into());
         p.derive();
-        assert_eq!(p.best_pipelined.as_deref(), Some("ag-a"));
-        assert_eq!(p.best_single_stage.as_deref(), Some("ag-a-single"));
-        assert_eq!(p.pipelining_pays, Some(true));
+        assert_eq!(p.best_pipelined.as_deref(), Some("ag-b"));
+        assert_eq!(p.family_pipelined_ms, Some(10.0));
+        assert_eq!(p.family_single_stage_ms, Some(10.5));
+        assert_eq!((p.pipelining_pays, p.auto_ms), (Some(true), Some(10.0)));
         assert_eq!(p.auto_follows, Some(true));
-        p.auto_ms = Some(11.0);
+        p.auto_choice = Some("ag-a-single".into());
         p.derive();
         assert_eq!(p.auto_follows, Some(false));
+        p.nccl_cublas_ms = Some(9.5);
+        p.derive();
+        assert_eq!(p.pipelining_pays, Some(false));
 
         assert_eq!(
             pipelining_threshold(&[
