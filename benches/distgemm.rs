@@ -54,14 +54,13 @@ use distgemm::testdata::fill_normal;
 use distgemm_benches::distgemm_report::{
     Options, Record, SWEEP_TOKENS, Sched, SweepPoint, TABLE_HEADER, TORCH_AG, TorchResults, USAGE,
     find_peer_script, missing_notes, ms, nccl_kind_of, parse_args, pipelined_of,
-    pipelining_threshold, presets, row_id, single_stage_of, table_row, timing_for, torch_op_of,
-    verdicts,
+    pipelining_threshold, presets, row_id, run_peer_command, single_stage_of, table_row,
+    timing_for, torch_op_of, verdicts,
 };
 use distgemm_benches::{
     BenchError, Provenance, Timing, results_dir, time_on_stream, time_on_streams,
 };
 use std::collections::{BTreeMap, HashMap};
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
@@ -99,75 +98,13 @@ fn run_torch(o: &Options, presets: &[Preset], tokens: &[usize], tp: usize) -> To
         .env("NCCL_NVLS_ENABLE", "0")
         .env("NVSHMEM_DISABLE_NVLS", "1")
         .stdin(Stdio::null())
-        .stdout(Stdio::piped())
         .stderr(Stdio::inherit());
-    // Own process group, so that a timeout can end the script and the workers it spawned.
-    std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
     println!("== PyTorch peer: {python} {}", script.display());
-    let started = Instant::now();
-    let mut child = match cmd.spawn() {
-        Ok(c) => c,
-        Err(e) => return TorchResults::failed(format!("cannot start {python}: {e}")),
-    };
-    let pid = child.id();
-    let Some(stdout) = child.stdout.take() else {
-        return TorchResults::failed("no stdout pipe".into());
-    };
-    let reader = std::thread::spawn(move || {
-        let mut text = String::new();
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            println!("   torch: {line}");
-            text.push_str(&line);
-            text.push('\n');
-        }
-        text
-    });
-    let deadline = Duration::from_secs(o.torch_timeout_s);
-    let mut timed_out = false;
-    let status = loop {
-        match child.try_wait() {
-            Ok(Some(status)) => break Some(status),
-            Ok(None) if started.elapsed() > deadline => {
-                timed_out = true;
-                // The whole group: the script and the worker processes it spawned.
-                let _ = Command::new("kill")
-                    .args(["-KILL", &format!("-{pid}")])
-                    .status();
-                let _ = child.kill();
-                break child.wait().ok();
-            }
-            Ok(None) => std::thread::sleep(Duration::from_millis(200)),
-            Err(_) => break None,
-        }
-    };
-    let text = reader.join().unwrap_or_default();
-    let mut r = TorchResults::parse(&text);
-    let why = if timed_out {
-        Some(format!(
-            "timed out after {} s (--torch-timeout)",
-            o.torch_timeout_s
-        ))
-    } else {
-        match status {
-            Some(s) if s.success() => None,
-            Some(s) => Some(format!("{python} exited with {s}")),
-            None => Some("could not wait for the script".into()),
-        }
-    };
-    if let Some(why) = why {
-        r.failure = Some(match r.failure.take() {
-            Some(prev) => format!("{prev}; {why}"),
-            None => why,
-        });
-    }
-    println!(
-        "== PyTorch peer finished in {:.1} s{}",
-        started.elapsed().as_secs_f64(),
-        r.failure
-            .as_ref()
-            .map_or(String::new(), |f| format!(" ({f})"))
-    );
-    r
+    run_peer_command(
+        cmd,
+        Duration::from_secs(o.torch_timeout_s),
+        "--torch-timeout",
+    )
 }
 
 // ------------------------------------------------------------------------------------------

@@ -11,6 +11,8 @@ use distgemm::schedule::{Collective, ScheduleKind};
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 use crate::TimingConfig;
 
@@ -472,6 +474,86 @@ impl TorchResults {
     }
 }
 
+/// Runs a peer benchmark command (stdout piped, one JSON object per line, echoed with a
+/// `torch:` prefix) and parses what it printed. The command gets its own process group, so
+/// that after `timeout` the whole group (the script and every worker it spawned) is killed.
+/// Never fails: a spawn error, a non-zero exit or a timeout is recorded in `failure`, and the
+/// records printed before it are kept.
+pub fn run_peer_command(mut cmd: Command, timeout: Duration, timeout_flag: &str) -> TorchResults {
+    use std::io::{BufRead, BufReader};
+    use std::os::unix::process::CommandExt;
+    cmd.stdout(Stdio::piped());
+    cmd.process_group(0);
+    let program = cmd.get_program().to_string_lossy().into_owned();
+    let started = Instant::now();
+    let mut child = match cmd.spawn() {
+        Ok(c) => c,
+        Err(e) => return TorchResults::failed(format!("cannot start {program}: {e}")),
+    };
+    let pid = child.id();
+    let Some(stdout) = child.stdout.take() else {
+        let _ = child.kill();
+        let _ = child.wait();
+        return TorchResults::failed("no stdout pipe".into());
+    };
+    let reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            println!("   torch: {line}");
+            text.push_str(&line);
+            text.push('\n');
+        }
+        text
+    });
+    let mut timed_out = false;
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break Some(status),
+            Ok(None) if started.elapsed() > timeout => {
+                timed_out = true;
+                // The whole process group this command leads (its id is the child's pid).
+                let _ = Command::new("kill")
+                    .args(["-KILL", "--", &format!("-{pid}")])
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .status();
+                let _ = child.kill();
+                break child.wait().ok();
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(100)),
+            Err(_) => break None,
+        }
+    };
+    let text = reader.join().unwrap_or_default();
+    let mut r = TorchResults::parse(&text);
+    let why = if timed_out {
+        Some(format!(
+            "timed out after {} s ({timeout_flag})",
+            timeout.as_secs()
+        ))
+    } else {
+        match status {
+            Some(s) if s.success() => None,
+            Some(s) => Some(format!("{program} exited with {s}")),
+            None => Some(format!("could not wait for {program}")),
+        }
+    };
+    if let Some(why) = why {
+        r.failure = Some(match r.failure.take() {
+            Some(prev) => format!("{prev}; {why}"),
+            None => why,
+        });
+    }
+    println!(
+        "== peer finished in {:.1} s{}",
+        started.elapsed().as_secs_f64(),
+        r.failure
+            .as_ref()
+            .map_or(String::new(), |f| format!(" ({f})"))
+    );
+    r
+}
+
 /// Where `peers/torch_async_tp.py` is.
 pub fn find_peer_script() -> Result<PathBuf, String> {
     let name = "torch_async_tp.py";
@@ -719,6 +801,55 @@ NCCL INFO something
                 .unwrap_err()
                 .contains("cannot import torch")
         );
+    }
+
+    #[test]
+    fn peer_command_output_exit_status_and_timeout() {
+        let sh = |script: &str| {
+            let mut c = Command::new("sh");
+            c.arg("-c").arg(script);
+            c
+        };
+        let r = run_peer_command(
+            sh(r#"echo '{"preset": "p", "m": 8, "op": "fused_all_gather_matmul", "ms": 1.5}'"#),
+            Duration::from_secs(20),
+            "--t",
+        );
+        assert_eq!(r.get("p", 8, TORCH_AG), Ok(1.5));
+        assert!(r.failure.is_none());
+        let r = run_peer_command(
+            sh(
+                r#"echo '{"preset": "p", "m": 8, "op": "fused_all_gather_matmul", "ms": 2}'; exit 3"#,
+            ),
+            Duration::from_secs(20),
+            "--t",
+        );
+        assert_eq!(r.get("p", 8, TORCH_AG), Ok(2.0));
+        assert!(r.failure.as_deref().unwrap().contains("exit"), "{r:?}");
+        // A hung script with a hung child (like torch.multiprocessing workers): both are
+        // killed, and the records printed before the hang are kept.
+        let started = Instant::now();
+        let r = run_peer_command(
+            sh(
+                r#"echo '{"preset": "p", "m": 8, "op": "fused_matmul_reduce_scatter", "ms": 3}'; sleep 60 & sleep 60"#,
+            ),
+            Duration::from_secs(1),
+            "--t",
+        );
+        assert!(started.elapsed() < Duration::from_secs(20));
+        assert_eq!(r.get("p", 8, TORCH_RS), Ok(3.0));
+        assert!(
+            r.failure
+                .as_deref()
+                .unwrap()
+                .contains("timed out after 1 s (--t)")
+        );
+        let r = run_peer_command(
+            Command::new("/nonexistent/python3"),
+            Duration::from_secs(1),
+            "--t",
+        );
+        assert!(r.failure.as_deref().unwrap().contains("cannot start"));
     }
 
     #[test]
