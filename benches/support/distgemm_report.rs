@@ -148,7 +148,7 @@ impl Default for Options {
             sweep: false,
             torch: true,
             python: None,
-            torch_timeout_s: 900,
+            torch_timeout_s: 300,
         }
     }
 }
