@@ -826,7 +826,22 @@ fn run(opts: Options) -> Result<(), BenchError> {
     } else if !opts.torch {
         TorchResults::failed("--no-torch".into())
     } else {
-        run_torch(&opts, &presets(opts.quick), &[opts.tokens], tp)
+        // Only the presets that have a row selected by FILTER.
+        let selected: Vec<Preset> = presets(opts.quick)
+            .into_iter()
+            .filter(|&p| {
+                opts.filter.as_ref().is_none_or(|f| {
+                    Sched::all()
+                        .into_iter()
+                        .any(|s| row_id(p, s).contains(f.as_str()))
+                })
+            })
+            .collect();
+        if selected.is_empty() {
+            TorchResults::failed("no preset selected".into())
+        } else {
+            run_torch(&opts, &selected, &[opts.tokens], tp)
+        }
     };
     let gpus: Vec<Gpu> = hopper_gpus()?.into_iter().take(tp).collect();
     let modules = gpus
