@@ -15,7 +15,7 @@ mod wait;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use thiserror::Error;
 
@@ -50,6 +50,8 @@ pub enum ExecError {
         flag: FlagRef,
         /// The bound that elapsed.
         timeout: Duration,
+        /// When the wait began: with several devices stuck, the earliest wait is the cause.
+        since: Instant,
     },
     /// The barrier did not see all arrivals.
     #[error(
@@ -64,6 +66,8 @@ pub enum ExecError {
         arrivals: u32,
         /// The bound that elapsed.
         timeout: Duration,
+        /// When the wait began: with several devices stuck, the earliest wait is the cause.
+        since: Instant,
     },
     /// A node waited too long for a predecessor in another branch of its device's DAG.
     #[error(
@@ -78,6 +82,8 @@ pub enum ExecError {
         pred: usize,
         /// The bound that elapsed.
         timeout: Duration,
+        /// When the wait began: with several devices stuck, the earliest wait is the cause.
+        since: Instant,
     },
     /// Another device failed first (never returned by [`CpuExecutor::run`]).
     #[error("aborted because another device failed")]
@@ -260,7 +266,8 @@ impl<T: Element> CpuExecutor<T> {
                         .until(|| flag.load(Ordering::Acquire))
                         .map_err(|e| match e {
                             WaitFailure::Aborted => ExecError::Aborted,
-                            WaitFailure::TimedOut => ExecError::DependencyTimeout {
+                            WaitFailure::TimedOut { since } => ExecError::DependencyTimeout {
+                                since,
                                 device: d,
                                 node: n,
                                 pred,
@@ -320,19 +327,43 @@ impl<T: Element> CpuExecutor<T> {
 }
 
 /// The first real error (an `Aborted` only when nothing else failed).
-fn first_error(results: Vec<Result<(), ExecError>>) -> Result<(), ExecError> {
-    let mut aborted = false;
-    for r in results {
-        match r {
-            Ok(()) => {}
-            Err(ExecError::Aborted) => aborted = true,
-            Err(e) => return Err(e),
+impl ExecError {
+    /// When the failed wait began (timeouts only).
+    fn since(&self) -> Option<Instant> {
+        match self {
+            ExecError::FlagTimeout { since, .. }
+            | ExecError::BarrierTimeout { since, .. }
+            | ExecError::DependencyTimeout { since, .. } => Some(*since),
+            _ => None,
         }
     }
-    if aborted {
-        Err(ExecError::Aborted)
-    } else {
-        Ok(())
+}
+
+/// The error that names the cause. A stuck device makes its peers wait too, from a little
+/// later on: errors that are not timeouts come first, then the timeout whose wait began
+/// earliest. Threads that stopped because another one failed report [`ExecError::Aborted`],
+/// which only counts when nothing else failed.
+fn first_error(results: Vec<Result<(), ExecError>>) -> Result<(), ExecError> {
+    let mut aborted = false;
+    let mut cause: Option<ExecError> = None;
+    for e in results.into_iter().filter_map(Result::err) {
+        if matches!(e, ExecError::Aborted) {
+            aborted = true;
+            continue;
+        }
+        let earlier = match (&cause, e.since()) {
+            (None, _) => true,
+            (Some(c), Some(at)) => c.since().is_some_and(|c_at| at < c_at),
+            (Some(c), None) => c.since().is_some(),
+        };
+        if earlier {
+            cause = Some(e);
+        }
+    }
+    match (cause, aborted) {
+        (Some(e), _) => Err(e),
+        (None, true) => Err(ExecError::Aborted),
+        (None, false) => Ok(()),
     }
 }
 

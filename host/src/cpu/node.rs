@@ -1,6 +1,7 @@
 //! Executing one plan node on the CPU, with the memory orderings the GPU uses.
 
 use std::sync::atomic::Ordering;
+use std::time::Instant;
 
 use super::ExecError;
 use super::memory::{DeviceMemory, ExclusiveWorkspace, copy_region, read_view_f32, write_view};
@@ -57,6 +58,9 @@ impl<T: Element> Context<'_, T> {
     /// Reset own flags, release-arrive at every peer, acquire-wait for P−1 arrivals, consume
     /// them (running counter: early arrivals for the next run survive).
     fn barrier(&self, device: usize, b: &BarrierNode) -> Result<(), ExecError> {
+        // The wait counts from before the arrivals: a peer that passes its barrier thanks to
+        // them and then gets stuck began waiting later, so this timeout is the one reported.
+        let start = Instant::now();
         for f in &b.reset_flags {
             self.flag(f).store(0, Ordering::Relaxed);
         }
@@ -67,14 +71,15 @@ impl<T: Element> Context<'_, T> {
         let counter = &self.exclusive[device].counter;
         match self
             .waiter
-            .until(|| counter.load(Ordering::Acquire) >= b.arrivals)
+            .until_from(start, || counter.load(Ordering::Acquire) >= b.arrivals)
         {
             Ok(()) => {
                 counter.fetch_sub(b.arrivals, Ordering::AcqRel);
                 Ok(())
             }
             Err(WaitFailure::Aborted) => Err(ExecError::Aborted),
-            Err(WaitFailure::TimedOut) => Err(ExecError::BarrierTimeout {
+            Err(WaitFailure::TimedOut { since }) => Err(ExecError::BarrierTimeout {
+                since,
                 device,
                 counter: counter.load(Ordering::Relaxed),
                 arrivals: b.arrivals,
@@ -102,7 +107,8 @@ impl<T: Element> Context<'_, T> {
                 .until(|| flag.load(Ordering::Acquire) != 0)
                 .map_err(|e| match e {
                     WaitFailure::Aborted => ExecError::Aborted,
-                    WaitFailure::TimedOut => ExecError::FlagTimeout {
+                    WaitFailure::TimedOut { since } => ExecError::FlagTimeout {
+                        since,
                         device,
                         stage,
                         node,

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 /// Why a wait ended without its condition.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum WaitFailure {
-    /// The timeout elapsed.
-    TimedOut,
+    /// The timeout elapsed; the wait began at `since`.
+    TimedOut { since: Instant },
     /// Another device failed; this one gives up without an error of its own.
     Aborted,
 }
@@ -23,17 +23,28 @@ pub(crate) struct Waiter<'a> {
 }
 
 impl Waiter<'_> {
-    pub(crate) fn until(&self, mut condition: impl FnMut() -> bool) -> Result<(), WaitFailure> {
-        let start = Instant::now();
+    /// Waits for `condition`, from now.
+    pub(crate) fn until(&self, condition: impl FnMut() -> bool) -> Result<(), WaitFailure> {
+        self.until_from(Instant::now(), condition)
+    }
+
+    /// Waits for `condition`, the timeout counting from `start`. A wait past its deadline
+    /// reports the timeout even if another device aborted meanwhile, so that the earliest
+    /// stuck wait is always reported, however the threads were scheduled.
+    pub(crate) fn until_from(
+        &self,
+        start: Instant,
+        mut condition: impl FnMut() -> bool,
+    ) -> Result<(), WaitFailure> {
         for round in 0u32.. {
             if condition() {
                 return Ok(());
             }
+            if start.elapsed() > self.timeout {
+                return Err(WaitFailure::TimedOut { since: start });
+            }
             if self.abort.load(Ordering::Relaxed) {
                 return Err(WaitFailure::Aborted);
-            }
-            if start.elapsed() > self.timeout {
-                return Err(WaitFailure::TimedOut);
             }
             match round {
                 0..64 => std::hint::spin_loop(),
@@ -41,7 +52,7 @@ impl Waiter<'_> {
                 _ => thread::sleep(Duration::from_micros(20)),
             }
         }
-        Err(WaitFailure::TimedOut)
+        Err(WaitFailure::TimedOut { since: start })
     }
 }
 
@@ -56,7 +67,10 @@ mod tests {
             timeout: Duration::from_millis(5),
             abort: &abort,
         };
-        assert_eq!(w.until(|| false), Err(WaitFailure::TimedOut));
+        assert!(matches!(
+            w.until(|| false),
+            Err(WaitFailure::TimedOut { .. })
+        ));
         assert_eq!(w.until(|| true), Ok(()));
         abort.store(true, Ordering::Relaxed);
         assert_eq!(w.until(|| false), Err(WaitFailure::Aborted));

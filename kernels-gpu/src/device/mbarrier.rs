@@ -33,12 +33,18 @@ impl MBarrier {
     }
 
     /// Arrival on the barrier at the same offset in block `rank` of the cluster
-    /// (`mapa` + `mbarrier.arrive.release.cluster.shared::cluster`).
+    /// (`mapa` + `mbarrier.arrive.shared::cluster`, default `.release.cta` semantics).
+    ///
+    /// Not `.release.cluster`: a cluster-scope release makes the arriving thread wait until
+    /// all its earlier memory operations are visible cluster-wide, which in a consumer that
+    /// keeps a wgmma batch in flight serialised the pipeline (the 2-block cluster
+    /// configurations ran 2–3× slower, kernels-gpu/NOTES.md). Ordering with the producer's
+    /// next TMA write into the slot comes from the wgmma `wait_group` before the arrival.
     #[inline(always)]
     pub unsafe fn arrive_cluster(self, rank: u32) {
         let remote = crate::device::cluster::map_shared_rank(self.0, rank);
         unsafe {
-            asm!("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [{b}];", b = in(reg32) remote, options(nostack))
+            asm!("mbarrier.arrive.shared::cluster.b64 _, [{b}];", b = in(reg32) remote, options(nostack))
         };
     }
 
