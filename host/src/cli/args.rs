@@ -20,7 +20,7 @@ pub(crate) struct Cli {
 pub(crate) enum Command {
     /// Print the per-device plan: what runs where, what moves, which flags.
     Plan(PlanArgs),
-    /// Run the plan on random data (CPU executor for now), optionally checking the result.
+    /// Run the plan on random data (GPUs or the CPU executor), optionally checking the result.
     Run(RunArgs),
 }
 
@@ -80,7 +80,7 @@ pub(crate) enum Backend {
     Auto,
     /// The CPU executor.
     Cpu,
-    /// The CUDA runtime (not available yet).
+    /// The CUDA backend: one graph per GPU (needs TP Hopper GPUs with peer access).
     Cuda,
 }
 

@@ -28,11 +28,17 @@ pub enum CliError {
     /// The schedule cannot run the problem.
     #[error(transparent)]
     Plan(#[from] PlanError),
-    /// `--backend cuda`.
+    /// `--backend cuda` on a machine that cannot run it.
     #[error(
-        "CUDA backend not available yet: use --backend cpu (or auto, which falls back to the CPU)"
+        "CUDA backend unavailable: {0}; use --backend cpu (or auto, which falls back to the CPU)"
     )]
-    CudaUnavailable,
+    CudaUnavailable(String),
+    /// A driver call failed.
+    #[error(transparent)]
+    Runtime(#[from] crate::runtime::RuntimeError),
+    /// The CUDA run failed (timeout, driver error).
+    #[error(transparent)]
+    Cuda(#[from] crate::cuda::DistGemmError),
     /// The problem is too large for the CPU executor.
     #[error("{0}")]
     TooLargeForCpu(String),
@@ -70,7 +76,7 @@ impl CliError {
         match self {
             CliError::Usage(_)
             | CliError::Plan(PlanError::Schedule(_))
-            | CliError::CudaUnavailable
+            | CliError::CudaUnavailable(_)
             | CliError::TooLargeForCpu(_) => 2,
             _ => 1,
         }

@@ -1,4 +1,5 @@
-//! `distgemm run`: random inputs, the CPU executor, timing and the optional check.
+//! `distgemm run`: random inputs, the CPU executor or the CUDA backend (`DistGemm`), timing
+//! and the optional check.
 
 use std::io::Write;
 use std::time::{Duration, Instant};
@@ -9,10 +10,13 @@ use serde::Serialize;
 use super::CliError;
 use super::args::{Backend, RunArgs};
 use crate::cpu::CpuExecutor;
+use crate::cuda::{DeviceArgs, DistGemm};
 use crate::dtype::{Dtype, Element};
 use crate::plan::{GlobalInputs, Plan};
 use crate::problem::Problem;
 use crate::reference::{CheckInputs, CheckReport, check};
+use crate::runtime::{DeviceBuffer, DeviceCopy, Gpu, hopper_gpus};
+use crate::schedule::BufferKind;
 
 /// The CPU executor's cap on `2·M·N·K` per iteration (≈4.3 GFLOP: seconds, not hours, on a
 /// laptop; the presets are ~10^4 times larger).
@@ -38,19 +42,37 @@ pub(super) fn run(
 ) -> Result<(), CliError> {
     let problem = args.problem.problem()?;
     let plan = Plan::build(args.problem.schedule, problem, args.problem.tp)?;
-    match args.backend {
-        Backend::Cuda => return Err(CliError::CudaUnavailable),
-        Backend::Auto => writeln!(
-            err,
-            "notice: CUDA backend not available yet; running on the CPU executor (cap: 2·M·N·K ≤ {CPU_FLOP_CAP:.3e} flop)"
-        )?,
-        Backend::Cpu => {}
+    if args.iters == 0 {
+        return Err(CliError::Usage("--iters must be at least 1".into()));
+    }
+    let gpus = match args.backend {
+        Backend::Cpu => None,
+        Backend::Cuda => Some(cuda_devices(plan.tp).map_err(CliError::CudaUnavailable)?),
+        Backend::Auto => match cuda_devices(plan.tp) {
+            Ok(gpus) => Some(gpus),
+            Err(reason) => {
+                writeln!(
+                    err,
+                    "notice: {reason}; running on the CPU executor (cap: 2·M·N·K ≤ {CPU_FLOP_CAP:.3e} flop)"
+                )?;
+                None
+            }
+        },
+    };
+    if let Some(gpus) = gpus {
+        if args.check && problem.flops() > CPU_FLOP_CAP {
+            return Err(CliError::TooLargeForCpu(format!(
+                "--check computes an f64 reference on the CPU: {}; drop --check",
+                too_large(args, &problem)
+            )));
+        }
+        return match problem.dtype {
+            Dtype::Bf16 => run_cuda::<half::bf16>(args, plan, gpus, out),
+            Dtype::F16 => run_cuda::<half::f16>(args, plan, gpus, out),
+        };
     }
     if problem.flops() > CPU_FLOP_CAP {
         return Err(CliError::TooLargeForCpu(too_large(args, &problem)));
-    }
-    if args.iters == 0 {
-        return Err(CliError::Usage("--iters must be at least 1".into()));
     }
     match problem.dtype {
         Dtype::Bf16 => run_typed::<half::bf16>(args, plan, out),
@@ -100,8 +122,105 @@ fn run_typed<T: Element>(args: &RunArgs, plan: Plan, out: &mut dyn Write) -> Res
     bar.finish_and_clear();
     result?;
     let seconds_per_iter = start.elapsed().as_secs_f64() / args.iters as f64;
+    let d = exec.gathered_output();
+    report(args, exec.plan(), "cpu", &inputs, &d, seconds_per_iter, out)
+}
 
-    let plan = exec.plan();
+/// The first `tp` GPUs if they are Hopper GPUs with peer access between every pair, else why
+/// not (one line).
+fn cuda_devices(tp: usize) -> Result<Vec<Gpu>, String> {
+    let gpus = hopper_gpus().map_err(|e| e.to_string())?;
+    if gpus.len() < tp {
+        return Err(format!(
+            "TP={tp} needs {tp} Hopper GPUs, this machine has {}",
+            gpus.len()
+        ));
+    }
+    let gpus: Vec<Gpu> = gpus.into_iter().take(tp).collect();
+    for a in &gpus {
+        for b in &gpus {
+            if !a.can_access_peer(b).map_err(|e| e.to_string())? {
+                return Err(format!(
+                    "GPU {} cannot access GPU {} (no peer access)",
+                    a.ordinal(),
+                    b.ordinal()
+                ));
+            }
+        }
+    }
+    Ok(gpus)
+}
+
+/// `run` on the GPUs: shards uploaded from host-generated inputs, one `DistGemm`, `iters`
+/// runs queued back to back, timed from the first launch to the end of the last.
+fn run_cuda<T: Element + DeviceCopy>(
+    args: &RunArgs,
+    plan: Plan,
+    gpus: Vec<Gpu>,
+    out: &mut dyn Write,
+) -> Result<(), CliError> {
+    let problem = plan.problem;
+    let inputs = GlobalInputs::<T>::random(&problem, args.seed);
+    let mut shards = Vec::with_capacity(plan.tp);
+    for ((shard, gpu), dev) in plan
+        .shard_inputs(&inputs)
+        .into_iter()
+        .zip(&gpus)
+        .zip(&plan.devices)
+    {
+        let stream = gpu.new_stream()?;
+        let a = DeviceBuffer::from_host(gpu, &stream, &shard.a)?;
+        let b = DeviceBuffer::from_host(gpu, &stream, &shard.b)?;
+        let c = match &shard.c {
+            Some(c) => Some(DeviceBuffer::from_host(gpu, &stream, c)?),
+            None => None,
+        };
+        let mut d = DeviceBuffer::<T>::alloc(gpu, dev.buffer_elements(BufferKind::D))?;
+        d.fill_bytes(&stream, 0xFF)?;
+        crate::runtime::stream::synchronize(&stream)?;
+        shards.push((a, b, c, d, stream));
+    }
+    let device_args = shards
+        .iter()
+        .map(|(a, b, c, d, _)| DeviceArgs {
+            a: a.into(),
+            b: b.into(),
+            c: c.as_ref().map(Into::into),
+            d: d.into(),
+        })
+        .collect();
+    let mut dist = DistGemm::builder()
+        .devices(gpus)
+        .schedule(plan.schedule)
+        .problem(problem)
+        .timeout(Duration::from_millis(args.timeout_ms))
+        .args(device_args)
+        .build()?;
+    let start = Instant::now();
+    for _ in 0..args.iters {
+        dist.run()?;
+    }
+    dist.wait()?;
+    let seconds_per_iter = start.elapsed().as_secs_f64() / args.iters as f64;
+    let mut outputs = Vec::with_capacity(shards.len());
+    for (_, _, _, d, stream) in &shards {
+        outputs.push(d.download(stream)?);
+    }
+    let d = plan.gather_output(&outputs);
+    report(args, &plan, "cuda", &inputs, &d, seconds_per_iter, out)
+}
+
+/// Prints the run's summary (and check) and turns a failed check into an error.
+fn report<T: Element>(
+    args: &RunArgs,
+    plan: &Plan,
+    backend: &'static str,
+    inputs: &GlobalInputs<T>,
+    d: &[T],
+    seconds_per_iter: f64,
+    out: &mut dyn Write,
+) -> Result<(), CliError> {
+    let problem = plan.problem;
     let report = args.check.then(|| {
         let inputs = CheckInputs {
             a: &inputs.a,
@@ -113,14 +232,14 @@ fn run_typed<T: Element>(args: &RunArgs, plan: Plan, out: &mut dyn Write) -> Res
             plan.schedule.roundings(plan.tp),
             plan.tp,
             inputs,
-            &exec.gathered_output(),
+            d,
         )
     });
     let summary = RunReport {
         schedule: plan.schedule.cli_name(),
         tp: plan.tp,
         problem: &problem,
-        backend: "cpu",
+        backend,
         iters: args.iters,
         seconds_per_iter,
         gflops: problem.flops() / seconds_per_iter / 1e9,
@@ -131,7 +250,7 @@ fn run_typed<T: Element>(args: &RunArgs, plan: Plan, out: &mut dyn Write) -> Res
     } else {
         writeln!(
             out,
-            "{} TP={} {} on cpu: {} iteration(s), {:.3} ms/iteration, {:.3} GFLOP/s",
+            "{} TP={} {} on {backend}: {} iteration(s), {:.3} ms/iteration, {:.3} GFLOP/s",
             summary.schedule,
             summary.tp,
             problem,

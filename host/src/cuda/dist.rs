@@ -364,6 +364,10 @@ impl Rank {
     }
 }
 
+/// What a kernel node is made of: kernel, launch shape, arguments, and the prepared GEMM whose
+/// tensor maps the arguments point to (GEMM nodes only).
+type KernelLaunch = (Kernel, LaunchConfig, KernelArgs, Option<PreparedGemm>);
+
 /// A device's instantiated graph and what its nodes were built from.
 struct DeviceGraph {
     exec: GraphExec,
@@ -614,8 +618,7 @@ impl DistGemm {
         &self,
         rank: usize,
         node: &LoweredNode,
-    ) -> Result<Option<(Kernel, LaunchConfig, KernelArgs, Option<PreparedGemm>)>, DistGemmError>
-    {
+    ) -> Result<Option<KernelLaunch>, DistGemmError> {
         let r = &self.ranks[rank];
         let launch = match node {
             LoweredNode::Barrier(p) => Some((

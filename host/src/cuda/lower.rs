@@ -512,9 +512,9 @@ mod tests {
         );
         assert_eq!(b.counter, addr[2].exclusive);
         assert_eq!(b.error_word, addr[2].exclusive + 4);
-        for t in 0..4 {
+        for (t, &flag) in b.reset.iter().take(4).enumerate() {
             assert_eq!(
-                b.reset[t],
+                flag,
                 addr[2].exclusive + plan.exclusive.flag_offset(t) as u64
             );
         }
