@@ -132,12 +132,12 @@ fn warn_if_in_l2(ctx: &Ctx, what: &str, bytes: u64) {
     }
 }
 
+/// Our kernel's and cuBLASLt's timing, each possibly missing with the reason.
+type PairOfTimings = (Result<Timing, String>, Result<Timing, String>);
+
 /// (a): the full problem on GPU 0, our kernel and cuBLASLt, on the same operands.
-fn single_gpu<T: NcclElement>(
-    ctx: &Ctx,
-    (m, n, k): (u64, u64, u64),
-) -> (Result<Timing, String>, Result<Timing, String>) {
-    let run = || -> Result<(Result<Timing, String>, Result<Timing, String>), String> {
+fn single_gpu<T: NcclElement>(ctx: &Ctx, (m, n, k): (u64, u64, u64)) -> PairOfTimings {
+    let run = || -> Result<PairOfTimings, String> {
         let gpu = &ctx.gpus[0];
         let module = &ctx.modules[0];
         let stream = gpu.new_stream().map_err(err)?;

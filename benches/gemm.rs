@@ -85,6 +85,10 @@ struct Operands<T: DeviceCopy> {
     ours: Vec<PreparedGemm>,
 }
 
+/// Timings of our kernel (chosen configuration first, then each one asked for, by name) and of
+/// cuBLASLt.
+type ShapeTimings = (Vec<(&'static str, Timing)>, Timing);
+
 fn bench_shape<T: Element + CublasLtElement + DeviceCopy>(
     gpu: &Gpu,
     module: &Arc<Module>,
@@ -92,7 +96,7 @@ fn bench_shape<T: Element + CublasLtElement + DeviceCopy>(
     (m, n, k): (u64, u64, u64),
     timing: TimingConfig,
     extra_variants: &[&'static GemmVariant],
-) -> Result<(Vec<(&'static str, Timing)>, Timing), BenchError> {
+) -> Result<ShapeTimings, BenchError> {
     let stream = gpu.new_stream()?;
     let bytes = 2 * (m * k + n * k + m * n);
     let sets = RotatingInputs::new(gpu, bytes, |i| {

@@ -14,13 +14,24 @@ pub const BLOCK_M: u32 = 128;
 pub const THREADS: u32 = 384;
 /// Opt-in dynamic shared memory per block on H100/H200 (227 KiB).
 pub const MAX_SMEM_BYTES: u32 = 232_448;
+/// Side of the output chunk the epilogue stages in shared memory and writes with one TMA store:
+/// 64 rows × 64 columns (128-byte swizzled rows), the box of the D tensor map.
+pub const EPILOGUE_CHUNK: u32 = 64;
+/// Bytes of one staged chunk.
+pub const CHUNK_BYTES: u32 = EPILOGUE_CHUNK * EPILOGUE_CHUNK * 2;
+/// Staging buffers: two per consumer warpgroup, so one can be filled while the TMA store of
+/// the other is still reading it.
+pub const STAGING_BYTES: u32 = 2 * 2 * CHUNK_BYTES;
+/// Box of the D tensor map.
+pub const D_BOX: (u32, u32) = (EPILOGUE_CHUNK, EPILOGUE_CHUNK);
 
 /// A tile configuration of the GEMM kernel. Each one is compiled into its own pair of entry
 /// points (bf16, f16); the host picks one per problem (`distgemm::gemm::choose_config`).
 ///
 /// Shared memory: `stages` slots of (A tile `BLOCK_M × 64`, B tile `block_n × 64`), each
-/// 1024-byte aligned (128-byte swizzle), then the mbarriers (full[stages], empty[stages]) and a
-/// 16-byte word for the prologue hook's abort decision.
+/// 1024-byte aligned (128-byte swizzle), then the epilogue's staging buffers (two 64×64
+/// output chunks per consumer warpgroup, see [`EPILOGUE_CHUNK`]), then the mbarriers
+/// (full[stages], empty[stages]) and a 16-byte word for the prologue hook's abort decision.
 ///
 /// With `cluster_m == 2`, blocks are launched in clusters of two along M: both compute the
 /// same n-tile for two consecutive m-tiles, so they share the B tile. Each block loads half of
@@ -50,9 +61,13 @@ impl TileConfig {
     pub const fn stage_bytes(&self) -> u32 {
         self.a_tile_bytes() + self.b_tile_bytes()
     }
-    /// Offset of the mbarriers after the operand tiles.
-    pub const fn barrier_offset(&self) -> u32 {
+    /// Offset of the epilogue staging buffers after the operand tiles.
+    pub const fn staging_offset(&self) -> u32 {
         self.stages * self.stage_bytes()
+    }
+    /// Offset of the mbarriers after the staging buffers.
+    pub const fn barrier_offset(&self) -> u32 {
+        self.staging_offset() + STAGING_BYTES
     }
     /// Offset of the abort word after the mbarriers.
     pub const fn abort_flag_offset(&self) -> u32 {
@@ -198,10 +213,14 @@ pub struct StageHook {
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct GemmParams {
-    /// Device address of the A tensor map (M rows × K cols, box [`A_BOX`]).
+    /// Device address of the A tensor map (M rows × K cols, box `TileConfig::a_box`).
     pub map_a: u64,
-    /// Device address of the B tensor map (N rows × K cols, box [`B_BOX`]).
+    /// Device address of the B tensor map (N rows × K cols, box `TileConfig::b_box`).
     pub map_b: u64,
+    /// Device address of the D tensor map (M rows × N cols, box [`D_BOX`]), or 0. With it and
+    /// `beta == 0` the epilogue stages output chunks in shared memory and writes them with TMA
+    /// stores that overlap the next tile's main loop; otherwise it stores from registers.
+    pub map_d: u64,
     /// D base pointer (M×N row-major, leading dimension `ldd`).
     pub d: u64,
     /// C base pointer (M×N row-major, leading dimension `ldc`), or 0 when `beta == 0`. May be a
@@ -226,7 +245,7 @@ mod tests {
     fn parameter_block_layout_is_stable() {
         // The host passes the struct's bytes; the PTX declares a .param of this size.
         assert_eq!(core::mem::size_of::<StageHook>(), 48);
-        assert_eq!(core::mem::size_of::<GemmParams>(), 32 + 32 + 48);
+        assert_eq!(core::mem::size_of::<GemmParams>(), 40 + 32 + 48);
         assert_eq!(core::mem::align_of::<GemmParams>(), 8);
     }
 }

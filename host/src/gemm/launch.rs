@@ -125,6 +125,12 @@ impl GemmKernel {
         };
         let map_a = map(&args.a, config.a_box())?;
         let map_b = map(&args.b, config.b_box())?;
+        // D through TMA stores when there is no C to read (the epilogue's fast path).
+        let map_d = if args.beta == 0.0 {
+            Some(map(&args.d, gemm_abi::D_BOX)?)
+        } else {
+            None
+        };
         let c = args.c.unwrap_or(MatrixView {
             ptr: 0,
             rows: m,
@@ -142,6 +148,7 @@ impl GemmKernel {
         let params = GemmParams {
             map_a: map_a.device_address(),
             map_b: map_b.device_address(),
+            map_d: map_d.as_ref().map_or(0, TensorMap2d::device_address),
             d: args.d.ptr,
             c: c.ptr,
             m: m as u32,
@@ -168,7 +175,7 @@ impl GemmKernel {
             variant: compiled.variant,
             params,
             grid,
-            _maps: [map_a, map_b],
+            _maps: [Some(map_a), Some(map_b), map_d],
         })
     }
 }
@@ -193,7 +200,7 @@ pub struct PreparedGemm {
     variant: &'static GemmVariant,
     params: GemmParams,
     grid: u32,
-    _maps: [TensorMap2d; 2],
+    _maps: [Option<TensorMap2d>; 3],
 }
 
 impl PreparedGemm {

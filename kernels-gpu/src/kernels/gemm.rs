@@ -24,7 +24,7 @@
 use crate::device::flags::{self, WaitOutcome};
 use crate::device::mbarrier::{MBarrier, PipelineState};
 use crate::device::wgmma::{self, Bf16, F16, InputType};
-use crate::device::{cluster, fence, gdc, index, regs, smem, sync, tma};
+use crate::device::{cluster, fence, gdc, index, regs, smem, stmatrix, sync, tma};
 use crate::gemm_abi::*;
 use crate::layout::{descriptor, raster};
 use seq_macro::seq;
@@ -42,12 +42,20 @@ trait Config {
     fn fence(acc: &mut Self::Acc);
     unsafe fn mma<T: InputType>(acc: &mut Self::Acc, desc_a: u64, desc_b: u64, scale_d: u32);
     unsafe fn epilogue<T: InputType>(p: &GemmParams, acc: &Self::Acc, row: u32, col: u32);
+    unsafe fn epilogue_staged<T: InputType>(
+        p: &GemmParams,
+        acc: &Self::Acc,
+        ring: Ring,
+        half: u32,
+        row: u32,
+        col: u32,
+    );
 }
 
 /// Implements [`Config`] for a tile `BN` columns wide: `$regs = BN / 2` accumulators per thread,
-/// `$blocks = BN / 8` column blocks in the epilogue.
+/// `$blocks = BN / 8` column blocks and `$chunks = BN / 64` staged chunks in the epilogue.
 macro_rules! config {
-    ($name:ident, $tile:expr, $regs:literal, $blocks:literal, $mma:ident, $fence:ident) => {
+    ($name:ident, $tile:expr, $regs:literal, $blocks:literal, $chunks:literal, $mma:ident, $fence:ident) => {
         struct $name;
         impl Config for $name {
             const TILE: TileConfig = $tile;
@@ -79,6 +87,58 @@ macro_rules! config {
                     }
                 });
             }
+            /// Writes the consumer's 64×BN slice as 64×64 chunks: `stmatrix` packs each chunk
+            /// into a 128-byte-swizzled staging buffer (the layout the D tensor map's TMA store
+            /// reads), then one thread stores it with TMA and goes on. Two buffers alternate, so
+            /// filling one overlaps the store of the other, and the last stores overlap the next
+            /// tile's main loop. `stmatrix.x4` lane `l` addresses row `l % 8` of matrix `l / 8`;
+            /// matrices 0–3 are (rows +0, cols +0), (+8, +0), (+0, +8), (+8, +8) of a 16×16
+            /// block, whose registers are accumulators `4j..4j+8` of column blocks `j, j + 1`.
+            #[inline(always)]
+            unsafe fn epilogue_staged<T: InputType>(
+                p: &GemmParams,
+                acc: &Self::Acc,
+                ring: Ring,
+                half: u32,
+                row: u32,
+                col: u32,
+            ) {
+                let t = index::thread_in_warpgroup();
+                let (warp, lane) = (t / 32, t % 32);
+                let matrix = lane / 8;
+                let srow = 16 * warp + lane % 8 + 8 * (matrix % 2);
+                let leader = t == 0;
+                let barrier = 1 + half;
+                let a = p.alpha;
+                seq!(CH in 0..$chunks {
+                    let buffer = ring.staging(half, CH % 2);
+                    if leader {
+                        // The store issued two chunks ago read this buffer: wait until it has.
+                        tma::wait_group_read::<1>();
+                    }
+                    sync::named_sync(barrier, 128);
+                    seq!(PR in 0..4 {
+                        let scol = 8 * (2 * PR + matrix / 2);
+                        let addr = buffer + srow * 128 + (((scol / 8) ^ (srow % 8)) * 16);
+                        unsafe {
+                            stmatrix::store_x4(
+                                addr,
+                                T::pack2(a * acc[4 * (8 * CH + 2 * PR)], a * acc[4 * (8 * CH + 2 * PR) + 1]),
+                                T::pack2(a * acc[4 * (8 * CH + 2 * PR) + 2], a * acc[4 * (8 * CH + 2 * PR) + 3]),
+                                T::pack2(a * acc[4 * (8 * CH + 2 * PR) + 4], a * acc[4 * (8 * CH + 2 * PR) + 5]),
+                                T::pack2(a * acc[4 * (8 * CH + 2 * PR) + 6], a * acc[4 * (8 * CH + 2 * PR) + 7]),
+                            )
+                        };
+                    });
+                    // Generic-proxy writes, read next by the TMA (async proxy).
+                    fence::proxy_async_shared();
+                    sync::named_sync(barrier, 128);
+                    if leader {
+                        unsafe { tma::store_2d(p.map_d, (col + CH * 64) as i32, row as i32, buffer) };
+                        tma::commit_group();
+                    }
+                });
+            }
         }
     };
 }
@@ -88,6 +148,7 @@ config!(
     TILE_128X256,
     128,
     32,
+    4,
     mma_n256,
     fence_operands_128
 );
@@ -96,6 +157,7 @@ config!(
     TILE_128X256_CLUSTER2,
     128,
     32,
+    4,
     mma_n256,
     fence_operands_128
 );
@@ -104,6 +166,7 @@ config!(
     TILE_128X128,
     64,
     16,
+    2,
     mma_n128,
     fence_operands_64
 );
@@ -112,6 +175,7 @@ config!(
     TILE_128X128_CLUSTER2,
     64,
     16,
+    2,
     mma_n128,
     fence_operands_64
 );
@@ -139,6 +203,11 @@ impl Ring {
     #[inline(always)]
     fn empty(self, stage: u32) -> MBarrier {
         MBarrier(self.base + self.tile.barrier_offset() + 8 * (self.tile.stages + stage))
+    }
+    /// Staging buffer `buffer` (0 or 1) of consumer warpgroup `half`.
+    #[inline(always)]
+    fn staging(self, half: u32, buffer: u32) -> u32 {
+        self.base + self.tile.staging_offset() + (2 * half + buffer) * CHUNK_BYTES
     }
     #[inline(always)]
     fn abort_flag(self) -> u32 {
@@ -299,6 +368,7 @@ unsafe fn release(ring: Ring, stage: u32) {
 #[inline(always)]
 unsafe fn consume<T: InputType, C: Config>(p: &GemmParams, ring: Ring, tiles: Tiles, half: u32) {
     let k_blocks = p.k.div_ceil(BLOCK_K);
+    let staged = p.map_d != 0 && p.beta == 0.0;
     let mut slot = PipelineState::new(C::TILE.stages);
     let mut acc = C::new_acc();
     let mut t = tiles.first;
@@ -335,8 +405,17 @@ unsafe fn consume<T: InputType, C: Config>(p: &GemmParams, ring: Ring, tiles: Ti
         if k_blocks > 0 {
             unsafe { release(ring, previous) };
         }
-        unsafe { C::epilogue::<T>(p, &acc, row + half * 64, col) };
+        if staged {
+            unsafe { C::epilogue_staged::<T>(p, &acc, ring, half, row + half * 64, col) };
+        } else {
+            unsafe { C::epilogue::<T>(p, &acc, row + half * 64, col) };
+        }
         t += tiles.step;
+    }
+    if staged && index::thread_in_warpgroup() == 0 {
+        // The block's shared memory must outlive the reads of its last stores, and the
+        // output must be complete when the grid is.
+        tma::wait_group::<0>();
     }
 }
 
@@ -380,6 +459,9 @@ unsafe fn gemm<T: InputType, C: Config>(p: &GemmParams) {
         unsafe {
             tma::prefetch_descriptor(p.map_a);
             tma::prefetch_descriptor(p.map_b);
+            if p.map_d != 0 {
+                tma::prefetch_descriptor(p.map_d);
+            }
             for s in 0..C::TILE.stages {
                 ring.full(s).init(1);
                 ring.empty(s).init(CONSUMER_WARPS * C::TILE.cluster_m);
