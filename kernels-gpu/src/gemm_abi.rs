@@ -219,7 +219,8 @@ pub struct GemmParams {
     pub map_b: u64,
     /// Device address of the D tensor map (M rows × N cols, box [`D_BOX`]), or 0. With it and
     /// `beta == 0` the epilogue stages output chunks in shared memory and writes them with TMA
-    /// stores that overlap the next tile's main loop; otherwise it stores from registers.
+    /// stores that overlap the next tile's main loop; otherwise it stores from registers. The
+    /// host gives one only when N is a multiple of 8: TMA stores write whole 16-byte units.
     pub map_d: u64,
     /// D base pointer (M×N row-major, leading dimension `ldd`).
     pub d: u64,

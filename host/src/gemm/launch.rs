@@ -125,8 +125,10 @@ impl GemmKernel {
         };
         let map_a = map(&args.a, config.a_box())?;
         let map_b = map(&args.b, config.b_box())?;
-        // D through TMA stores when there is no C to read (the epilogue's fast path).
-        let map_d = if args.beta == 0.0 {
+        // D through TMA stores when there is no C to read and D's rows are whole 16-byte
+        // units (the epilogue's fast path): TMA stores clip at 16-byte granularity, so with a
+        // ragged N they would write into the padding after the last column.
+        let map_d = if args.beta == 0.0 && n.is_multiple_of(8) {
             Some(map(&args.d, gemm_abi::D_BOX)?)
         } else {
             None
