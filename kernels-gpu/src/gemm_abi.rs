@@ -31,7 +31,8 @@ pub const D_BOX: (u32, u32) = (EPILOGUE_CHUNK, EPILOGUE_CHUNK);
 /// Shared memory: `stages` slots of (A tile `BLOCK_M × 64`, B tile `block_n × 64`), each
 /// 1024-byte aligned (128-byte swizzle), then the epilogue's staging buffers (two 64×64
 /// output chunks per consumer warpgroup, see [`EPILOGUE_CHUNK`]), then the mbarriers
-/// (full[stages], empty[stages]) and a 16-byte word for the prologue hook's abort decision.
+/// (full[stages], empty[stages], one per staging buffer) and a 16-byte word for the prologue
+/// hook's abort decision.
 ///
 /// With `cluster_m == 2`, blocks are launched in clusters of two along M: both compute the
 /// same n-tile for two consecutive m-tiles, so they share the B tile. Each block loads half of
@@ -69,9 +70,10 @@ impl TileConfig {
     pub const fn barrier_offset(&self) -> u32 {
         self.staging_offset() + STAGING_BYTES
     }
-    /// Offset of the abort word after the mbarriers.
+    /// Offset of the abort word after the mbarriers: full[stages], empty[stages], then one
+    /// per staging buffer for loads of C into it.
     pub const fn abort_flag_offset(&self) -> u32 {
-        self.barrier_offset() + 2 * self.stages * 8
+        self.barrier_offset() + (2 * self.stages + 4) * 8
     }
     /// Dynamic shared memory the kernel needs.
     pub const fn smem_bytes(&self) -> u32 {
@@ -219,9 +221,14 @@ pub struct GemmParams {
     pub map_b: u64,
     /// Device address of the D tensor map (M rows × N cols, box [`D_BOX`]), or 0. With it and
     /// `beta == 0` the epilogue stages output chunks in shared memory and writes them with TMA
-    /// stores that overlap the next tile's main loop; otherwise it stores from registers. The
-    /// host gives one only when N is a multiple of 8: TMA stores write whole 16-byte units.
+    /// stores that overlap the next tile's main loop (with `beta != 0` only if `map_c` is given
+    /// too); otherwise it stores from registers. The host gives one only when N is a multiple
+    /// of 8: TMA stores write whole 16-byte units.
     pub map_d: u64,
+    /// Device address of the C tensor map (M rows × N cols, box [`D_BOX`]; C may live on a
+    /// peer GPU), or 0. With it, `map_d` and `beta != 0`, the staged epilogue first loads each
+    /// C chunk into its staging buffer with TMA and adds `beta·C` there.
+    pub map_c: u64,
     /// D base pointer (M×N row-major, leading dimension `ldd`).
     pub d: u64,
     /// C base pointer (M×N row-major, leading dimension `ldc`), or 0 when `beta == 0`. May be a
@@ -246,7 +253,7 @@ mod tests {
     fn parameter_block_layout_is_stable() {
         // The host passes the struct's bytes; the PTX declares a .param of this size.
         assert_eq!(core::mem::size_of::<StageHook>(), 48);
-        assert_eq!(core::mem::size_of::<GemmParams>(), 40 + 32 + 48);
+        assert_eq!(core::mem::size_of::<GemmParams>(), 48 + 32 + 48);
         assert_eq!(core::mem::align_of::<GemmParams>(), 8);
     }
 }

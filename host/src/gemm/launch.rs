@@ -125,13 +125,19 @@ impl GemmKernel {
         };
         let map_a = map(&args.a, config.a_box())?;
         let map_b = map(&args.b, config.b_box())?;
-        // D through TMA stores when there is no C to read and D's rows are whole 16-byte
-        // units (the epilogue's fast path): TMA stores clip at 16-byte granularity, so with a
-        // ragged N they would write into the padding after the last column.
-        let map_d = if args.beta == 0.0 && n.is_multiple_of(8) {
+        // D through TMA stores when its rows are whole 16-byte units (the epilogue's fast
+        // path): TMA stores clip at 16-byte granularity, so with a ragged N they would write
+        // into the padding after the last column.
+        let map_d = if n.is_multiple_of(8) {
             Some(map(&args.d, gemm_abi::D_BOX)?)
         } else {
             None
+        };
+        // With beta != 0, C is loaded chunk by chunk into the same staging buffers (possibly
+        // from a peer GPU's memory: the reduce-scatter schedules' partial sums).
+        let map_c = match (&map_d, &args.c) {
+            (Some(_), Some(c)) if args.beta != 0.0 => Some(map(c, gemm_abi::D_BOX)?),
+            _ => None,
         };
         let c = args.c.unwrap_or(MatrixView {
             ptr: 0,
@@ -151,6 +157,7 @@ impl GemmKernel {
             map_a: map_a.device_address(),
             map_b: map_b.device_address(),
             map_d: map_d.as_ref().map_or(0, TensorMap2d::device_address),
+            map_c: map_c.as_ref().map_or(0, TensorMap2d::device_address),
             d: args.d.ptr,
             c: c.ptr,
             m: m as u32,
@@ -177,7 +184,7 @@ impl GemmKernel {
             variant: compiled.variant,
             params,
             grid,
-            _maps: [Some(map_a), Some(map_b), map_d],
+            _maps: [Some(map_a), Some(map_b), map_d, map_c],
         })
     }
 }
@@ -202,7 +209,7 @@ pub struct PreparedGemm {
     variant: &'static GemmVariant,
     params: GemmParams,
     grid: u32,
-    _maps: [Option<TensorMap2d>; 3],
+    _maps: [Option<TensorMap2d>; 4],
 }
 
 impl PreparedGemm {

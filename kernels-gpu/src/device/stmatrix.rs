@@ -1,4 +1,5 @@
-//! `stmatrix`: a warp stores 8×8 tiles of 16-bit elements from registers to shared memory.
+//! `stmatrix` / `ldmatrix`: a warp stores (loads) 8×8 tiles of 16-bit elements from (to)
+//! registers to (from) shared memory, in the `wgmma` accumulator fragment layout.
 use core::arch::asm;
 
 /// `stmatrix.sync.aligned.m8n8.x4.shared.b16 [addr], {r0, r1, r2, r3}`: stores four 8×8
@@ -15,4 +16,19 @@ pub unsafe fn store_x4(addr: u32, r0: u32, r1: u32, r2: u32, r3: u32) {
             options(nostack),
         )
     };
+}
+
+/// `ldmatrix.sync.aligned.m8n8.x4.shared.b16 {r0, r1, r2, r3}, [addr]`: the inverse of
+/// [`store_x4`], with the same addressing and register layout. Every lane must execute it.
+#[inline(always)]
+pub unsafe fn load_x4(addr: u32) -> [u32; 4] {
+    let (r0, r1, r2, r3): (u32, u32, u32, u32);
+    unsafe {
+        asm!(
+            "ldmatrix.sync.aligned.m8n8.x4.shared.b16 {{{r0}, {r1}, {r2}, {r3}}}, [{a}];",
+            a = in(reg32) addr, r0 = out(reg32) r0, r1 = out(reg32) r1, r2 = out(reg32) r2, r3 = out(reg32) r3,
+            options(nostack),
+        )
+    };
+    [r0, r1, r2, r3]
 }

@@ -49,6 +49,7 @@ trait Config {
         half: u32,
         row: u32,
         col: u32,
+        c_uses: u32,
     );
 }
 
@@ -94,6 +95,12 @@ macro_rules! config {
             /// tile's main loop. `stmatrix.x4` lane `l` addresses row `l % 8` of matrix `l / 8`;
             /// matrices 0–3 are (rows +0, cols +0), (+8, +0), (+0, +8), (+8, +8) of a 16×16
             /// block, whose registers are accumulators `4j..4j+8` of column blocks `j, j + 1`.
+            ///
+            /// With `beta != 0` the leader first loads the C chunk into the buffer with TMA
+            /// (completing on the buffer's mbarrier, used `c_uses` times before this tile),
+            /// every lane reads its fragment back with `ldmatrix`, and the sum
+            /// `alpha·acc + beta·C` goes back with `stmatrix`. Each warp touches only its own 16
+            /// rows, so the read and the overwrite need no barrier between them.
             #[inline(always)]
             unsafe fn epilogue_staged<T: InputType>(
                 p: &GemmParams,
@@ -102,6 +109,7 @@ macro_rules! config {
                 half: u32,
                 row: u32,
                 col: u32,
+                c_uses: u32,
             ) {
                 let t = index::thread_in_warpgroup();
                 let (warp, lane) = (t / 32, t % 32);
@@ -110,23 +118,49 @@ macro_rules! config {
                 let leader = t == 0;
                 let barrier = 1 + half;
                 let a = p.alpha;
+                let with_c = p.beta != 0.0;
                 seq!(CH in 0..$chunks {
                     let buffer = ring.staging(half, CH % 2);
                     if leader {
                         // The store issued two chunks ago read this buffer: wait until it has.
                         tma::wait_group_read::<1>();
                     }
-                    sync::named_sync(barrier, 128);
+                    if with_c {
+                        let loaded = ring.c_loaded(half, CH % 2);
+                        if leader {
+                            unsafe {
+                                loaded.arrive_expect_tx(CHUNK_BYTES);
+                                tma::load_2d(buffer, p.map_c, (col + CH * 64) as i32, row as i32, loaded.0);
+                            }
+                        }
+                        unsafe { loaded.wait((c_uses + CH / 2) & 1) };
+                    } else {
+                        sync::named_sync(barrier, 128);
+                    }
                     seq!(PR in 0..4 {
                         let scol = 8 * (2 * PR + matrix / 2);
                         let addr = buffer + srow * 128 + (((scol / 8) ^ (srow % 8)) * 16);
+                        let mut v = [
+                            (a * acc[4 * (8 * CH + 2 * PR)], a * acc[4 * (8 * CH + 2 * PR) + 1]),
+                            (a * acc[4 * (8 * CH + 2 * PR) + 2], a * acc[4 * (8 * CH + 2 * PR) + 3]),
+                            (a * acc[4 * (8 * CH + 2 * PR) + 4], a * acc[4 * (8 * CH + 2 * PR) + 5]),
+                            (a * acc[4 * (8 * CH + 2 * PR) + 6], a * acc[4 * (8 * CH + 2 * PR) + 7]),
+                        ];
+                        if with_c {
+                            let c = unsafe { stmatrix::load_x4(addr) };
+                            seq!(R in 0..4 {
+                                let (c0, c1) = T::unpack2(c[R]);
+                                v[R].0 += p.beta * c0;
+                                v[R].1 += p.beta * c1;
+                            });
+                        }
                         unsafe {
                             stmatrix::store_x4(
                                 addr,
-                                T::pack2(a * acc[4 * (8 * CH + 2 * PR)], a * acc[4 * (8 * CH + 2 * PR) + 1]),
-                                T::pack2(a * acc[4 * (8 * CH + 2 * PR) + 2], a * acc[4 * (8 * CH + 2 * PR) + 3]),
-                                T::pack2(a * acc[4 * (8 * CH + 2 * PR) + 4], a * acc[4 * (8 * CH + 2 * PR) + 5]),
-                                T::pack2(a * acc[4 * (8 * CH + 2 * PR) + 6], a * acc[4 * (8 * CH + 2 * PR) + 7]),
+                                T::pack2(v[0].0, v[0].1),
+                                T::pack2(v[1].0, v[1].1),
+                                T::pack2(v[2].0, v[2].1),
+                                T::pack2(v[3].0, v[3].1),
                             )
                         };
                     });
@@ -203,6 +237,13 @@ impl Ring {
     #[inline(always)]
     fn empty(self, stage: u32) -> MBarrier {
         MBarrier(self.base + self.tile.barrier_offset() + 8 * (self.tile.stages + stage))
+    }
+    /// The mbarrier on which loads of C into staging buffer `buffer` of warpgroup `half` complete.
+    #[inline(always)]
+    fn c_loaded(self, half: u32, buffer: u32) -> MBarrier {
+        MBarrier(
+            self.base + self.tile.barrier_offset() + 8 * (2 * self.tile.stages + 2 * half + buffer),
+        )
     }
     /// Staging buffer `buffer` (0 or 1) of consumer warpgroup `half`.
     #[inline(always)]
@@ -368,7 +409,9 @@ unsafe fn release(ring: Ring, stage: u32) {
 #[inline(always)]
 unsafe fn consume<T: InputType, C: Config>(p: &GemmParams, ring: Ring, tiles: Tiles, half: u32) {
     let k_blocks = p.k.div_ceil(BLOCK_K);
-    let staged = p.map_d != 0 && p.beta == 0.0;
+    let staged = p.map_d != 0 && (p.beta == 0.0 || p.map_c != 0);
+    // Loads of C so far into each staging buffer (both are used equally): the mbarrier parity.
+    let mut c_uses = 0;
     let mut slot = PipelineState::new(C::TILE.stages);
     let mut acc = C::new_acc();
     let mut t = tiles.first;
@@ -406,7 +449,8 @@ unsafe fn consume<T: InputType, C: Config>(p: &GemmParams, ring: Ring, tiles: Ti
             unsafe { release(ring, previous) };
         }
         if staged {
-            unsafe { C::epilogue_staged::<T>(p, &acc, ring, half, row + half * 64, col) };
+            unsafe { C::epilogue_staged::<T>(p, &acc, ring, half, row + half * 64, col, c_uses) };
+            c_uses += C::TILE.block_n / 128;
         } else {
             unsafe { C::epilogue::<T>(p, &acc, row + half * 64, col) };
         }
@@ -462,9 +506,17 @@ unsafe fn gemm<T: InputType, C: Config>(p: &GemmParams) {
             if p.map_d != 0 {
                 tma::prefetch_descriptor(p.map_d);
             }
+            if p.map_c != 0 {
+                tma::prefetch_descriptor(p.map_c);
+            }
             for s in 0..C::TILE.stages {
                 ring.full(s).init(1);
                 ring.empty(s).init(CONSUMER_WARPS * C::TILE.cluster_m);
+            }
+            for half in 0..2 {
+                for buffer in 0..2 {
+                    ring.c_loaded(half, buffer).init(1);
+                }
             }
         }
         fence::mbarrier_init();
