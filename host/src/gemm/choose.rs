@@ -14,13 +14,14 @@ use kernels_gpu::gemm_abi::{BLOCK_M, GemmVariant, VARIANTS};
 /// on large problems, where every configuration fills its waves (kernels-gpu/NOTES.md).
 fn cost_per_element(variant: &GemmVariant) -> f64 {
     match variant.name {
-        "128x256" => 1.0,
+        // 2-block clusters (B multicast) measured within noise of the same tile without them
+        // (benches/results/gemm-2026-11-30-b3588aa-variants.md): equal cost, so ties keep the
+        // simpler launch, which comes first in `VARIANTS`.
+        "128x256" | "128x256c2" => 1.0,
         // 1.03–1.21 (mean 1.10) over the full-wave shapes of
-        // benches/results/gemm-2026-11-30-3d92d9a.json.
-        "128x128" => 1.10,
-        // The 2-block cluster configurations measured 1.8–2.8× slower in that run (under
-        // investigation, kernels-gpu/NOTES.md); the rule does not pick them.
-        _ => 4.0,
+        // benches/results/gemm-2026-11-30-3d92d9a-variants.json; the later runs agree.
+        "128x128" | "128x128c2" => 1.10,
+        _ => 1.2,
     }
 }
 
