@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The project's test command (README, CI): format, lints, CPU tests, PTX build and PTX gates.
-# Needs the pinned toolchain (rust-toolchain.toml; `rustup toolchain install` in the repo) and
+# Installs the pinned toolchain (rust-toolchain.toml) if missing; needs rustup and
 # python3 + pip (check-ptx installs CUDA 13.0 ptxas/cuobjdump/nvdisasm wheels into
 # target/cuda-tools on first use). No GPU needed: GPU tests skip themselves with a message.
 # Every step runs even if an earlier one failed (except check-ptx, which needs build-ptx);
@@ -8,6 +8,7 @@
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+source scripts/toolchain.sh
 log_dir=target/test-logs
 mkdir -p "$log_dir"
 rm -f "$log_dir/cargo-test.log"
