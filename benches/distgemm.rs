@@ -148,15 +148,13 @@ fn single_gpu<T: NcclElement>(ctx: &Ctx, (m, n, k): (u64, u64, u64)) -> PairOfTi
         fill_normal(module, &stream, &mut b, 12).map_err(err)?;
         warn_if_in_l2(ctx, "single GPU", 2 * (m * k + n * k + m * n));
         let timing = timing_for(2.0 * (m * n * k) as f64, &ctx.opts);
-        let args = GemmArgs {
-            dtype: T::DTYPE,
-            a: MatrixView::dense(a.device_ptr(), m, k),
-            b: MatrixView::dense(b.device_ptr(), n, k),
-            c: None,
-            d: MatrixView::dense(d.device_ptr(), m, n),
-            alpha: 1.0,
-            beta: 0.0,
-        };
+        let args = GemmArgs::dense(
+            T::DTYPE,
+            a.device_ptr(),
+            b.device_ptr(),
+            d.device_ptr(),
+            (m, n, k),
+        );
         let ours = ctx
             .kernel0
             .prepare(&stream, &args)

@@ -10,9 +10,7 @@
 //! `benches/results/gemm-<date>-<commit>.{json,md}` (or under `DISTGEMM_BENCH_RESULTS`).
 use distgemm::baseline::{CublasLtElement, CublasLtGemm, TnGemmShape};
 use distgemm::dtype::{Dtype, Element};
-use distgemm::gemm::{
-    GemmArgs, GemmKernel, GemmLaunchError, GemmVariant, MatrixView, PreparedGemm, VARIANTS,
-};
+use distgemm::gemm::{GemmArgs, GemmKernel, GemmLaunchError, GemmVariant, PreparedGemm, VARIANTS};
 use distgemm::problem::Preset;
 use distgemm::runtime::{DeviceBuffer, DeviceCopy, Gpu, Module};
 use distgemm::testdata::fill_normal;
@@ -105,15 +103,13 @@ fn bench_shape<T: Element + CublasLtElement + DeviceCopy>(
         let d = DeviceBuffer::<T>::alloc(gpu, (m * n) as usize)?;
         fill_normal(module, &stream, &mut a, 2 * i as u32 + 1)?;
         fill_normal(module, &stream, &mut b, 2 * i as u32 + 2)?;
-        let args = GemmArgs {
-            dtype: T::DTYPE,
-            a: MatrixView::dense(a.device_ptr(), m, k),
-            b: MatrixView::dense(b.device_ptr(), n, k),
-            c: None,
-            d: MatrixView::dense(d.device_ptr(), m, n),
-            alpha: 1.0,
-            beta: 0.0,
-        };
+        let args = GemmArgs::dense(
+            T::DTYPE,
+            a.device_ptr(),
+            b.device_ptr(),
+            d.device_ptr(),
+            (m, n, k),
+        );
         let config = |e: GemmLaunchError| BenchError::Config(e.to_string());
         let mut ours = vec![kernel.prepare(&stream, &args).map_err(config)?];
         for v in extra_variants {

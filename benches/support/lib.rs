@@ -108,34 +108,17 @@ pub fn time_on_stream<F>(
     gpu: &Gpu,
     stream: &Arc<CudaStream>,
     config: TimingConfig,
-    mut enqueue: F,
+    enqueue: F,
 ) -> Result<Timing, BenchError>
 where
     F: FnMut(usize) -> Result<(), BenchError>,
 {
-    if config.reps < MIN_TIMED_REPS {
-        return Err(BenchError::Config(format!(
-            "{} timed repetitions requested; use at least {MIN_TIMED_REPS}",
-            config.reps
-        )));
-    }
-    for i in 0..config.warmup {
-        enqueue(i)?;
-    }
-    let events: Vec<(CudaEvent, CudaEvent)> = (0..config.reps)
-        .map(|_| Ok((stream::timing_event(gpu)?, stream::timing_event(gpu)?)))
-        .collect::<Result<_, RuntimeError>>()?;
-    for (i, (start, end)) in events.iter().enumerate() {
-        stream::record(start, stream)?;
-        enqueue(config.warmup + i)?;
-        stream::record(end, stream)?;
-    }
-    stream::synchronize(stream)?;
-    let samples = events
-        .iter()
-        .map(|(start, end)| Ok(f64::from(stream::elapsed_ms(start, end)?)))
-        .collect::<Result<Vec<_>, RuntimeError>>()?;
-    Timing::from_samples(samples)
+    time_on_streams(
+        std::slice::from_ref(gpu),
+        std::slice::from_ref(stream),
+        config,
+        enqueue,
+    )
 }
 
 /// Times work that spans several GPUs (one stream each): every repetition records a start

@@ -56,6 +56,20 @@ pub struct GemmArgs {
 }
 
 impl GemmArgs {
+    /// `D = A · Bᵀ` over dense operands: A `m × k` at `a`, B `n × k` at `b`, D `m × n` at `d`.
+    #[must_use]
+    pub fn dense(dtype: Dtype, a: u64, b: u64, d: u64, (m, n, k): (u64, u64, u64)) -> Self {
+        Self {
+            dtype,
+            a: MatrixView::dense(a, m, k),
+            b: MatrixView::dense(b, n, k),
+            c: None,
+            d: MatrixView::dense(d, m, n),
+            alpha: 1.0,
+            beta: 0.0,
+        }
+    }
+
     /// `(m, n, k)` of the product.
     #[must_use]
     pub fn shape(&self) -> (u64, u64, u64) {
