@@ -6,7 +6,7 @@
 //! their total exceeds 3× L2; each variant gets warm-up launches, then ≥ 20 timed repetitions
 //! bracketed by CUDA events; we report medians.
 //!
-//! Usage: `gemm [--quick] [--variants] [--filter SUBSTRING] [--reps N]`. Writes
+//! Usage: `gemm [--quick] [--variants] [--filter SUBSTRING | SUBSTRING] [--reps N]`. Writes
 //! `benches/results/gemm-<date>-<commit>.{json,md}` (or under `DISTGEMM_BENCH_RESULTS`).
 use distgemm::baseline::{CublasLtElement, CublasLtGemm, TnGemmShape};
 use distgemm::dtype::{Dtype, Element};
@@ -150,10 +150,18 @@ fn main() {
 fn run() -> Result<(), BenchError> {
     let args: Vec<String> = std::env::args().collect();
     let quick = args.iter().any(|a| a == "--quick");
+    // `--filter X`, or a bare word as `run-gpu-tests.sh --benches FILTER` passes it (with the
+    // `--bench` flag libtest benches get, which this harness-less bench ignores).
     let filter = args
         .iter()
         .position(|a| a == "--filter")
         .and_then(|i| args.get(i + 1))
+        .or_else(|| {
+            args.iter().enumerate().skip(1).find_map(|(i, a)| {
+                let is_value = matches!(args[i - 1].as_str(), "--filter" | "--reps");
+                (!a.starts_with("--") && !is_value).then_some(a)
+            })
+        })
         .cloned();
     let reps = args
         .iter()

@@ -4,28 +4,39 @@
 # cuBLAS/cuBLASLt/NCCL (used by baselines) are looked up in a CUDA toolkit or in the
 # nvidia/*/lib folders of an installed PyTorch.
 #
-# Usage: ./run-gpu-tests.sh [--benches | --benches-only] [--list] [FILTER] [-- ARGS...]
+# Usage: ./run-gpu-tests.sh [--benches | --benches-only] [--list] [--sanitize TOOL] [FILTER] [-- ARGS...]
 #   FILTER          run only tests (and benches) whose name contains FILTER (libtest filter)
 #   --benches       also run the bench binaries (after the tests)
 #   --benches-only  run only the bench binaries
 #   --list          list the tests of every binary instead of running them
+#   --sanitize TOOL run the test binaries under `compute-sanitizer --tool TOOL` (memcheck,
+#                   racecheck, synccheck, initcheck); slow: combine with a FILTER
 #   -- ARGS...      extra arguments passed to every test/bench binary
 # Exit status: 0 if every binary passed, 1 if any failed, 2 on bad usage.
 set -uo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-usage() { sed -n '2,13p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,15p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 
 filter=""
 run_tests=1
 run_benches=0
 list=0
+sanitizer=()
 extra=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --benches) run_benches=1 ;;
     --benches-only) run_benches=1; run_tests=0 ;;
     --list) list=1 ;;
+    --sanitize)
+      shift
+      [ $# -gt 0 ] || { echo "run-gpu-tests.sh: --sanitize needs a tool name" >&2; exit 2; }
+      tool_path="$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -n 1)"
+      if [ -z "$tool_path" ]; then
+        echo "run-gpu-tests.sh: compute-sanitizer not found (PATH or /usr/local/cuda*/bin)" >&2; exit 2
+      fi
+      sanitizer=("$tool_path" --tool "$1" --error-exitcode 1) ;;
     -h|--help) usage; exit 0 ;;
     --) shift; extra=("$@"); break ;;
     -*) echo "run-gpu-tests.sh: unknown option $1" >&2; usage >&2; exit 2 ;;
@@ -146,14 +157,13 @@ fi
 cd "$HERE" || exit 1
 passed=()
 failed=()
-run_one() { # kind binary args...
-  local kind="$1" bin="$2" name rc start
-  shift 2
-  name="$kind/$(basename "$bin")"
+run_one() { # name command...
+  local name="$1" rc start
+  shift
   echo
-  echo "== $name $*"
+  echo "== $name: $*"
   start=$SECONDS
-  "$bin" "$@"
+  "$@"
   rc=$?
   if [ $rc -eq 0 ]; then
     passed+=("$name ($((SECONDS - start))s)")
@@ -168,9 +178,9 @@ if [ $run_tests -eq 1 ]; then
     [ -f "$bin" ] && [ -x "$bin" ] || continue
     ran=$((ran + 1))
     if [ $list -eq 1 ]; then
-      run_one tests "$bin" --list ${filter:+"$filter"} "${extra[@]+"${extra[@]}"}"
+      run_one "tests/$(basename "$bin")" "$bin" --list ${filter:+"$filter"} "${extra[@]+"${extra[@]}"}"
     else
-      run_one tests "$bin" --test-threads=1 --nocapture ${filter:+"$filter"} "${extra[@]+"${extra[@]}"}"
+      run_one "tests/$(basename "$bin")" "${sanitizer[@]+"${sanitizer[@]}"}" "$bin" --test-threads=1 --nocapture ${filter:+"$filter"} "${extra[@]+"${extra[@]}"}"
     fi
   done
   [ $ran -eq 0 ] && echo "run-gpu-tests.sh: no test binaries in $HERE/tests"
@@ -182,9 +192,9 @@ if [ $run_benches -eq 1 ]; then
     nb=$((nb + 1))
     # Like `cargo bench -- FILTER`: the filter, then --bench.
     if [ $list -eq 1 ]; then
-      run_one benches "$bin" --list ${filter:+"$filter"} "${extra[@]+"${extra[@]}"}"
+      run_one "benches/$(basename "$bin")" "$bin" --list ${filter:+"$filter"} "${extra[@]+"${extra[@]}"}"
     else
-      run_one benches "$bin" ${filter:+"$filter"} --bench "${extra[@]+"${extra[@]}"}"
+      run_one "benches/$(basename "$bin")" "$bin" ${filter:+"$filter"} --bench "${extra[@]+"${extra[@]}"}"
     fi
   done
   [ $nb -eq 0 ] && echo "run-gpu-tests.sh: no bench binaries in $HERE/benches"
