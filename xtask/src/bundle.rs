@@ -8,8 +8,19 @@ use std::time::Instant;
 use crate::util::{self, Result};
 use crate::{bail, build_ptx};
 
-/// The runner script written into every bundle.
-pub const RUN_SCRIPT: &str = include_str!("../assets/run-gpu-tests.sh");
+/// The scripts written into every bundle: the test runner, the whole check-and-bench matrix,
+/// and the environment both source.
+pub const SCRIPTS: [(&str, &str); 3] = [
+    (
+        "run-gpu-tests.sh",
+        include_str!("../assets/run-gpu-tests.sh"),
+    ),
+    (
+        "run-gpu-matrix.sh",
+        include_str!("../assets/run-gpu-matrix.sh"),
+    ),
+    ("gpu-env.sh", include_str!("../assets/gpu-env.sh")),
+];
 /// The carry limit of the GPU machines' file transfer: the bundle must stay well below it.
 const LIMIT: u64 = 64 * 1024 * 1024;
 /// Marker file that says a folder is a bundle (so `bundle` may clear it).
@@ -145,10 +156,12 @@ pub fn bundle(opts: &Options) -> Result<()> {
             copy(&p, &format!("peers/{name}"))?;
         }
     }
-    let script = out.join("run-gpu-tests.sh");
-    util::write(&script, RUN_SCRIPT)?;
-    set_executable(&script)?;
-    files.push(("run-gpu-tests.sh".into(), RUN_SCRIPT.len() as u64));
+    for (name, text) in SCRIPTS {
+        let script = out.join(name);
+        util::write(&script, text)?;
+        set_executable(&script)?;
+        files.push((name.into(), text.len() as u64));
+    }
 
     let total: u64 = files.iter().map(|f| f.1).sum();
     let manifest = manifest(&files, total);
@@ -168,14 +181,15 @@ pub fn bundle(opts: &Options) -> Result<()> {
             util::human_bytes(total)
         );
     }
+    let folder = out
+        .file_name()
+        .map_or("bundle".into(), |n| n.to_string_lossy().into_owned());
     println!(
-        "xtask bundle: wrote {} ({} in {} files) in {:.1}s\n  on the GPU machine: {}/run-gpu-tests.sh [--benches] [FILTER]",
+        "xtask bundle: wrote {} ({} in {} files) in {:.1}s\n  on the GPU machine: {folder}/run-gpu-tests.sh [--benches] [FILTER], or {folder}/run-gpu-matrix.sh for the tests and every benchmark",
         out.display(),
         util::human_bytes(total),
         files.len() + 1,
         started.elapsed().as_secs_f64(),
-        out.file_name()
-            .map_or("bundle".into(), |n| n.to_string_lossy().into_owned()),
     );
     Ok(())
 }
@@ -297,9 +311,17 @@ mod tests {
     }
 
     #[test]
-    fn run_script_is_bash() {
-        assert!(RUN_SCRIPT.starts_with("#!/usr/bin/env bash\n"));
-        assert!(RUN_SCRIPT.contains("DISTGEMM_PTX="));
-        assert!(RUN_SCRIPT.contains("NCCL_NVLS_ENABLE=0"));
+    fn scripts_are_bash_and_keep_nvls_off() {
+        for (name, text) in SCRIPTS {
+            assert!(
+                text.starts_with("#!/usr/bin/env bash\n") || name == "gpu-env.sh",
+                "{name}"
+            );
+        }
+        let env = SCRIPTS[2].1;
+        assert!(env.contains("DISTGEMM_PTX="));
+        assert!(env.contains("NCCL_NVLS_ENABLE=0"));
+        assert!(SCRIPTS[0].1.contains("source \"$HERE/gpu-env.sh\""));
+        assert!(SCRIPTS[1].1.contains("source \"$HERE/gpu-env.sh\""));
     }
 }

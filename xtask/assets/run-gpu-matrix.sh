@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# The whole GPU check-and-bench matrix of a bundle in one call (what a lease should spend its
+# device time on): every test binary, then the GEMM benchmark (stage shapes with every tile
+# configuration, then every shape), the distributed benchmark table (a)-(f) and the token
+# sweep. Results (JSON + markdown) and logs go to RESULTS_DIR (default: $OUT if set, else
+# ./results). Each step has its own time limit, so one stuck step cannot eat the lease; the
+# short table of every step is printed at the end.
+#
+# With --pack, everything ends up in RESULTS_DIR/matrix.tar.gz (for transfers that return
+# only a few files).
+#
+# Usage: ./run-gpu-matrix.sh [--tp N] [--skip-tests] [--quick] [--pack] [RESULTS_DIR]
+set -uo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+tp=""
+skip_tests=0
+pack=0
+quick=()
+dir=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --tp) shift; tp="${1:?--tp needs a number}" ;;
+    --skip-tests) skip_tests=1 ;;
+    --quick) quick=(--quick) ;;
+    --pack) pack=1 ;;
+    -h|--help) sed -n '2,12p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -*) echo "run-gpu-matrix.sh: unknown option $1" >&2; exit 2 ;;
+    *) dir="$1" ;;
+  esac
+  shift
+done
+dir="${dir:-${OUT:-$PWD/results}}"
+mkdir -p "$dir"
+export DISTGEMM_BENCH_RESULTS="$dir"
+source "$HERE/gpu-env.sh" || exit 1
+echo "baseline library folders: ${lib_dirs[*]:-(none)}"
+
+summary=()
+step() { # name seconds command...
+  local name="$1" limit="$2" start=$SECONDS rc
+  shift 2
+  echo "== $name (limit ${limit}s)"
+  timeout "$limit" "$@" > "$dir/$name.log" 2>&1
+  rc=$?
+  summary+=("$(printf '%5ss  exit %-3s %s' $((SECONDS - start)) "$rc" "$name")")
+  return $rc
+}
+
+if [ $skip_tests -eq 0 ]; then
+  step tests 240 "$HERE/run-gpu-tests.sh"
+  grep -E "^  (PASS|FAIL)" "$dir/tests.log"
+fi
+
+step gemm-variants 120 "$HERE/benches/gemm" --quick --variants --reps 20
+step gemm-all 150 "$HERE/benches/gemm" --reps 20 "${quick[@]+"${quick[@]}"}"
+step distgemm 200 "$HERE/benches/distgemm" ${tp:+--tp "$tp"} "${quick[@]+"${quick[@]}"}"
+step distgemm-sweep 120 "$HERE/benches/distgemm" ${tp:+--tp "$tp"} --sweep --no-torch
+
+echo
+echo "== matrix summary (logs and results in $dir)"
+for s in "${summary[@]}"; do echo "  $s"; done
+grep -h "geometric mean" "$dir"/gemm-*.log 2>/dev/null
+grep -h "^- llama" "$dir/distgemm.log" 2>/dev/null
+if [ $pack -eq 1 ]; then
+  packed="$(mktemp)"
+  tar -czf "$packed" -C "$dir" . && rm -rf "${dir:?}"/* && mv "$packed" "$dir/matrix.tar.gz"
+  echo "packed into $dir/matrix.tar.gz"
+fi
