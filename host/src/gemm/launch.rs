@@ -125,19 +125,13 @@ impl GemmKernel {
         };
         let map_a = map(&args.a, config.a_box())?;
         let map_b = map(&args.b, config.b_box())?;
-        // D through TMA stores when its rows are whole 16-byte units (the epilogue's fast
-        // path): TMA stores clip at 16-byte granularity, so with a ragged N they would write
-        // into the padding after the last column.
-        let map_d = if n.is_multiple_of(8) {
-            Some(map(&args.d, gemm_abi::D_BOX)?)
-        } else {
-            None
-        };
-        // With beta != 0, C is loaded chunk by chunk into the same staging buffers (possibly
-        // from a peer GPU's memory: the reduce-scatter schedules' partial sums).
-        let map_c = match (&map_d, &args.c) {
-            (Some(_), Some(c)) if args.beta != 0.0 => Some(map(c, gemm_abi::D_BOX)?),
-            _ => None,
+        let (map_d, map_c) = match Epilogue::for_args(args) {
+            Epilogue::Registers => (None, None),
+            Epilogue::Staged => (Some(map(&args.d, gemm_abi::D_BOX)?), None),
+            Epilogue::StagedWithC(c) => (
+                Some(map(&args.d, gemm_abi::D_BOX)?),
+                Some(map(&c, gemm_abi::D_BOX)?),
+            ),
         };
         let c = args.c.unwrap_or(MatrixView {
             ptr: 0,
@@ -186,6 +180,32 @@ impl GemmKernel {
             grid,
             _maps: [Some(map_a), Some(map_b), map_d, map_c],
         })
+    }
+}
+
+/// How the kernel writes D, decided by which tensor maps the host gives it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Epilogue {
+    /// Element pairs stored from registers (and C read from global memory).
+    Registers,
+    /// 64×64 chunks staged in shared memory and written with TMA stores.
+    Staged,
+    /// As `Staged`, with each C chunk first TMA-loaded into the staging buffer.
+    StagedWithC(MatrixView),
+}
+
+impl Epilogue {
+    /// TMA stores write whole 16-byte units: with a ragged N (not a multiple of 8 elements)
+    /// they would write into the padding after the last column, so those problems keep the
+    /// register path. C goes through TMA too when it is read at all (`beta != 0`); it may live
+    /// on a peer GPU (the reduce-scatter schedules' partial sums).
+    fn for_args(args: &GemmArgs) -> Self {
+        let (_, n, _) = args.shape();
+        match (n.is_multiple_of(8), args.c) {
+            (false, _) => Epilogue::Registers,
+            (true, Some(c)) if args.beta != 0.0 => Epilogue::StagedWithC(c),
+            (true, _) => Epilogue::Staged,
+        }
     }
 }
 
@@ -251,5 +271,30 @@ impl PreparedGemm {
         // SAFETY: the parameter block matches the kernel's single `GemmParams` parameter; its
         // tensor maps are owned by `self` and the caller keeps the operand memory alive (`prepare`).
         unsafe { launch(&self.kernel, stream, &self.launch_config(pdl), &mut args) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(n: u64, beta: f32) -> GemmArgs {
+        let mut a = GemmArgs::dense(Dtype::Bf16, 0x1000, 0x2000, 0x3000, (64, n, 64));
+        a.beta = beta;
+        if beta != 0.0 {
+            a.c = Some(MatrixView::dense(0x4000, 64, n));
+        }
+        a
+    }
+
+    #[test]
+    fn the_staged_epilogue_needs_whole_16_byte_rows() {
+        assert_eq!(Epilogue::for_args(&args(256, 0.0)), Epilogue::Staged);
+        assert_eq!(Epilogue::for_args(&args(257, 0.0)), Epilogue::Registers);
+        assert_eq!(
+            Epilogue::for_args(&args(264, 1.0)),
+            Epilogue::StagedWithC(MatrixView::dense(0x4000, 64, 264))
+        );
+        assert_eq!(Epilogue::for_args(&args(263, 1.0)), Epilogue::Registers);
     }
 }
