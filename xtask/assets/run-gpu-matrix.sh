@@ -2,9 +2,10 @@
 # The whole GPU check-and-bench matrix of a bundle in one call (what a lease should spend its
 # device time on): every test binary, then the GEMM benchmark (stage shapes with every tile
 # configuration, then every shape), the distributed benchmark table (a)-(f) and the token
-# sweep. Results (JSON + markdown) and logs go to RESULTS_DIR (default: $OUT if set, else
-# ./results). Each step has its own time limit, so one stuck step cannot eat the lease; the
-# short table of every step is printed at the end.
+# sweep, with `nvidia-smi dmon` (power, clocks) logged alongside. Results (JSON + markdown)
+# and logs go to RESULTS_DIR (default: $OUT if set, else ./results). Each step has its own
+# time limit, so one stuck step cannot eat the lease; the short table of every step is
+# printed at the end.
 #
 # With --pack, everything ends up in RESULTS_DIR/matrix.tar.gz (for transfers that return
 # only a few files).
@@ -24,7 +25,7 @@ while [ $# -gt 0 ]; do
     --skip-tests) skip_tests=1 ;;
     --quick) quick=(--quick) ;;
     --pack) pack=1 ;;
-    -h|--help) sed -n '2,12p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,13p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) echo "run-gpu-matrix.sh: unknown option $1" >&2; exit 2 ;;
     *) dir="$1" ;;
   esac
@@ -35,6 +36,13 @@ mkdir -p "$dir"
 export DISTGEMM_BENCH_RESULTS="$dir"
 source "$HERE/gpu-env.sh" || exit 1
 echo "baseline library folders: ${lib_dirs[*]:-(none)}"
+
+# Power draw and clocks once a second for the whole matrix (throttling shows up here).
+dmon_pid=""
+if command -v nvidia-smi >/dev/null 2>&1; then
+  nvidia-smi dmon -s pc -d 1 > "$dir/dmon.log" 2>&1 &
+  dmon_pid=$!
+fi
 
 summary=()
 step() { # name seconds command...
@@ -52,15 +60,16 @@ if [ $skip_tests -eq 0 ]; then
   grep -E "^  (PASS|FAIL)" "$dir/tests.log"
 fi
 
-step gemm-variants 120 "$HERE/benches/gemm" --quick --variants --reps 20
-step gemm-all 150 "$HERE/benches/gemm" --reps 20 "${quick[@]+"${quick[@]}"}"
+step gemm-variants 150 "$HERE/benches/gemm" --quick --variants --reps 20
+step gemm-all 300 "$HERE/benches/gemm" --reps 20 "${quick[@]+"${quick[@]}"}"
 step distgemm 200 "$HERE/benches/distgemm" ${tp:+--tp "$tp"} "${quick[@]+"${quick[@]}"}"
 step distgemm-sweep 120 "$HERE/benches/distgemm" ${tp:+--tp "$tp"} --sweep --no-torch
 
+[ -n "$dmon_pid" ] && kill "$dmon_pid" 2>/dev/null
 echo
 echo "== matrix summary (logs and results in $dir)"
 for s in "${summary[@]}"; do echo "  $s"; done
-grep -h "geometric mean" "$dir"/gemm-*.log 2>/dev/null
+grep -h -A1 "geometric mean" "$dir"/gemm-*.log 2>/dev/null
 grep -h "^- llama" "$dir/distgemm.log" 2>/dev/null
 if [ $pack -eq 1 ]; then
   packed="$(mktemp)"
