@@ -7,8 +7,9 @@
 //! cuBLASLt are timed in interleaved rounds (order reversed each round) of warm-up launches and
 //! ≥ 20 repetitions bracketed by CUDA events; we report the median over all rounds.
 //!
-//! Usage: `gemm [--quick] [--variants] [--filter SUBSTRING | SUBSTRING] [--reps N]`. Writes
-//! `benches/results/gemm-<date>-<commit>.{json,md}` (or under `DISTGEMM_BENCH_RESULTS`).
+//! Usage: `gemm [--quick] [--variants] [--raster G[,G…]] [--filter SUBSTRING | SUBSTRING]
+//! [--reps N]`. Writes `benches/results/gemm-<date>-<commit>.{json,md}` (or under
+//! `DISTGEMM_BENCH_RESULTS`).
 use distgemm::baseline::{CublasLtElement, CublasLtGemm, TnGemmShape};
 use distgemm::dtype::{Dtype, Element};
 use distgemm::gemm::{GemmArgs, GemmKernel, GemmLaunchError, GemmVariant, PreparedGemm, VARIANTS};
@@ -49,7 +50,7 @@ struct Record {
     driver: String,
     commit: String,
     date: String,
-    /// With `--variants`: TFLOP/s of every compiled tile configuration.
+    /// With `--variants` / `--raster`: TFLOP/s of every extra configuration.
     variant_tflops: BTreeMap<String, f64>,
 }
 
@@ -89,7 +90,16 @@ struct Operands<T: DeviceCopy> {
 
 /// Timings of our kernel (chosen configuration first, then each one asked for, by name) and of
 /// cuBLASLt.
-type ShapeTimings = (Vec<(&'static str, Timing)>, Timing);
+type ShapeTimings = (Vec<(String, Timing)>, Timing);
+
+/// An extra configuration of our kernel timed beside the rule's choice.
+#[derive(Debug, Clone, Copy)]
+enum Extra {
+    /// `--variants`: a compiled tile configuration (with the rule's band height).
+    Variant(&'static GemmVariant),
+    /// `--raster G`: the rule's tile configuration with the tile order's band height forced.
+    Raster(u32),
+}
 
 fn bench_shape<T: Element + CublasLtElement + DeviceCopy>(
     gpu: &Gpu,
@@ -97,7 +107,7 @@ fn bench_shape<T: Element + CublasLtElement + DeviceCopy>(
     kernel: &GemmKernel,
     (m, n, k): (u64, u64, u64),
     timing: TimingConfig,
-    extra_variants: &[&'static GemmVariant],
+    extras: &[Extra],
 ) -> Result<ShapeTimings, BenchError> {
     let stream = gpu.new_stream()?;
     let bytes = 2 * (m * k + n * k + m * n);
@@ -116,8 +126,17 @@ fn bench_shape<T: Element + CublasLtElement + DeviceCopy>(
         );
         let config = |e: GemmLaunchError| BenchError::Config(e.to_string());
         let mut ours = vec![kernel.prepare(&stream, &args).map_err(config)?];
-        for v in extra_variants {
-            ours.push(kernel.prepare_variant(&stream, &args, v).map_err(config)?);
+        for e in extras {
+            ours.push(
+                match *e {
+                    Extra::Variant(v) => kernel.prepare_variant(&stream, &args, v),
+                    Extra::Raster(g) => kernel.prepare(&stream, &args).map(|mut p| {
+                        p.set_raster_group_m(g);
+                        p
+                    }),
+                }
+                .map_err(config)?,
+            );
         }
         Ok(Operands {
             a,
@@ -132,7 +151,7 @@ fn bench_shape<T: Element + CublasLtElement + DeviceCopy>(
     // rounds, the order reversed every round (A B C, C B A, …), so that clock and power drift
     // over the measurement (the GPU heats up; neighbours come and go) hits all of them alike
     // instead of favouring whoever runs first.
-    let contenders = extra_variants.len() + 2;
+    let contenders = extras.len() + 2;
     let mut samples = vec![Vec::new(); contenders];
     for round in 0..ROUNDS {
         let round_timing = TimingConfig {
@@ -167,7 +186,13 @@ fn bench_shape<T: Element + CublasLtElement + DeviceCopy>(
     let ours = timings
         .into_iter()
         .enumerate()
-        .map(|(i, t)| (sets.get(0).ours[i].variant().name, t))
+        .map(|(i, t)| {
+            let name = sets.get(0).ours[i].variant().name;
+            match i.checked_sub(1).map(|e| extras[e]) {
+                Some(Extra::Raster(g)) => (format!("{name} g{g}"), t),
+                _ => (name.to_owned(), t),
+            }
+        })
         .collect();
     Ok((ours, cublas))
 }
@@ -190,7 +215,7 @@ fn run() -> Result<(), BenchError> {
         .and_then(|i| args.get(i + 1))
         .or_else(|| {
             args.iter().enumerate().skip(1).find_map(|(i, a)| {
-                let is_value = matches!(args[i - 1].as_str(), "--filter" | "--reps");
+                let is_value = matches!(args[i - 1].as_str(), "--filter" | "--reps" | "--raster");
                 (!a.starts_with("--") && !is_value).then_some(a)
             })
         })
@@ -202,11 +227,23 @@ fn run() -> Result<(), BenchError> {
         .and_then(|r| r.parse().ok())
         .unwrap_or(30);
     // `--variants`: also time every compiled tile configuration (the data behind the rule).
-    let extra: Vec<&'static GemmVariant> = if args.iter().any(|a| a == "--variants") {
-        VARIANTS.iter().collect()
-    } else {
-        Vec::new()
-    };
+    let mut extra: Vec<Extra> = Vec::new();
+    if args.iter().any(|a| a == "--variants") {
+        extra.extend(VARIANTS.iter().map(Extra::Variant));
+    }
+    // `--raster G[,G…]`: also time the rule's configuration with these band heights.
+    if let Some(list) = args
+        .iter()
+        .position(|a| a == "--raster")
+        .and_then(|i| args.get(i + 1))
+    {
+        for g in list.split(',') {
+            let g = g
+                .parse()
+                .map_err(|_| BenchError::Config(format!("--raster: bad band height {g:?}")))?;
+            extra.push(Extra::Raster(g));
+        }
+    }
     let gpu = Gpu::open(0)?;
     let module = Module::load(&gpu)?;
     let kernel = GemmKernel::new(&module)?;

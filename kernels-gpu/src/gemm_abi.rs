@@ -45,8 +45,6 @@ pub struct TileConfig {
     pub stages: u32,
     /// Blocks per cluster along M (1 or 2).
     pub cluster_m: u32,
-    /// m-tiles per raster band (see [`crate::layout::raster`]).
-    pub raster_group_m: u32,
 }
 
 impl TileConfig {
@@ -107,14 +105,12 @@ pub const TILE_128X256: TileConfig = TileConfig {
     block_n: 256,
     stages: 4,
     cluster_m: 1,
-    raster_group_m: 8,
 };
 /// 128×256 tiles in 2-block clusters sharing B through TMA multicast.
 pub const TILE_128X256_CLUSTER2: TileConfig = TileConfig {
     block_n: 256,
     stages: 4,
     cluster_m: 2,
-    raster_group_m: 8,
 };
 /// 128×128 tiles, 6 stages: twice the tiles, for problems whose 128×256 tile count leaves a
 /// badly filled last wave.
@@ -122,14 +118,12 @@ pub const TILE_128X128: TileConfig = TileConfig {
     block_n: 128,
     stages: 6,
     cluster_m: 1,
-    raster_group_m: 8,
 };
 /// 128×128 tiles in 2-block clusters sharing B.
 pub const TILE_128X128_CLUSTER2: TileConfig = TileConfig {
     block_n: 128,
     stages: 6,
     cluster_m: 2,
-    raster_group_m: 8,
 };
 
 /// One compiled configuration: its entry points and tile configuration.
@@ -241,7 +235,10 @@ pub struct GemmParams {
     pub ldc: u32,
     pub alpha: f32,
     pub beta: f32,
-    pub reserved: u32,
+    /// Height of the tile order's bands, in cluster tiles (see [`crate::layout::raster`]);
+    /// 0 is read as 1. A launch parameter rather than a compile-time one: the best band
+    /// depends on the problem's shape and the grid (the host's rule picks it).
+    pub raster_group_m: u32,
     pub hook: StageHook,
 }
 

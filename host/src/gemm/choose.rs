@@ -53,6 +53,31 @@ pub fn choose_variant(m: u64, n: u64, sm_count: u32) -> &'static GemmVariant {
     best
 }
 
+/// Height of the tile order's bands, in cluster tiles, for `variant` on an `m × n` output run
+/// by a grid of `resident` clusters (see `kernels_gpu::layout::raster`).
+///
+/// The grid works on `W = min(resident, cluster tiles)` tiles at once: a patch of `g` cluster
+/// rows by `W / g` tile columns, whose operands — `g · 128 · cluster_m` rows of A and
+/// `(W / g) · block_n` rows of B, all K columns — come from DRAM once and are then shared
+/// through L2. That footprint is smallest at `g = √(W · block_n / (128 · cluster_m))`:
+/// 16 m-tiles for 128×256 tiles on 132 SMs (a 2048 × 2112-row patch, where bands of 8 read
+/// 1024 + 4224 rows: 26 % more DRAM traffic per wave), 11 for 128×128. Rounded, and at most
+/// the problem's cluster rows.
+#[must_use]
+pub fn raster_group_m(variant: &GemmVariant, m: u64, n: u64, resident: u32) -> u32 {
+    let c = variant.config;
+    let cluster_rows = m
+        .div_ceil(u64::from(BLOCK_M))
+        .div_ceil(u64::from(c.cluster_m));
+    let tiles = cluster_rows * n.div_ceil(u64::from(c.block_n));
+    let concurrent = tiles.min(u64::from(resident)).max(1) as f64;
+    let tile_rows = f64::from(BLOCK_M * c.cluster_m);
+    let g = (concurrent * f64::from(c.block_n) / tile_rows)
+        .sqrt()
+        .round() as u64;
+    g.clamp(1, cluster_rows.max(1)) as u32
+}
+
 /// The configuration named `name` (`128x256`, `128x256c2`, `128x128`, `128x128c2`).
 #[must_use]
 pub fn variant_named(name: &str) -> Option<&'static GemmVariant> {
@@ -70,6 +95,20 @@ mod tests {
         // 2048×7168: 448 wide tiles = 3.39 waves (4 waves for 3.39 of work); 896 narrow
         // tiles = 6.8 waves (7 waves of half the work): the narrow tiles win.
         assert_eq!(choose_variant(2048, 7168, 132).config.block_n, 128);
+    }
+
+    #[test]
+    fn bands_make_the_wave_patch_square_in_operand_rows() {
+        let wide = variant_named("128x256").unwrap();
+        let narrow = variant_named("128x128").unwrap();
+        let wide_c2 = variant_named("128x256c2").unwrap();
+        assert_eq!(raster_group_m(wide, 16384, 28672, 132), 16);
+        assert_eq!(raster_group_m(narrow, 16384, 28672, 132), 11);
+        // Clusters: 66 resident pairs of 256 × 256 → 8 cluster rows (16 m-tiles).
+        assert_eq!(raster_group_m(wide_c2, 16384, 28672, 66), 8);
+        // Never more than the problem's rows, never 0.
+        assert_eq!(raster_group_m(wide, 1024, 28672, 132), 8);
+        assert_eq!(raster_group_m(wide, 1, 8, 132), 1);
     }
 
     #[test]

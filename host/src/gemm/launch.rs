@@ -1,5 +1,5 @@
 //! Preparing and launching the GEMM stage kernel on one GPU.
-use super::choose::choose_variant;
+use super::choose::{choose_variant, raster_group_m};
 use super::{GemmArgs, GemmError, MatrixView, check};
 use crate::dtype::Dtype;
 use crate::runtime::{
@@ -161,7 +161,7 @@ impl GemmKernel {
             ldc: ld32("C", c.ld)?,
             alpha: args.alpha,
             beta: args.beta,
-            reserved: 0,
+            raster_group_m: raster_group_m(variant, m, n, compiled.resident_clusters),
             hook: StageHook::default(),
         };
         // A persistent grid: at most one block per SM, whole clusters, no more than the work.
@@ -241,6 +241,13 @@ impl PreparedGemm {
     /// Sets the distributed prologue hook (flags to signal and wait on).
     pub fn set_hook(&mut self, hook: StageHook) {
         self.params.hook = hook;
+    }
+
+    /// Overrides the rule's band height of the tile order (in cluster tiles, at least 1;
+    /// see [`super::choose::raster_group_m`]). Any value is correct; it only changes which
+    /// tiles run together, hence L2 reuse.
+    pub fn set_raster_group_m(&mut self, group_m: u32) {
+        self.params.raster_group_m = group_m.max(1);
     }
 
     /// The tile configuration this GEMM runs with.

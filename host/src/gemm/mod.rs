@@ -11,7 +11,7 @@ mod choose;
 mod launch;
 
 pub use check::{GemmError, check};
-pub use choose::{choose_variant, estimated_cost, variant_named};
+pub use choose::{choose_variant, estimated_cost, raster_group_m, variant_named};
 pub use kernels_gpu::gemm_abi::{GemmVariant, VARIANTS};
 pub use launch::{GemmKernel, GemmLaunchError, PreparedGemm};
 

@@ -59,15 +59,19 @@ impl MBarrier {
     }
 
     /// `mbarrier.try_wait.parity` once: true when the phase with parity `parity` has completed.
-    /// The hardware may suspend the thread for a while before answering false.
+    /// The thread may be suspended until the phase completes or about `suspend_ns`
+    /// nanoseconds have passed, whichever comes first (the hint is an upper bound the hardware
+    /// may shorten); a suspended thread issues nothing, where a bare polling loop would keep
+    /// its warp issuing `try_wait`s.
     #[inline(always)]
-    pub unsafe fn try_wait(self, parity: u32) -> bool {
+    pub unsafe fn try_wait(self, parity: u32, suspend_ns: u32) -> bool {
         let done: u32;
         unsafe {
             asm!(
-                "{{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [{b}], {ph}; selp.u32 {d}, 1, 0, p; }}",
+                "{{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [{b}], {ph}, {hint}; selp.u32 {d}, 1, 0, p; }}",
                 b = in(reg32) self.0,
                 ph = in(reg32) parity,
+                hint = in(reg32) suspend_ns,
                 d = out(reg32) done,
                 options(nostack),
             )
@@ -75,13 +79,19 @@ impl MBarrier {
         done != 0
     }
 
-    /// Spins on [`Self::try_wait`] until the phase with parity `parity` has completed
-    /// (acquire, CTA scope: the data the phase guards is then visible).
+    /// Waits until the phase with parity `parity` has completed (acquire, CTA scope: the data
+    /// the phase guards is then visible), sleeping in [`Self::try_wait`] with
+    /// [`WAIT_SUSPEND_NS`] rather than spinning.
     #[inline(always)]
     pub unsafe fn wait(self, parity: u32) {
-        while !unsafe { self.try_wait(parity) } {}
+        while !unsafe { self.try_wait(parity, WAIT_SUSPEND_NS) } {}
     }
 }
+
+/// Suspend-time hint of [`MBarrier::wait`]: 10 ms, CUTLASS's value. The hardware wakes the
+/// thread as soon as the phase completes, so a long hint costs no latency; it only bounds how
+/// long one `try_wait` may sleep before the loop asks again.
+pub const WAIT_SUSPEND_NS: u32 = 10_000_000;
 
 /// Position in a ring of `stages` pipeline slots: the slot index and the parity of the
 /// current pass over the ring. Producer and consumers each keep one and advance it in step.

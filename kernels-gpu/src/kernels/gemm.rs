@@ -267,6 +267,7 @@ struct Tiles {
     first: u32,
     step: u32,
     rank: u32,
+    group_m: u32,
     tile: TileConfig,
 }
 
@@ -291,13 +292,14 @@ impl Tiles {
             first,
             step,
             rank,
+            group_m: p.raster_group_m.max(1),
             tile,
         }
     }
     /// Top-left element `(row, col)` of this block's tile in cluster tile `t`.
     #[inline(always)]
     fn origin(self, t: u32) -> (u32, u32) {
-        let (mt, nt) = raster::tile_coord(t, self.num_m, self.num_n, self.tile.raster_group_m);
+        let (mt, nt) = raster::tile_coord(t, self.num_m, self.num_n, self.group_m);
         (
             (mt * self.tile.cluster_m + self.rank) * BLOCK_M,
             nt * self.tile.block_n,
