@@ -2,15 +2,18 @@
 //!
 //! Method (hopper-gemm.md P12): random inputs, warm-up launches, then at least
 //! [`MIN_TIMED_REPS`] repetitions each timed with a pair of CUDA events on the benchmark's
-//! stream; the median is reported with min and max. Inputs rotate through enough distinct
-//! sets that together exceed three times the L2 cache ([`RotatingInputs`]), so no repetition
-//! finds its operands in L2 from the previous one. Every record carries the GPU, driver,
+//! stream(s); the median is reported with min and max. The timing core ([`Timing`], the event
+//! loop behind [`time_on_streams`], [`max_over_devices`]) is `distgemm::timing`, shared with
+//! the `distgemm bench` command; this crate adds the repetition minimum. Inputs rotate
+//! through enough distinct sets that together exceed three times the L2 cache
+//! ([`RotatingInputs`]), so no repetition finds its operands in L2 from the previous one. Every record carries the GPU, driver,
 //! commit and date, and results are written as JSON (for tools) and a markdown table (for
 //! people) under `benches/results/`.
 
 pub mod distgemm_report;
 
-use distgemm::runtime::{CudaEvent, CudaStream, Gpu, RuntimeError, driver_version, stream};
+use distgemm::runtime::{CudaStream, Gpu, RuntimeError, driver_version};
+pub use distgemm::timing::{Timing, TimingConfig, TimingError, max_over_devices};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -21,7 +24,8 @@ pub const MIN_TIMED_REPS: usize = 20;
 /// How many times the L2 size the rotating input sets must exceed together.
 pub const L2_MULTIPLE: u64 = 3;
 
-/// Errors of the benchmark harness.
+/// Errors of the benchmark harness. A [`TimingError`] becomes `Runtime` (a driver error) or
+/// `Config` (bad timing parameters).
 #[derive(Debug, thiserror::Error)]
 pub enum BenchError {
     /// A runtime (driver) error.
@@ -46,64 +50,17 @@ pub enum BenchError {
     Json(#[from] serde_json::Error),
 }
 
-/// Warm-up and repetition counts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TimingConfig {
-    /// Untimed launches first (JIT, clocks, TLBs).
-    pub warmup: usize,
-    /// Timed repetitions (≥ [`MIN_TIMED_REPS`]).
-    pub reps: usize,
-}
-
-impl Default for TimingConfig {
-    fn default() -> Self {
-        TimingConfig {
-            warmup: 10,
-            reps: 50,
+impl From<TimingError> for BenchError {
+    fn from(e: TimingError) -> Self {
+        match e {
+            TimingError::Runtime(e) => BenchError::Runtime(e),
+            other => BenchError::Config(other.to_string()),
         }
-    }
-}
-
-/// Statistics of the timed repetitions, in milliseconds.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Timing {
-    /// Median.
-    pub median_ms: f64,
-    /// Fastest repetition.
-    pub min_ms: f64,
-    /// Slowest repetition.
-    pub max_ms: f64,
-    /// Every repetition, in launch order.
-    pub samples_ms: Vec<f64>,
-}
-
-impl Timing {
-    /// Statistics of `samples` (must be non-empty).
-    pub fn from_samples(samples_ms: Vec<f64>) -> Result<Self, BenchError> {
-        if samples_ms.is_empty() {
-            return Err(BenchError::Config("no timed samples".into()));
-        }
-        let mut sorted = samples_ms.clone();
-        sorted.sort_by(f64::total_cmp);
-        let mid = sorted.len() / 2;
-        let median_ms = if sorted.len() % 2 == 1 {
-            sorted[mid]
-        } else {
-            (sorted[mid - 1] + sorted[mid]) / 2.0
-        };
-        Ok(Timing {
-            median_ms,
-            min_ms: sorted[0],
-            max_ms: sorted[sorted.len() - 1],
-            samples_ms,
-        })
     }
 }
 
 /// Times `enqueue`, which puts one repetition's work on `stream` (it gets the repetition
-/// index, counting warm-up, for picking a rotating input set). Each timed repetition is
-/// bracketed by two timing events on `stream`; the host does not wait between repetitions, so
-/// launch overhead overlaps with the GPU work as in a real pipeline.
+/// index, counting warm-up, for picking a rotating input set): [`time_on_streams`] on one GPU.
 pub fn time_on_stream<F>(
     gpu: &Gpu,
     stream: &Arc<CudaStream>,
@@ -121,87 +78,25 @@ where
     )
 }
 
-/// Times work that spans several GPUs (one stream each): every repetition records a start
-/// event on every stream, calls `enqueue` (which puts one repetition's work on all streams),
-/// then records an end event on every stream. A repetition's time is the **maximum over
-/// devices** of its start-to-end time, the convention of CUTLASS's distributed GEMM benchmark
-/// (a device that starts early and waits for a peer counts that wait).
+/// [`distgemm::timing::time_on_streams`] (events on every stream, no host wait between
+/// repetitions, a repetition's time = the slowest device's) with the benchmarks' rule of at
+/// least [`MIN_TIMED_REPS`] timed repetitions.
 pub fn time_on_streams<F>(
     gpus: &[Gpu],
     streams: &[Arc<CudaStream>],
     config: TimingConfig,
-    mut enqueue: F,
+    enqueue: F,
 ) -> Result<Timing, BenchError>
 where
     F: FnMut(usize) -> Result<(), BenchError>,
 {
-    if gpus.is_empty() || gpus.len() != streams.len() {
-        return Err(BenchError::Config(format!(
-            "{} GPUs but {} streams",
-            gpus.len(),
-            streams.len()
-        )));
-    }
     if config.reps < MIN_TIMED_REPS {
         return Err(BenchError::Config(format!(
             "{} timed repetitions requested; use at least {MIN_TIMED_REPS}",
             config.reps
         )));
     }
-    for i in 0..config.warmup {
-        enqueue(i)?;
-    }
-    // events[device][rep] = (start, end)
-    let events: Vec<Vec<(CudaEvent, CudaEvent)>> = gpus
-        .iter()
-        .map(|gpu| {
-            (0..config.reps)
-                .map(|_| Ok((stream::timing_event(gpu)?, stream::timing_event(gpu)?)))
-                .collect::<Result<Vec<_>, RuntimeError>>()
-        })
-        .collect::<Result<_, _>>()?;
-    for rep in 0..config.reps {
-        for (dev, s) in streams.iter().enumerate() {
-            stream::record(&events[dev][rep].0, s)?;
-        }
-        enqueue(config.warmup + rep)?;
-        for (dev, s) in streams.iter().enumerate() {
-            stream::record(&events[dev][rep].1, s)?;
-        }
-    }
-    for s in streams {
-        stream::synchronize(s)?;
-    }
-    let per_device = events
-        .iter()
-        .map(|dev| {
-            dev.iter()
-                .map(|(start, end)| Ok(f64::from(stream::elapsed_ms(start, end)?)))
-                .collect::<Result<Vec<_>, RuntimeError>>()
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    Timing::from_samples(max_over_devices(&per_device)?)
-}
-
-/// Per repetition, the slowest device: `per_device[d][rep]` → `out[rep] = max_d`. All devices
-/// must have the same number of samples.
-pub fn max_over_devices(per_device: &[Vec<f64>]) -> Result<Vec<f64>, BenchError> {
-    let Some(first) = per_device.first() else {
-        return Err(BenchError::Config("no devices".into()));
-    };
-    if per_device.iter().any(|d| d.len() != first.len()) {
-        return Err(BenchError::Config(
-            "devices recorded different numbers of samples".into(),
-        ));
-    }
-    Ok((0..first.len())
-        .map(|rep| {
-            per_device
-                .iter()
-                .map(|d| d[rep])
-                .fold(f64::NEG_INFINITY, f64::max)
-        })
-        .collect())
+    distgemm::timing::time_on_streams(gpus, streams, config, enqueue)
 }
 
 /// Achieved TFLOP/s of a GEMM `m × n × k` (2·M·N·K flops) taking `ms` milliseconds.
@@ -471,23 +366,6 @@ pub fn write_results(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn median_min_max() {
-        let t = Timing::from_samples(vec![3.0, 1.0, 2.0]).unwrap();
-        assert_eq!((t.median_ms, t.min_ms, t.max_ms), (2.0, 1.0, 3.0));
-        let t = Timing::from_samples(vec![4.0, 1.0, 2.0, 3.0]).unwrap();
-        assert_eq!(t.median_ms, 2.5);
-        assert!(Timing::from_samples(vec![]).is_err());
-    }
-
-    #[test]
-    fn slowest_device_per_repetition() {
-        let v = max_over_devices(&[vec![1.0, 5.0, 2.0], vec![3.0, 4.0, 2.5]]).unwrap();
-        assert_eq!(v, vec![3.0, 5.0, 2.5]);
-        assert!(max_over_devices(&[]).is_err());
-        assert!(max_over_devices(&[vec![1.0], vec![1.0, 2.0]]).is_err());
-    }
 
     #[test]
     fn tflops_of_a_square_gemm() {

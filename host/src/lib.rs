@@ -15,3 +15,4 @@ pub mod reference;
 pub mod runtime;
 pub mod schedule;
 pub mod testdata;
+pub mod timing;

@@ -1,5 +1,6 @@
 //! The `distgemm` binary: exit status 2 and exactly one stderr line for every bad input, the
-//! plan renderings, and `run --backend cpu --check` for every schedule at TP 1, 2, 3, 4, 8.
+//! plan renderings, `run --backend cpu --check` for every schedule at TP 1, 2, 3, 4, 8, and
+//! `bench` without GPUs (exit 2, one line naming the CUDA backend).
 
 use std::process::{Command, Output};
 
@@ -222,7 +223,94 @@ fn bad_input_is_one_line_and_exit_2() {
             "invalid value 'f32'",
         ),
     ];
-    for (args, want) in cases {
+    // `bench` checks its arguments and shapes before looking for GPUs: these are exit 2 on
+    // every machine.
+    let bench = |extra: &[&'static str]| {
+        let mut args = vec![
+            "bench",
+            "--schedule",
+            "ag-a",
+            "--tp",
+            "2",
+            "--m",
+            "256",
+            "--n",
+            "256",
+            "--k",
+            "256",
+        ];
+        args.extend_from_slice(extra);
+        args
+    };
+    let bench_cases: Vec<(Vec<&str>, &str)> = vec![
+        (
+            bench(&["--reps", "0"]),
+            "--reps must be between 1 and 10000, got 0",
+        ),
+        (
+            bench(&["--reps", "10001"]),
+            "--reps must be between 1 and 10000, got 10001",
+        ),
+        (
+            bench(&["--reps", "many"]),
+            "invalid value 'many' for '--reps",
+        ),
+        (bench(&["--reps", "-3"]), "error:"),
+        (
+            bench(&["--warmup", "10001"]),
+            "--warmup must be at most 10000",
+        ),
+        (
+            bench(&["--timeout-ms", "0"]),
+            "--timeout-ms must be at least 1",
+        ),
+        (
+            vec![
+                "bench",
+                "--schedule",
+                "ag-a",
+                "--tp",
+                "2",
+                "--preset",
+                "llama3-70b-fc1",
+                "--m",
+                "64",
+            ],
+            "--preset cannot be combined with --m, --n or --k",
+        ),
+        (
+            vec![
+                "bench",
+                "--schedule",
+                "rs-a",
+                "--tp",
+                "4",
+                "--m",
+                "64",
+                "--n",
+                "64",
+                "--k",
+                "66",
+                "--auto",
+            ],
+            "K=66 is not divisible by TP=4",
+        ),
+        (
+            vec![
+                "bench",
+                "--schedule",
+                "ag-a",
+                "--m",
+                "64",
+                "--n",
+                "64",
+                "--k",
+                "64",
+            ],
+            "--tp",
+        ),
+    ];
+    for (args, want) in cases.into_iter().chain(bench_cases) {
         let out = distgemm(&args);
         let err = text(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
@@ -424,4 +512,79 @@ fn auto_backend_says_it_uses_the_cpu_and_text_output_reports_the_check() {
         "{}",
         text(&out.stdout)
     );
+}
+
+/// `bench` needs the CUDA backend and has no CPU fallback. Without two Hopper GPUs with peer
+/// access (CI, laptops): exit 2 and one stderr line naming the CUDA backend, never a panic.
+/// On a machine that has them the tiny problem really runs (milliseconds; every GPU wait is
+/// bounded by --timeout-ms), so the no-GPU assertion is skipped with a message and the report
+/// is checked instead.
+#[test]
+fn bench_without_gpus_exits_2_naming_the_cuda_backend() {
+    for json in [false, true] {
+        let mut args = vec![
+            "bench",
+            "--schedule",
+            "ag-a",
+            "--tp",
+            "2",
+            "--m",
+            "256",
+            "--n",
+            "256",
+            "--k",
+            "256",
+            "--warmup",
+            "1",
+            "--reps",
+            "3",
+            "--timeout-ms",
+            "2000",
+        ];
+        if json {
+            args.push("--json");
+        }
+        let out = distgemm(&args);
+        let (stdout, err) = (text(&out.stdout), text(&out.stderr));
+        assert!(
+            !err.contains("panicked") && !err.contains("backtrace"),
+            "{args:?}: {err}"
+        );
+        match out.status.code() {
+            Some(2) => {
+                assert_eq!(
+                    err.lines().count(),
+                    1,
+                    "{args:?} must print one line: {err}"
+                );
+                assert!(
+                    err.starts_with("error: CUDA backend unavailable: ")
+                        && err.contains("distgemm bench times the CUDA backend only"),
+                    "{args:?}: {err}"
+                );
+                assert!(stdout.is_empty(), "{args:?}: {stdout}");
+            }
+            Some(0) => {
+                eprintln!(
+                    "cli::bench_without_gpus: skipping the no-GPU assertion: this machine has 2 \
+                     Hopper GPUs with peer access, so `distgemm bench` ran; checking its report"
+                );
+                if json {
+                    let v: serde_json::Value =
+                        serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"));
+                    assert_eq!(v["schedule"], "ag-a", "{stdout}");
+                    assert_eq!(v["reps"], 3, "{stdout}");
+                    assert_eq!(v["samples_ms"].as_array().map(Vec::len), Some(3));
+                } else {
+                    assert_eq!(stdout.lines().count(), 2, "{stdout}");
+                    assert!(
+                        stdout.starts_with("ag-a TP=2 M=256 N=256 K=256 bf16 on 2× ")
+                            && stdout.contains("TFLOP/s per GPU (3 reps after 1 warm-up"),
+                        "{stdout}"
+                    );
+                }
+            }
+            other => panic!("{args:?}: exit status {other:?}, stderr: {err}"),
+        }
+    }
 }

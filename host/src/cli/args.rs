@@ -22,6 +22,16 @@ pub(crate) enum Command {
     Plan(PlanArgs),
     /// Run the plan on random data (GPUs or the CPU executor), optionally checking the result.
     Run(RunArgs),
+    /// Time the plan on the GPUs (CUDA backend): median/min/max ms and TFLOP/s per GPU.
+    ///
+    /// Builds one DistGemm (graphs instantiated once) on GPU-generated random shards, runs it
+    /// --warmup times untimed, then --reps times, each timed with CUDA events on every GPU (a
+    /// repetition's time is the slowest GPU's; the host does not wait between repetitions),
+    /// and waits at the end (a timed-out GPU wait is an error, not a number). Prints the
+    /// schedule that ran, TP, problem, median/min/max ms, TFLOP/s per GPU (2·M·N·K / TP /
+    /// median) and workspace bytes per GPU: two lines of text, or one JSON object (--json).
+    /// Needs TP Hopper GPUs with peer access; there is no CPU fallback (exit status 2).
+    Bench(BenchArgs),
 }
 
 /// The problem: a schedule, a TP and either explicit sizes or a preset.
@@ -106,6 +116,34 @@ pub(crate) struct RunArgs {
     /// Bound of every executor wait, in milliseconds.
     #[arg(long, default_value_t = 5000)]
     pub(crate) timeout_ms: u64,
+}
+
+/// Fewest timed repetitions `bench` accepts.
+pub(crate) const MIN_BENCH_REPS: usize = 1;
+/// Most timed (or warm-up) repetitions `bench` accepts (every timed repetition holds two CUDA
+/// events per GPU until the end).
+pub(crate) const MAX_BENCH_REPS: usize = 10_000;
+
+#[derive(Debug, Args)]
+pub(crate) struct BenchArgs {
+    #[command(flatten)]
+    pub(crate) problem: ProblemArgs,
+    /// Let distgemm's Auto rule choose between --schedule's pipelined and single-stage
+    /// variants (same shard layout); the report names the schedule that ran.
+    #[arg(long)]
+    pub(crate) auto: bool,
+    /// Untimed runs before timing (0..=10000).
+    #[arg(long, default_value_t = 5)]
+    pub(crate) warmup: usize,
+    /// Timed runs (1..=10000); the median, min and max are reported.
+    #[arg(long, default_value_t = 20)]
+    pub(crate) reps: usize,
+    /// Bound of every GPU wait, in milliseconds (a stuck peer becomes an error, not a hang).
+    #[arg(long, default_value_t = 10_000)]
+    pub(crate) timeout_ms: u64,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    pub(crate) json: bool,
 }
 
 impl ProblemArgs {

@@ -1,11 +1,24 @@
-//! The `distgemm` command line: `plan` prints a plan, `run` executes it.
+//! The `distgemm` command line: `plan` prints a plan, `run` executes it, `bench` times it on
+//! the GPUs.
+//!
+//! `distgemm bench` (CUDA backend only) takes the same problem arguments as `run`
+//! (`--schedule`, `--tp`, `--m/--n/--k` or `--preset [--tokens]`, `--dtype`) plus `--auto` (the
+//! `Auto` rule picks the pipelined or single-stage schedule of `--schedule`'s family),
+//! `--warmup N` (default 5), `--reps N` (default 20, 1..=10000), `--timeout-ms` (default
+//! 10000) and `--json`. It fills per-device shards on the GPUs (`fill_normal`; D poisoned
+//! once), builds one `DistGemm`, times `run()` per repetition with CUDA events on every GPU
+//! ([`crate::timing::time_on_streams`]: a repetition's time is the slowest GPU's), then
+//! `wait()`s, which turns a timed-out GPU wait into an error. It reports the schedule that
+//! ran, TP, problem, median/min/max ms, TFLOP/s per GPU (2·M·N·K / TP / median) and the
+//! workspace bytes per GPU: two text lines, or one JSON object with `--json`.
 //!
 //! Exit status: 0 on success; 2 for bad input (one line on stderr naming the problem: an
 //! unknown schedule or preset, TP out of range, indivisible or misaligned shapes, an
-//! unavailable backend, a problem above the CPU cap); 1 when a run fails or `--check` finds a
-//! mismatch.
+//! unavailable backend — for `bench`, no TP Hopper GPUs with peer access —, a problem above the
+//! CPU cap, repetition counts out of range); 1 when a run fails or `--check` finds a mismatch.
 
 mod args;
+mod bench;
 mod run;
 
 use std::ffi::OsString;
@@ -18,6 +31,7 @@ use thiserror::Error;
 use self::args::{Cli, Command, Format, PlanArgs};
 use crate::cpu::ExecError;
 use crate::plan::{Plan, PlanError};
+use crate::runtime::{Gpu, hopper_gpus};
 
 /// Why a command failed.
 #[derive(Debug, Error)]
@@ -28,10 +42,9 @@ pub enum CliError {
     /// The schedule cannot run the problem.
     #[error(transparent)]
     Plan(#[from] PlanError),
-    /// `--backend cuda` on a machine that cannot run it.
-    #[error(
-        "CUDA backend unavailable: {0}; use --backend cpu (or auto, which falls back to the CPU)"
-    )]
+    /// `run --backend cuda` or `bench` on a machine that cannot run the CUDA backend (the
+    /// reason and what to do instead).
+    #[error("CUDA backend unavailable: {0}")]
     CudaUnavailable(String),
     /// A driver call failed.
     #[error(transparent)]
@@ -64,6 +77,9 @@ pub enum CliError {
     /// Writing the output failed.
     #[error("cannot write output: {0}")]
     Io(#[from] std::io::Error),
+    /// Timing the runs failed (a driver error while recording or reading events).
+    #[error("timing failed: {0}")]
+    Timing(#[from] crate::timing::TimingError),
     /// Serialising JSON failed.
     #[error("cannot serialise JSON: {0}")]
     Json(#[from] serde_json::Error),
@@ -108,6 +124,7 @@ where
     let result = match cli.command {
         Command::Plan(args) => plan(&args, out),
         Command::Run(args) => run::run(&args, out, err),
+        Command::Bench(args) => bench::bench(&args, out),
     };
     match result {
         Ok(()) => 0,
@@ -133,6 +150,31 @@ fn one_line(e: &clap::Error) -> String {
         line.push_str(detail.trim());
     }
     line
+}
+
+/// The first `tp` GPUs if they are Hopper GPUs with peer access between every pair, else why
+/// not (one line). Used by `run --backend cuda|auto` and `bench`.
+fn cuda_devices(tp: usize) -> Result<Vec<Gpu>, String> {
+    let gpus = hopper_gpus().map_err(|e| e.to_string())?;
+    if gpus.len() < tp {
+        return Err(format!(
+            "TP={tp} needs {tp} Hopper GPUs, this machine has {}",
+            gpus.len()
+        ));
+    }
+    let gpus: Vec<Gpu> = gpus.into_iter().take(tp).collect();
+    for a in &gpus {
+        for b in &gpus {
+            if !a.can_access_peer(b).map_err(|e| e.to_string())? {
+                return Err(format!(
+                    "GPU {} cannot access GPU {} (no peer access)",
+                    a.ordinal(),
+                    b.ordinal()
+                ));
+            }
+        }
+    }
+    Ok(gpus)
 }
 
 fn plan(args: &PlanArgs, out: &mut dyn Write) -> Result<(), CliError> {

@@ -7,15 +7,15 @@ use std::time::{Duration, Instant};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
-use super::CliError;
 use super::args::{Backend, RunArgs};
+use super::{CliError, cuda_devices};
 use crate::cpu::CpuExecutor;
 use crate::cuda::{DeviceArgs, DistGemm};
 use crate::dtype::{Dtype, Element};
 use crate::plan::{GlobalInputs, Plan};
 use crate::problem::Problem;
 use crate::reference::{CheckInputs, CheckReport, check};
-use crate::runtime::{DeviceBuffer, DeviceCopy, Gpu, hopper_gpus};
+use crate::runtime::{DeviceBuffer, DeviceCopy, Gpu};
 use crate::schedule::BufferKind;
 
 /// The CPU executor's cap on `2·M·N·K` per iteration (≈4.3 GFLOP: seconds, not hours, on a
@@ -47,7 +47,11 @@ pub(super) fn run(
     }
     let gpus = match args.backend {
         Backend::Cpu => None,
-        Backend::Cuda => Some(cuda_devices(plan.tp).map_err(CliError::CudaUnavailable)?),
+        Backend::Cuda => Some(cuda_devices(plan.tp).map_err(|reason| {
+            CliError::CudaUnavailable(format!(
+                "{reason}; use --backend cpu (or auto, which falls back to the CPU)"
+            ))
+        })?),
         Backend::Auto => match cuda_devices(plan.tp) {
             Ok(gpus) => Some(gpus),
             Err(reason) => {
@@ -124,31 +128,6 @@ fn run_typed<T: Element>(args: &RunArgs, plan: Plan, out: &mut dyn Write) -> Res
     let seconds_per_iter = start.elapsed().as_secs_f64() / args.iters as f64;
     let d = exec.gathered_output();
     report(args, exec.plan(), "cpu", &inputs, &d, seconds_per_iter, out)
-}
-
-/// The first `tp` GPUs if they are Hopper GPUs with peer access between every pair, else why
-/// not (one line).
-fn cuda_devices(tp: usize) -> Result<Vec<Gpu>, String> {
-    let gpus = hopper_gpus().map_err(|e| e.to_string())?;
-    if gpus.len() < tp {
-        return Err(format!(
-            "TP={tp} needs {tp} Hopper GPUs, this machine has {}",
-            gpus.len()
-        ));
-    }
-    let gpus: Vec<Gpu> = gpus.into_iter().take(tp).collect();
-    for a in &gpus {
-        for b in &gpus {
-            if !a.can_access_peer(b).map_err(|e| e.to_string())? {
-                return Err(format!(
-                    "GPU {} cannot access GPU {} (no peer access)",
-                    a.ordinal(),
-                    b.ordinal()
-                ));
-            }
-        }
-    }
-    Ok(gpus)
 }
 
 /// `run` on the GPUs: shards uploaded from host-generated inputs, one `DistGemm`, `iters`
