@@ -424,14 +424,14 @@ unsafe fn consume<T: InputType, C: Config>(p: &GemmParams, ring: Ring, tiles: Ti
             unsafe { ring.full(slot.stage).wait(slot.phase) };
             C::fence(&mut acc);
             wgmma::fence();
-            let a = ring.a_tile(slot.stage) + half * (64 * 128);
-            let b = ring.b_tile(slot.stage);
+            let a = descriptor::k_major_sw128(ring.a_tile(slot.stage) + half * (64 * 128));
+            let b = descriptor::k_major_sw128(ring.b_tile(slot.stage));
             seq!(K in 0..4 {
                 unsafe {
                     C::mma::<T>(
                         &mut acc,
-                        descriptor::k_major_sw128(a + K * descriptor::K16_STEP_BYTES),
-                        descriptor::k_major_sw128(b + K * descriptor::K16_STEP_BYTES),
+                        descriptor::advance(a, K * descriptor::K16_STEP_BYTES),
+                        descriptor::advance(b, K * descriptor::K16_STEP_BYTES),
                         if K == 0 { (kb > 0) as u32 } else { 1 },
                     )
                 };

@@ -47,6 +47,15 @@ pub const fn k_major_sw128(start: u32) -> u64 {
 /// Byte step of the start address for one `k16` wgmma step of a 2-byte element type.
 pub const K16_STEP_BYTES: u32 = 32;
 
+/// `desc` with its start address moved `bytes` (a multiple of 16) further: the start field is
+/// the address in 16-byte units in the low bits, so this is one 64-bit add instead of
+/// re-encoding. Valid while the new address stays inside the 256 KiB shared window (no carry
+/// out of the 14-bit field), as every operand tile does.
+#[inline(always)]
+pub const fn advance(desc: u64, bytes: u32) -> u64 {
+    desc + (bytes >> 4) as u64
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -61,6 +70,13 @@ mod tests {
             k_major_sw128(0x400 + K16_STEP_BYTES) - k_major_sw128(0x400),
             2
         );
+        // `advance` is re-encoding at the moved address, up to the window's last tile.
+        for (start, step) in [(0x400, 3 * K16_STEP_BYTES), (0x3_8000, 0x4000 + 0x60)] {
+            assert_eq!(
+                advance(k_major_sw128(start), step),
+                k_major_sw128(start + step)
+            );
+        }
     }
 
     #[test]
