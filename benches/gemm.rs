@@ -7,9 +7,9 @@
 //! cuBLASLt are timed in interleaved rounds (order reversed each round) of warm-up launches and
 //! ≥ 20 repetitions bracketed by CUDA events; we report the median over all rounds.
 //!
-//! Usage: `gemm [--quick] [--variants] [--raster G[,G…]] [--l2-normal]
-//! [--filter SUBSTRING | SUBSTRING] [--reps N]`. Writes
-//! `benches/results/gemm-<date>-<commit>.{json,md}` (or under `DISTGEMM_BENCH_RESULTS`).
+//! Usage: `gemm [--quick] [--variants] [--raster G[,G…]] [--filter SUBSTRING | SUBSTRING]
+//! [--reps N]`. Writes `benches/results/gemm-<date>-<commit>.{json,md}` (or under
+//! `DISTGEMM_BENCH_RESULTS`).
 use distgemm::baseline::{CublasLtElement, CublasLtGemm, TnGemmShape};
 use distgemm::dtype::{Dtype, Element};
 use distgemm::gemm::{GemmArgs, GemmKernel, GemmLaunchError, GemmVariant, PreparedGemm, VARIANTS};
@@ -99,8 +99,6 @@ enum Extra {
     Variant(&'static GemmVariant),
     /// `--raster G`: the rule's tile configuration with the tile order's band height forced.
     Raster(u32),
-    /// `--l2-normal`: the rule's configuration loading B without the L2 `evict_first` hint.
-    L2Normal,
 }
 
 fn bench_shape<T: Element + CublasLtElement + DeviceCopy>(
@@ -134,10 +132,6 @@ fn bench_shape<T: Element + CublasLtElement + DeviceCopy>(
                     Extra::Variant(v) => kernel.prepare_variant(&stream, &args, v),
                     Extra::Raster(g) => kernel.prepare(&stream, &args).map(|mut p| {
                         p.set_raster_group_m(g);
-                        p
-                    }),
-                    Extra::L2Normal => kernel.prepare(&stream, &args).map(|mut p| {
-                        p.set_l2_stream_b(false);
                         p
                     }),
                 }
@@ -196,7 +190,6 @@ fn bench_shape<T: Element + CublasLtElement + DeviceCopy>(
             let name = sets.get(0).ours[i].variant().name;
             match i.checked_sub(1).map(|e| extras[e]) {
                 Some(Extra::Raster(g)) => (format!("{name} g{g}"), t),
-                Some(Extra::L2Normal) => (format!("{name} B L2-normal"), t),
                 _ => (name.to_owned(), t),
             }
         })
@@ -250,9 +243,6 @@ fn run() -> Result<(), BenchError> {
                 .map_err(|_| BenchError::Config(format!("--raster: bad band height {g:?}")))?;
             extra.push(Extra::Raster(g));
         }
-    }
-    if args.iter().any(|a| a == "--l2-normal") {
-        extra.push(Extra::L2Normal);
     }
     let gpu = Gpu::open(0)?;
     let module = Module::load(&gpu)?;

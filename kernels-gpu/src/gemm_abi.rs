@@ -239,11 +239,6 @@ pub struct GemmParams {
     /// 0 is read as 1. A launch parameter rather than a compile-time one: the best band
     /// depends on the problem's shape and the grid (the host's rule picks it).
     pub raster_group_m: u32,
-    /// Non-zero: load B with the L2 `evict_first` policy. Under the band order each B panel
-    /// is read by the one wave whose tiles cover it — its readers load each k-block within a
-    /// few k-blocks of one another — and not again until the next band, while the band's A
-    /// rows are reread by every wave of the band; streaming B keeps A's band in L2.
-    pub l2_stream_b: u32,
     pub hook: StageHook,
 }
 
@@ -255,7 +250,7 @@ mod tests {
     fn parameter_block_layout_is_stable() {
         // The host passes the struct's bytes; the PTX declares a .param of this size.
         assert_eq!(core::mem::size_of::<StageHook>(), 48);
-        assert_eq!(core::mem::size_of::<GemmParams>(), 48 + 40 + 48);
+        assert_eq!(core::mem::size_of::<GemmParams>(), 48 + 32 + 48);
         assert_eq!(core::mem::align_of::<GemmParams>(), 8);
     }
 }

@@ -162,8 +162,6 @@ impl GemmKernel {
             alpha: args.alpha,
             beta: args.beta,
             raster_group_m: raster_group_m(variant, m, n, compiled.resident_clusters),
-            // The band order streams B (see `GemmParams::l2_stream_b`).
-            l2_stream_b: 1,
             hook: StageHook::default(),
         };
         // A persistent grid: at most one block per SM, whole clusters, no more than the work.
@@ -250,12 +248,6 @@ impl PreparedGemm {
     /// tiles run together, hence L2 reuse.
     pub fn set_raster_group_m(&mut self, group_m: u32) {
         self.params.raster_group_m = group_m.max(1);
-    }
-
-    /// Whether B is loaded with the L2 `evict_first` policy (the default; see
-    /// `GemmParams::l2_stream_b`). Only L2 residency changes, never the result.
-    pub fn set_l2_stream_b(&mut self, stream: bool) {
-        self.params.l2_stream_b = u32::from(stream);
     }
 
     /// The tile configuration this GEMM runs with.

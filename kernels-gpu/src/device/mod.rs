@@ -15,7 +15,6 @@ pub mod fence;
 pub mod flags;
 pub mod gdc;
 pub mod index;
-pub mod l2;
 pub mod mbarrier;
 pub mod regs;
 pub mod smem;

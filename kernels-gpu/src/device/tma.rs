@@ -4,7 +4,6 @@
 //! (`cuTensorMapEncodeTiled`) and kept in global memory; kernels receive its generic address.
 //! Coordinates are element coordinates, innermost (contiguous) dimension first: `(col, row)`.
 //! Out-of-bounds parts of a box read as zero and are not written by stores.
-use crate::device::l2::CachePolicy;
 use core::arch::asm;
 
 /// `prefetch.tensormap [map]`: pulls the descriptor into the descriptor cache early.
@@ -36,47 +35,6 @@ pub unsafe fn load_2d_multicast(dst: u32, map: u64, col: i32, row: i32, bar: u32
             "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster [{d}], [{m}, {{{c}, {r}}}], [{b}], {k};",
             d = in(reg32) dst, m = in(reg64) map, c = in(reg32) col, r = in(reg32) row, b = in(reg32) bar,
             k = in(reg16) cta_mask,
-            options(nostack),
-        )
-    };
-}
-
-/// [`load_2d`] with an L2 cache policy (`.L2::cache_hint`) for the lines it reads.
-#[inline(always)]
-pub unsafe fn load_2d_hinted(
-    dst: u32,
-    map: u64,
-    col: i32,
-    row: i32,
-    bar: u32,
-    policy: CachePolicy,
-) {
-    unsafe {
-        asm!(
-            "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint [{d}], [{m}, {{{c}, {r}}}], [{b}], {p};",
-            d = in(reg32) dst, m = in(reg64) map, c = in(reg32) col, r = in(reg32) row, b = in(reg32) bar,
-            p = in(reg64) policy.0,
-            options(nostack),
-        )
-    };
-}
-
-/// [`load_2d_multicast`] with an L2 cache policy (`.L2::cache_hint`) for the lines it reads.
-#[inline(always)]
-pub unsafe fn load_2d_multicast_hinted(
-    dst: u32,
-    map: u64,
-    col: i32,
-    row: i32,
-    bar: u32,
-    cta_mask: u16,
-    policy: CachePolicy,
-) {
-    unsafe {
-        asm!(
-            "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster.L2::cache_hint [{d}], [{m}, {{{c}, {r}}}], [{b}], {k}, {p};",
-            d = in(reg32) dst, m = in(reg64) map, c = in(reg32) col, r = in(reg32) row, b = in(reg32) bar,
-            k = in(reg16) cta_mask, p = in(reg64) policy.0,
             options(nostack),
         )
     };

@@ -22,7 +22,6 @@
 //!   thread 0 then signals/waits on cross-GPU flags as [`StageHook`] says. The producer issues
 //!   `griddepcontrol.launch_dependents` after its last load.
 use crate::device::flags::{self, WaitOutcome};
-use crate::device::l2::CachePolicy;
 use crate::device::mbarrier::{MBarrier, PipelineState};
 use crate::device::wgmma::{self, Bf16, F16, InputType};
 use crate::device::{cluster, fence, gdc, index, regs, smem, stmatrix, sync, tma};
@@ -358,8 +357,6 @@ unsafe fn produce(p: &GemmParams, ring: Ring, tiles: Tiles) {
     let k_blocks = p.k.div_ceil(BLOCK_K);
     let b_share_rows = tile.block_n / tile.cluster_m;
     let b_share_bytes = tile.b_tile_bytes() / tile.cluster_m;
-    let stream_b = p.l2_stream_b != 0;
-    let policy = CachePolicy::evict_first();
     let mut slot = PipelineState::new(tile.stages);
     let mut t = tiles.first;
     while t < tiles.total {
@@ -372,22 +369,19 @@ unsafe fn produce(p: &GemmParams, ring: Ring, tiles: Tiles) {
                 full.arrive_expect_tx(tile.stage_bytes());
                 tma::load_2d(ring.a_tile(slot.stage), p.map_a, k, row as i32, full.0);
                 if tile.cluster_m == 1 {
-                    let dst = ring.b_tile(slot.stage);
-                    if stream_b {
-                        tma::load_2d_hinted(dst, p.map_b, k, col as i32, full.0, policy);
-                    } else {
-                        tma::load_2d(dst, p.map_b, k, col as i32, full.0);
-                    }
+                    tma::load_2d(ring.b_tile(slot.stage), p.map_b, k, col as i32, full.0);
                 } else {
                     let share = tiles.rank;
                     let dst = ring.b_tile(slot.stage) + share * b_share_bytes;
                     let b_row = (col + share * b_share_rows) as i32;
-                    let mask = (1u16 << tile.cluster_m) - 1;
-                    if stream_b {
-                        tma::load_2d_multicast_hinted(dst, p.map_b, k, b_row, full.0, mask, policy);
-                    } else {
-                        tma::load_2d_multicast(dst, p.map_b, k, b_row, full.0, mask);
-                    }
+                    tma::load_2d_multicast(
+                        dst,
+                        p.map_b,
+                        k,
+                        b_row,
+                        full.0,
+                        (1u16 << tile.cluster_m) - 1,
+                    );
                 }
             }
             slot.advance();
