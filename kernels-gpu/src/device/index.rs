@@ -55,6 +55,24 @@ pub fn warpgroup_idx() -> u32 {
     thread_idx() / WARPGROUP_SIZE
 }
 
+/// [`warpgroup_idx`] broadcast from lane 0 with `shfl.sync.idx`: the same value, but ptxas
+/// can then prove it warp-uniform and keep what is derived from it (shared-memory addresses,
+/// wgmma descriptors) in uniform registers, instead of recomputing it per thread and moving
+/// it into uniform registers before every `wgmma` (CUTLASS's `canonical_warp_group_idx`).
+#[inline(always)]
+pub fn warpgroup_idx_uniform() -> u32 {
+    let r: u32;
+    unsafe {
+        asm!(
+            "shfl.sync.idx.b32 {r}, {v}, 0, 0x1f, 0xffffffff;",
+            r = out(reg32) r,
+            v = in(reg32) warpgroup_idx(),
+            options(nostack, nomem),
+        )
+    };
+    r
+}
+
 /// The thread's index within its warpgroup, 0..128.
 #[inline(always)]
 pub fn thread_in_warpgroup() -> u32 {

@@ -430,8 +430,8 @@ unsafe fn consume<T: InputType, C: Config>(p: &GemmParams, ring: Ring, tiles: Ti
                 unsafe {
                     C::mma::<T>(
                         &mut acc,
-                        descriptor::advance(a, K * descriptor::K16_STEP_BYTES),
-                        descriptor::advance(b, K * descriptor::K16_STEP_BYTES),
+                        descriptor::offset_in_atom(a, K * descriptor::K16_STEP_BYTES),
+                        descriptor::offset_in_atom(b, K * descriptor::K16_STEP_BYTES),
                         if K == 0 { (kb > 0) as u32 } else { 1 },
                     )
                 };
@@ -537,7 +537,7 @@ unsafe fn gemm<T: InputType, C: Config>(p: &GemmParams) {
         }
     } else {
         regs::increase_to::<232>();
-        unsafe { consume::<T, C>(p, ring, tiles, index::warpgroup_idx() - 1) };
+        unsafe { consume::<T, C>(p, ring, tiles, index::warpgroup_idx_uniform() - 1) };
     }
     if C::TILE.cluster_m > 1 {
         // Neither block may exit while its partner can still multicast into its shared memory

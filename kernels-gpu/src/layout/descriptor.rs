@@ -47,13 +47,14 @@ pub const fn k_major_sw128(start: u32) -> u64 {
 /// Byte step of the start address for one `k16` wgmma step of a 2-byte element type.
 pub const K16_STEP_BYTES: u32 = 32;
 
-/// `desc` with its start address moved `bytes` (a multiple of 16) further: the start field is
-/// the address in 16-byte units in the low bits, so this is one 64-bit add instead of
-/// re-encoding. Valid while the new address stays inside the 256 KiB shared window (no carry
-/// out of the 14-bit field), as every operand tile does.
+/// `desc` with its start address moved `bytes` further inside its 1024-byte swizzle atom.
+/// Every operand tile starts 1024-byte aligned, so the start field (the address in 16-byte
+/// units, in the low bits) has its low 6 bits clear and a move of less than 1024 bytes is an
+/// OR: no carry into the other fields, and ptxas only touches the low word. The `k16` steps of
+/// a 64-wide k-block move 0, 32, 64 and 96 bytes.
 #[inline(always)]
-pub const fn advance(desc: u64, bytes: u32) -> u64 {
-    desc + (bytes >> 4) as u64
+pub const fn offset_in_atom(desc: u64, bytes: u32) -> u64 {
+    desc | (bytes >> 4) as u64
 }
 
 #[cfg(test)]
@@ -70,12 +71,21 @@ mod tests {
             k_major_sw128(0x400 + K16_STEP_BYTES) - k_major_sw128(0x400),
             2
         );
-        // `advance` is re-encoding at the moved address, up to the window's last tile.
-        for (start, step) in [(0x400, 3 * K16_STEP_BYTES), (0x3_8000, 0x4000 + 0x60)] {
-            assert_eq!(
-                advance(k_major_sw128(start), step),
-                k_major_sw128(start + step)
-            );
+        // `offset_in_atom` is re-encoding at the moved address, for aligned tiles anywhere in
+        // the shared window.
+        for start in [0x400, 0x1_0000, 0x3_8000] {
+            for step in [
+                0,
+                K16_STEP_BYTES,
+                2 * K16_STEP_BYTES,
+                3 * K16_STEP_BYTES,
+                1008,
+            ] {
+                assert_eq!(
+                    offset_in_atom(k_major_sw128(start), step),
+                    k_major_sw128(start + step)
+                );
+            }
         }
     }
 
