@@ -73,10 +73,16 @@ pub fn executables(json_lines: &str, kinds: &[&str]) -> Result<Vec<Artifact>> {
     Ok(out)
 }
 
-fn cargo_json(args: &[&str], what: &str, kinds: &[&str]) -> Result<Vec<Artifact>> {
+fn cargo_json(
+    args: &[&str],
+    env: &[(&str, &str)],
+    what: &str,
+    kinds: &[&str],
+) -> Result<Vec<Artifact>> {
     let root = util::workspace_root();
     let mut cmd = util::cargo();
     cmd.current_dir(&root)
+        .envs(env.iter().copied())
         .args(args)
         .arg("--message-format=json-render-diagnostics");
     let stdout = util::stdout_of(&mut cmd)
@@ -100,16 +106,21 @@ pub fn bundle(opts: &Options) -> Result<()> {
     println!("xtask bundle: building release binaries (stripped: [profile.release] strip)");
     let bins = cargo_json(
         &["build", "--release", "-p", "distgemm", "--bins"],
+        &[],
         "host binaries",
         &["bin"],
     )?;
     let tests = cargo_json(
         &["test", "--release", "--no-run", "-p", "distgemm-tests"],
+        &[],
         "integration tests",
         &["test"],
     )?;
+    // The benches record the commit they measure; the GPU machine has no repository to ask.
+    let commit = bench_commit();
     let benches = cargo_json(
         &["bench", "--no-run", "-p", "distgemm-benches"],
+        &[("DISTGEMM_COMMIT", commit.as_str())],
         "benches",
         &["bench"],
     )?;
@@ -237,29 +248,47 @@ fn set_executable(path: &Path) -> Result<()> {
         .map_err(|e| util::Error(format!("cannot chmod {}: {e}", path.display())))
 }
 
+/// `git ARGS` in the workspace, trimmed, or "unknown".
+fn git(args: &[&str]) -> String {
+    util::capture(
+        Command::new("git")
+            .current_dir(util::workspace_root())
+            .args(args),
+    )
+    .ok()
+    .filter(|o| o.status.success())
+    .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+    .unwrap_or_else(|| "unknown".into())
+}
+
+/// Whether tracked files differ from HEAD.
+fn is_dirty() -> bool {
+    let status = git(&["status", "--porcelain", "--untracked-files=no"]);
+    !(status.is_empty() || status == "unknown")
+}
+
+/// The commit the bench binaries report: HEAD's short hash, with `-dirty` for uncommitted
+/// changes to tracked files.
+fn bench_commit() -> String {
+    let short = git(&["rev-parse", "--short=7", "HEAD"]);
+    if is_dirty() {
+        format!("{short}-dirty")
+    } else {
+        short
+    }
+}
+
 fn manifest(files: &[(String, u64)], total: u64) -> String {
-    let git = |args: &[&str]| {
-        util::capture(
-            Command::new("git")
-                .current_dir(util::workspace_root())
-                .args(args),
-        )
-        .ok()
-        .filter(|o| o.status.success())
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        .unwrap_or_else(|| "unknown".into())
-    };
     let commit = git(&["rev-parse", "HEAD"]);
-    let dirty = git(&["status", "--porcelain", "--untracked-files=no"]);
     let date = util::capture(Command::new("date").args(["-u", "+%Y-%m-%dT%H:%M:%SZ"]))
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
         .unwrap_or_default();
     let mut s = format!(
         "distgemm GPU bundle (cargo xtask bundle)\ncommit: {commit}{}\nbuilt: {date}\n\n",
-        if dirty.is_empty() || dirty == "unknown" {
-            ""
-        } else {
+        if is_dirty() {
             " (+ uncommitted changes)"
+        } else {
+            ""
         }
     );
     for (name, size) in files {
