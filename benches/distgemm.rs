@@ -43,14 +43,14 @@
 use distgemm::baseline::{
     CublasLtGemm, NcclElement, NcclGemmBaseline, NcclGemmKind, NcclGemmLayout, TnGemmShape,
 };
-use distgemm::cuda::{BufferRef, DeviceArgs, DistGemm};
+use distgemm::cuda::DistGemm;
 use distgemm::dtype::Dtype;
 use distgemm::gemm::{GemmArgs, GemmKernel, MatrixView, PreparedGemm};
 use distgemm::plan::{DevicePlan, Plan};
 use distgemm::problem::{Preset, Problem};
 use distgemm::runtime::{CudaStream, DeviceBuffer, Gpu, Module, hopper_gpus};
 use distgemm::schedule::{BufferKind, CSource, GemmStage, ScheduleKind, View};
-use distgemm::testdata::fill_normal;
+use distgemm::testdata::{RandomShard, fill_normal, random_shards};
 use distgemm_benches::distgemm_report::{
     Options, Record, SWEEP_TOKENS, Sched, SweepPoint, TABLE_HEADER, TORCH_AG, TorchResults, USAGE,
     find_peer_script, missing_notes, ms, nccl_kind_of, parse_args, pipelined_of,
@@ -356,35 +356,8 @@ fn distgemm<T: NcclElement>(
         .modules(ctx.modules[..tp].to_vec());
     let plan = builder.plan().map_err(err)?;
     // Shards first: they must outlive the DistGemm (locals drop in reverse order).
-    let mut shards: Vec<[DeviceBuffer<T>; 4]> = Vec::with_capacity(tp);
-    for (d, dev) in plan.devices.iter().enumerate() {
-        let gpu = &gpus[d];
-        let stream = gpu.new_stream().map_err(err)?;
-        let alloc = |kind| DeviceBuffer::<T>::alloc(gpu, dev.buffer_elements(kind)).map_err(err);
-        let mut bufs = [
-            alloc(BufferKind::A)?,
-            alloc(BufferKind::B)?,
-            alloc(BufferKind::C)?,
-            alloc(BufferKind::D)?,
-        ];
-        for (i, buf) in bufs.iter_mut().take(3).enumerate() {
-            if !buf.is_empty() {
-                fill_normal(&ctx.modules[d], &stream, buf, 41 + 8 * d as u32 + i as u32)
-                    .map_err(err)?;
-            }
-        }
-        stream.synchronize().map_err(err)?;
-        shards.push(bufs);
-    }
-    let args: Vec<DeviceArgs> = shards
-        .iter()
-        .map(|[a, b, c, d]| DeviceArgs {
-            a: BufferRef::of(a),
-            b: BufferRef::of(b),
-            c: (!c.is_empty()).then(|| BufferRef::of(c)),
-            d: BufferRef::of(d),
-        })
-        .collect();
+    let shards = random_shards::<T>(&plan, gpus, &ctx.modules[..tp], 41).map_err(err)?;
+    let args = shards.iter().map(RandomShard::device_args).collect();
     let mut dist = builder.args(args).build().map_err(err)?;
     let streams = dist.streams();
     let flops_per_gpu = problem.flops() / tp as f64;

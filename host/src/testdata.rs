@@ -1,9 +1,13 @@
 //! Random operands generated on the GPU (`fill_normal_*` kernels), for benchmarks whose
 //! operands are too large to generate on the host in reasonable time.
+use crate::cuda::{BufferRef, DeviceArgs};
 use crate::dtype::{Dtype, Element};
+use crate::plan::Plan;
 use crate::runtime::{
-    CudaStream, DeviceBuffer, DeviceCopy, KernelArgs, LaunchConfig, Module, RuntimeError, launch,
+    CudaStream, DeviceBuffer, DeviceCopy, Gpu, KernelArgs, LaunchConfig, Module, RuntimeError,
+    launch, stream,
 };
+use crate::schedule::BufferKind;
 use std::sync::Arc;
 
 /// Fills `buffer` with approximately N(0, 1) values (a sum of four hashed uniforms, scaled),
@@ -34,4 +38,65 @@ pub fn fill_normal<T: Element + DeviceCopy>(
             &mut args,
         )
     }
+}
+
+/// One device's operands of a plan, in `cuMemAlloc` memory (peers may read them).
+#[derive(Debug)]
+pub struct RandomShard<T: DeviceCopy> {
+    /// Shard of A.
+    pub a: DeviceBuffer<T>,
+    /// Shard of B.
+    pub b: DeviceBuffer<T>,
+    /// Shard of C: empty when the plan has none.
+    pub c: DeviceBuffer<T>,
+    /// Shard of D, poisoned with `0xFF` bytes (NaN in bf16 and f16).
+    pub d: DeviceBuffer<T>,
+}
+
+impl<T: DeviceCopy> RandomShard<T> {
+    /// The buffers as a [`crate::cuda::DistGemm`]'s arguments for this device.
+    pub fn device_args(&self) -> DeviceArgs {
+        DeviceArgs {
+            a: BufferRef::of(&self.a),
+            b: BufferRef::of(&self.b),
+            c: (!self.c.is_empty()).then(|| BufferRef::of(&self.c)),
+            d: BufferRef::of(&self.d),
+        }
+    }
+}
+
+/// Every device's operands of `plan`, sized by it: A, B and C (where the plan has one) filled
+/// with [`fill_normal`] (seed `seed + 8·device + operand`), D poisoned. `gpus[d]` and
+/// `modules[d]` serve device `d`. Returns once the fills are complete: a `DistGemm` orders its
+/// work after its own streams only. The shards must outlive any `DistGemm` that uses them.
+pub fn random_shards<T: Element + DeviceCopy>(
+    plan: &Plan,
+    gpus: &[Gpu],
+    modules: &[Arc<Module>],
+    seed: u32,
+) -> Result<Vec<RandomShard<T>>, RuntimeError> {
+    let mut shards = Vec::with_capacity(plan.devices.len());
+    for (d, ((dev, gpu), module)) in plan.devices.iter().zip(gpus).zip(modules).enumerate() {
+        let fill_stream = gpu.new_stream()?;
+        let alloc = |kind| DeviceBuffer::<T>::alloc(gpu, dev.buffer_elements(kind));
+        let mut shard = RandomShard {
+            a: alloc(BufferKind::A)?,
+            b: alloc(BufferKind::B)?,
+            c: alloc(BufferKind::C)?,
+            d: alloc(BufferKind::D)?,
+        };
+        for (i, buf) in [&mut shard.a, &mut shard.b, &mut shard.c]
+            .into_iter()
+            .enumerate()
+        {
+            if !buf.is_empty() {
+                let seed = seed.wrapping_add(8 * d as u32 + i as u32);
+                fill_normal(module, &fill_stream, buf, seed)?;
+            }
+        }
+        shard.d.fill_bytes(&fill_stream, 0xFF)?;
+        stream::synchronize(&fill_stream)?;
+        shards.push(shard);
+    }
+    Ok(shards)
 }

@@ -14,6 +14,11 @@ fn distgemm(args: &[&str]) -> Output {
         .unwrap_or_else(|e| panic!("cannot start distgemm: {e}"))
 }
 
+/// A command line written as one string: its whitespace-separated words.
+fn words(line: &str) -> Vec<&str> {
+    line.split_whitespace().collect()
+}
+
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
@@ -22,223 +27,64 @@ fn text(bytes: &[u8]) -> String {
 fn bad_input_is_one_line_and_exit_2() {
     let cases: Vec<(Vec<&str>, &str)> = vec![
         (
-            vec!["plan", "--schedule", "ag-z", "--tp", "4"],
+            words("plan --schedule ag-z --tp 4"),
             "invalid value 'ag-z' for '--schedule",
         ),
         (
-            vec![
-                "plan",
-                "--schedule",
-                "ag-a",
-                "--tp",
-                "0",
-                "--m",
-                "64",
-                "--n",
-                "64",
-                "--k",
-                "64",
-            ],
+            words("plan --schedule ag-a --tp 0 --m 64 --n 64 --k 64"),
             "TP=0 is out of range",
         ),
         (
-            vec![
-                "plan",
-                "--schedule",
-                "ag-a",
-                "--tp",
-                "9",
-                "--m",
-                "64",
-                "--n",
-                "64",
-                "--k",
-                "64",
-            ],
+            words("plan --schedule ag-a --tp 9 --m 64 --n 64 --k 64"),
             "TP=9 is out of range",
         ),
-        (vec!["plan", "--schedule", "ag-a", "--tp", "-1"], "error:"),
+        (words("plan --schedule ag-a --tp -1"), "error:"),
         (
-            vec![
-                "plan",
-                "--schedule",
-                "ag-a",
-                "--tp",
-                "4",
-                "--preset",
-                "llama9",
-            ],
+            words("plan --schedule ag-a --tp 4 --preset llama9"),
             "invalid value 'llama9' for '--preset",
         ),
         (
-            vec![
-                "plan",
-                "--schedule",
-                "ag-a",
-                "--tp",
-                "8",
-                "--m",
-                "1001",
-                "--n",
-                "64",
-                "--k",
-                "64",
-            ],
+            words("plan --schedule ag-a --tp 8 --m 1001 --n 64 --k 64"),
             "M=1001 is not divisible by TP=8 for AllGather1D_TilingCD_RotatingA",
         ),
         (
-            vec![
-                "plan",
-                "--schedule",
-                "rs-a",
-                "--tp",
-                "4",
-                "--m",
-                "64",
-                "--n",
-                "64",
-                "--k",
-                "66",
-            ],
+            words("plan --schedule rs-a --tp 4 --m 64 --n 64 --k 66"),
             "K=66 is not divisible by TP=4",
         ),
         (
-            vec![
-                "plan",
-                "--schedule",
-                "ag-b",
-                "--tp",
-                "8",
-                "--m",
-                "64",
-                "--n",
-                "96",
-                "--k",
-                "64",
-            ],
+            words("plan --schedule ag-b --tp 8 --m 64 --n 96 --k 64"),
             "N/TP=12 is not a multiple of 8",
         ),
         (
-            vec![
-                "plan",
-                "--schedule",
-                "ag-a",
-                "--tp",
-                "2",
-                "--m",
-                "0",
-                "--n",
-                "64",
-                "--k",
-                "64",
-            ],
+            words("plan --schedule ag-a --tp 2 --m 0 --n 64 --k 64"),
             "M=0",
         ),
         (
-            vec![
-                "plan",
-                "--schedule",
-                "ag-a",
-                "--tp",
-                "2",
-                "--m",
-                "64",
-                "--n",
-                "64",
-            ],
+            words("plan --schedule ag-a --tp 2 --m 64 --n 64"),
             "give either --m, --n and --k, or --preset",
         ),
+        (words("plan --tp 2 --m 64 --n 64 --k 64"), "--schedule"),
         (
-            vec!["plan", "--tp", "2", "--m", "64", "--n", "64", "--k", "64"],
-            "--schedule",
-        ),
-        (
-            vec![
-                "plan",
-                "--schedule",
-                "ag-a",
-                "--tp",
-                "2",
-                "--m",
-                "64",
-                "--n",
-                "64",
-                "--k",
-                "64",
-                "--format",
-                "svg",
-            ],
+            words("plan --schedule ag-a --tp 2 --m 64 --n 64 --k 64 --format svg"),
             "invalid value 'svg'",
         ),
         (
-            vec![
-                "run",
-                "--schedule",
-                "ag-a",
-                "--tp",
-                "2",
-                "--backend",
-                "cuda",
-                "--m",
-                "64",
-                "--n",
-                "64",
-                "--k",
-                "64",
-            ],
+            words("run --schedule ag-a --tp 2 --backend cuda --m 64 --n 64 --k 64"),
             "CUDA backend unavailable",
         ),
         (
-            vec![
-                "run",
-                "--schedule",
-                "ag-a",
-                "--tp",
-                "4",
-                "--backend",
-                "cpu",
-                "--preset",
-                "llama3-70b-fc1",
-            ],
+            words("run --schedule ag-a --tp 4 --backend cpu --preset llama3-70b-fc1"),
             "pass --tokens 4 or fewer",
         ),
         (
-            vec![
-                "run",
-                "--schedule",
-                "rs-b",
-                "--tp",
-                "2",
-                "--backend",
-                "cpu",
-                "--dtype",
-                "f32",
-                "--m",
-                "64",
-                "--n",
-                "64",
-                "--k",
-                "64",
-            ],
+            words("run --schedule rs-b --tp 2 --backend cpu --dtype f32 --m 64 --n 64 --k 64"),
             "invalid value 'f32'",
         ),
     ];
     // `bench` checks its arguments and shapes before looking for GPUs: these are exit 2 on
     // every machine.
     let bench = |extra: &[&'static str]| {
-        let mut args = vec![
-            "bench",
-            "--schedule",
-            "ag-a",
-            "--tp",
-            "2",
-            "--m",
-            "256",
-            "--n",
-            "256",
-            "--k",
-            "256",
-        ];
+        let mut args = words("bench --schedule ag-a --tp 2 --m 256 --n 256 --k 256");
         args.extend_from_slice(extra);
         args
     };
@@ -265,50 +111,14 @@ fn bad_input_is_one_line_and_exit_2() {
             "--timeout-ms must be at least 1",
         ),
         (
-            vec![
-                "bench",
-                "--schedule",
-                "ag-a",
-                "--tp",
-                "2",
-                "--preset",
-                "llama3-70b-fc1",
-                "--m",
-                "64",
-            ],
+            words("bench --schedule ag-a --tp 2 --preset llama3-70b-fc1 --m 64"),
             "--preset cannot be combined with --m, --n or --k",
         ),
         (
-            vec![
-                "bench",
-                "--schedule",
-                "rs-a",
-                "--tp",
-                "4",
-                "--m",
-                "64",
-                "--n",
-                "64",
-                "--k",
-                "66",
-                "--auto",
-            ],
+            words("bench --schedule rs-a --tp 4 --m 64 --n 64 --k 66 --auto"),
             "K=66 is not divisible by TP=4",
         ),
-        (
-            vec![
-                "bench",
-                "--schedule",
-                "ag-a",
-                "--m",
-                "64",
-                "--n",
-                "64",
-                "--k",
-                "64",
-            ],
-            "--tp",
-        ),
+        (words("bench --schedule ag-a --m 64 --n 64 --k 64"), "--tp"),
     ];
     for (args, want) in cases.into_iter().chain(bench_cases) {
         let out = distgemm(&args);
@@ -522,25 +332,9 @@ fn auto_backend_says_it_uses_the_cpu_and_text_output_reports_the_check() {
 #[test]
 fn bench_without_gpus_exits_2_naming_the_cuda_backend() {
     for json in [false, true] {
-        let mut args = vec![
-            "bench",
-            "--schedule",
-            "ag-a",
-            "--tp",
-            "2",
-            "--m",
-            "256",
-            "--n",
-            "256",
-            "--k",
-            "256",
-            "--warmup",
-            "1",
-            "--reps",
-            "3",
-            "--timeout-ms",
-            "2000",
-        ];
+        let mut args = words(
+            "bench --schedule ag-a --tp 2 --m 256 --n 256 --k 256 --warmup 1 --reps 3 --timeout-ms 2000",
+        );
         if json {
             args.push("--json");
         }

@@ -16,13 +16,12 @@ use serde::Serialize;
 
 use super::args::{BenchArgs, MAX_BENCH_REPS, MIN_BENCH_REPS};
 use super::{CliError, cuda_devices};
-use crate::cuda::{BufferRef, DeviceArgs, DistGemm, DistGemmError};
+use crate::cuda::{DistGemm, DistGemmError};
 use crate::dtype::{Dtype, Element};
 use crate::plan::Plan;
 use crate::problem::Problem;
-use crate::runtime::{DeviceBuffer, DeviceCopy, Gpu, Module, stream};
-use crate::schedule::BufferKind;
-use crate::testdata::fill_normal;
+use crate::runtime::{DeviceCopy, Gpu, Module};
+use crate::testdata::{RandomShard, random_shards};
 use crate::timing::{Timing, TimingConfig, time_on_streams};
 
 /// What `bench` reports (`--json` prints it as one object).
@@ -133,38 +132,8 @@ fn bench_typed<T: Element + DeviceCopy>(
         e => CliError::Cuda(e),
     })?;
     // The shards must outlive the DistGemm (locals drop in reverse order).
-    let mut shards: Vec<[DeviceBuffer<T>; 4]> = Vec::with_capacity(tp);
-    for (d, dev) in plan.devices.iter().enumerate() {
-        let gpu = &gpus[d];
-        let fill_stream = gpu.new_stream()?;
-        let alloc = |kind| DeviceBuffer::<T>::alloc(gpu, dev.buffer_elements(kind));
-        let mut bufs = [
-            alloc(BufferKind::A)?,
-            alloc(BufferKind::B)?,
-            alloc(BufferKind::C)?,
-            alloc(BufferKind::D)?,
-        ];
-        let [a, b, c, out] = &mut bufs;
-        for (i, buf) in [a, b, c].into_iter().enumerate() {
-            if !buf.is_empty() {
-                let seed = 1 + 4 * d as u32 + i as u32;
-                fill_normal(&modules[d], &fill_stream, buf, seed)?;
-            }
-        }
-        out.fill_bytes(&fill_stream, 0xFF)?;
-        // DistGemm::run is ordered after its own streams only: finish the fills first.
-        stream::synchronize(&fill_stream)?;
-        shards.push(bufs);
-    }
-    let device_args = shards
-        .iter()
-        .map(|[a, b, c, d]| DeviceArgs {
-            a: BufferRef::of(a),
-            b: BufferRef::of(b),
-            c: (!c.is_empty()).then(|| BufferRef::of(c)),
-            d: BufferRef::of(d),
-        })
-        .collect();
+    let shards = random_shards::<T>(&plan, &gpus, &modules, 1)?;
+    let device_args = shards.iter().map(RandomShard::device_args).collect();
     let mut dist = builder.args(device_args).build()?;
     let streams = dist.streams();
     let config = TimingConfig {
