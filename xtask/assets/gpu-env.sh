@@ -2,6 +2,8 @@
 # environment of every GPU run — the bundle's PTX, NVLink SHARP/multicast off, GPU tests that
 # fail rather than skip — and the folders of cuBLAS/cuBLASLt/NCCL (for the baselines) prepended
 # to LD_LIBRARY_PATH; `lib_dirs` lists them.
+# Sourced on its own, HERE is this file's folder.
+HERE="${HERE:-$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)}"
 export DISTGEMM_PTX="$HERE/kernels_gpu.ptx"
 export DISTGEMM_BUNDLE_DIR="$HERE"
 [ -d "$HERE/peers" ] && export DISTGEMM_PEERS_DIR="$HERE/peers"
@@ -12,7 +14,7 @@ export RUST_BACKTRACE="${RUST_BACKTRACE:-1}"
 export DISTGEMM_REQUIRE_GPU="${DISTGEMM_REQUIRE_GPU:-1}"
 
 if [ ! -f "$DISTGEMM_PTX" ]; then
-  echo "run-gpu-tests.sh: $DISTGEMM_PTX is missing: rebuild the bundle with 'cargo xtask bundle'" >&2
+  echo "gpu-env.sh: $DISTGEMM_PTX is missing: rebuild the bundle with 'cargo xtask bundle'" >&2
   return 1
 fi
 
