@@ -5,7 +5,10 @@
 //! in bf16 and f16. Operands are filled on the GPU with N(0, 1)-like data and rotated so that
 //! their total exceeds 3× L2. Our kernel (and with `--variants` every tile configuration) and
 //! cuBLASLt are timed in interleaved rounds (order reversed each round) of warm-up launches and
-//! ≥ 20 repetitions bracketed by CUDA events; we report the median over all rounds.
+//! ≥ 20 repetitions bracketed by CUDA events; we report the median over all rounds. Where
+//! NVML reports board energy, each contender's energy per launch (mJ) is its timed blocks'
+//! energy over their launches ([`distgemm_benches::energy`]): meaningful for blocks of
+//! ≳ 100 ms, so raise `--reps` for small shapes.
 //!
 //! Usage: `gemm [--quick] [--variants] [--raster G[,G…]] [--filter SUBSTRING | SUBSTRING]
 //! [--reps N]`. Writes `benches/results/gemm-<date>-<commit>.{json,md}` (or under
@@ -16,6 +19,7 @@ use distgemm::gemm::{GemmArgs, GemmKernel, GemmLaunchError, GemmVariant, Prepare
 use distgemm::problem::Preset;
 use distgemm::runtime::{DeviceBuffer, DeviceCopy, Gpu, Module};
 use distgemm::testdata::fill_normal;
+use distgemm_benches::energy::EnergyMeter;
 use distgemm_benches::{
     BenchError, Provenance, RotatingInputs, Timing, TimingConfig, gemm_tflops, results_dir,
     time_on_stream,
@@ -50,8 +54,13 @@ struct Record {
     driver: String,
     commit: String,
     date: String,
+    /// Board energy of one launch (NVML), when available.
+    ours_mj: Option<f64>,
+    cublas_mj: Option<f64>,
     /// With `--variants` / `--raster`: TFLOP/s of every extra configuration.
     variant_tflops: BTreeMap<String, f64>,
+    /// ... and its energy per launch (mJ), when available.
+    variant_mj: BTreeMap<String, f64>,
 }
 
 /// The benchmark's shapes: (name, m, n, k).
@@ -88,9 +97,16 @@ struct Operands<T: DeviceCopy> {
     ours: Vec<PreparedGemm>,
 }
 
-/// Timings of our kernel (chosen configuration first, then each one asked for, by name) and of
-/// cuBLASLt.
-type ShapeTimings = (Vec<(String, Timing)>, Timing);
+/// One contender's measurement: its timing and, where NVML reports board energy, the energy
+/// of one launch (the energy of its timed blocks, warm-up included, over their launches).
+struct Measured {
+    name: String,
+    timing: Timing,
+    mj_per_gemm: Option<f64>,
+}
+
+/// Our kernel (chosen configuration first, then each one asked for) and cuBLASLt.
+type ShapeTimings = (Vec<Measured>, Measured);
 
 /// An extra configuration of our kernel timed beside the rule's choice.
 #[derive(Debug, Clone, Copy)]
@@ -101,14 +117,23 @@ enum Extra {
     Raster(u32),
 }
 
+/// What every shape is measured with.
+struct Harness {
+    gpu: Gpu,
+    module: Arc<Module>,
+    kernel: GemmKernel,
+    /// Board energy, when NVML is there.
+    meter: Option<EnergyMeter>,
+    extras: Vec<Extra>,
+}
+
 fn bench_shape<T: Element + CublasLtElement + DeviceCopy>(
-    gpu: &Gpu,
-    module: &Arc<Module>,
-    kernel: &GemmKernel,
+    h: &Harness,
     (m, n, k): (u64, u64, u64),
     timing: TimingConfig,
-    extras: &[Extra],
 ) -> Result<ShapeTimings, BenchError> {
+    let (gpu, module, kernel, extras) = (&h.gpu, &h.module, &h.kernel, &h.extras);
+    let meter = h.meter.as_ref();
     let stream = gpu.new_stream()?;
     let bytes = 2 * (m * k + n * k + m * n);
     let sets = RotatingInputs::new(gpu, bytes, |i| {
@@ -153,6 +178,8 @@ fn bench_shape<T: Element + CublasLtElement + DeviceCopy>(
     // instead of favouring whoever runs first.
     let contenders = extras.len() + 2;
     let mut samples = vec![Vec::new(); contenders];
+    // Per contender: (millijoules, launches) of its timed blocks, while NVML answers.
+    let mut energy = vec![meter.map(|_| (0u64, 0usize)); contenders];
     for round in 0..ROUNDS {
         let round_timing = TimingConfig {
             warmup: if round == 0 { timing.warmup } else { 2 },
@@ -164,6 +191,7 @@ fn bench_shape<T: Element + CublasLtElement + DeviceCopy>(
             } else {
                 contenders - 1 - j
             };
+            let before = meter.map(EnergyMeter::read_mj);
             let t = if c == contenders - 1 {
                 time_on_stream(gpu, &stream, round_timing, |rep| {
                     let s = sets.get(rep);
@@ -175,25 +203,40 @@ fn bench_shape<T: Element + CublasLtElement + DeviceCopy>(
                     Ok(sets.get(rep).ours[c].launch(&stream, false)?)
                 })?
             };
+            let after = meter.map(EnergyMeter::read_mj);
+            energy[c] = match (energy[c], before, after) {
+                (Some((mj, n)), Some(Ok(b)), Some(Ok(a))) => Some((
+                    mj + a.saturating_sub(b),
+                    n + round_timing.warmup + round_timing.reps,
+                )),
+                _ => None,
+            };
             samples[c].extend(t.samples_ms);
         }
     }
-    let mut timings = samples
-        .into_iter()
-        .map(Timing::from_samples)
-        .collect::<Result<Vec<_>, _>>()?;
-    let cublas = timings.pop().expect("cuBLAS is the last contender");
-    let ours = timings
+    let per_gemm = |c: usize| energy[c].map(|(mj, n)| mj as f64 / n.max(1) as f64);
+    let mut measured = samples
         .into_iter()
         .enumerate()
-        .map(|(i, t)| {
-            let name = sets.get(0).ours[i].variant().name;
-            match i.checked_sub(1).map(|e| extras[e]) {
-                Some(Extra::Raster(g)) => (format!("{name} g{g}"), t),
-                _ => (name.to_owned(), t),
-            }
+        .map(|(c, samples)| {
+            let name = if c == contenders - 1 {
+                "cuBLASLt".to_owned()
+            } else {
+                let tile = sets.get(0).ours[c].variant().name;
+                match c.checked_sub(1).map(|e| extras[e]) {
+                    Some(Extra::Raster(g)) => format!("{tile} g{g}"),
+                    _ => tile.to_owned(),
+                }
+            };
+            Ok(Measured {
+                name,
+                timing: Timing::from_samples(samples)?,
+                mj_per_gemm: per_gemm(c),
+            })
         })
-        .collect();
+        .collect::<Result<Vec<_>, BenchError>>()?;
+    let cublas = measured.pop().expect("cuBLAS is the last contender");
+    let ours = measured;
     Ok((ours, cublas))
 }
 
@@ -252,11 +295,21 @@ fn run() -> Result<(), BenchError> {
         "resident clusters (blocks) per tile configuration: {:?}",
         kernel.resident_clusters()
     );
+    let meter = EnergyMeter::open(&gpu)
+        .inspect_err(|e| println!("no energy columns: {e}"))
+        .ok();
+    let h = Harness {
+        gpu,
+        module,
+        kernel,
+        meter,
+        extras: extra,
+    };
     let mut records = Vec::new();
     println!(
-        "| shape | M | N | K | dtype | tile | ours ms | cuBLAS ms | ours TFLOP/s | cuBLAS TFLOP/s | ours/cuBLAS | % of 989 | TFLOP/s per tile config |"
+        "| shape | M | N | K | dtype | tile | ours ms | cuBLAS ms | ours TFLOP/s | cuBLAS TFLOP/s | ours/cuBLAS | % of 989 | ours mJ | cuBLAS mJ | TFLOP/s (mJ) per extra configuration |"
     );
-    println!("|---|---:|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---|");
+    println!("|---|---:|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|");
     for (name, m, n, k) in shapes() {
         if quick && !(name.contains("square") || name.contains("stage")) {
             continue;
@@ -271,21 +324,21 @@ fn run() -> Result<(), BenchError> {
                 reps: if flops > 2e13 { 20 } else { reps },
             };
             let (ours, cublas) = match dtype {
-                Dtype::Bf16 => {
-                    bench_shape::<half::bf16>(&gpu, &module, &kernel, (m, n, k), timing, &extra)?
-                }
-                Dtype::F16 => {
-                    bench_shape::<half::f16>(&gpu, &module, &kernel, (m, n, k), timing, &extra)?
-                }
+                Dtype::Bf16 => bench_shape::<half::bf16>(&h, (m, n, k), timing)?,
+                Dtype::F16 => bench_shape::<half::f16>(&h, (m, n, k), timing)?,
             };
-            let (tile, chosen) = &ours[0];
+            let chosen = &ours[0];
             let (ot, ct) = (
-                gemm_tflops(m, n, k, chosen.median_ms),
-                gemm_tflops(m, n, k, cublas.median_ms),
+                gemm_tflops(m, n, k, chosen.timing.median_ms),
+                gemm_tflops(m, n, k, cublas.timing.median_ms),
             );
             let per_variant: BTreeMap<String, f64> = ours[1..]
                 .iter()
-                .map(|(v, t)| (v.to_string(), gemm_tflops(m, n, k, t.median_ms)))
+                .map(|v| (v.name.clone(), gemm_tflops(m, n, k, v.timing.median_ms)))
+                .collect();
+            let variant_mj: BTreeMap<String, f64> = ours[1..]
+                .iter()
+                .filter_map(|v| Some((v.name.clone(), v.mj_per_gemm?)))
                 .collect();
             let r = Record {
                 shape: name.clone(),
@@ -293,9 +346,11 @@ fn run() -> Result<(), BenchError> {
                 n,
                 k,
                 dtype: dtype.name().to_owned(),
-                tile: tile.to_string(),
-                ours_ms: chosen.median_ms,
-                cublas_ms: cublas.median_ms,
+                tile: chosen.name.clone(),
+                ours_ms: chosen.timing.median_ms,
+                cublas_ms: cublas.timing.median_ms,
+                ours_mj: chosen.mj_per_gemm,
+                cublas_mj: cublas.mj_per_gemm,
                 ours_tflops: ot,
                 cublas_tflops: ct,
                 ratio: ot / ct,
@@ -305,14 +360,19 @@ fn run() -> Result<(), BenchError> {
                 commit: provenance.commit.clone(),
                 date: provenance.date.clone(),
                 variant_tflops: per_variant,
+                variant_mj,
             };
             let variants_cell: Vec<String> = r
                 .variant_tflops
                 .iter()
-                .map(|(v, t)| format!("{v} {t:.0}"))
+                .map(|(v, t)| match r.variant_mj.get(v) {
+                    Some(mj) => format!("{v} {t:.0} ({mj:.0})"),
+                    None => format!("{v} {t:.0}"),
+                })
                 .collect();
+            let mj = |v: Option<f64>| v.map_or("—".to_owned(), |v| format!("{v:.0}"));
             println!(
-                "| {} | {m} | {n} | {k} | {} | {} | {:.3} | {:.3} | {:.0} | {:.0} | {:.3} | {:.1} | {} |",
+                "| {} | {m} | {n} | {k} | {} | {} | {:.3} | {:.3} | {:.0} | {:.0} | {:.3} | {:.1} | {} | {} | {} |",
                 r.shape,
                 r.dtype,
                 r.tile,
@@ -322,6 +382,8 @@ fn run() -> Result<(), BenchError> {
                 r.cublas_tflops,
                 r.ratio,
                 r.ours_pct_of_peak,
+                mj(r.ours_mj),
+                mj(r.cublas_mj),
                 variants_cell.join(", ")
             );
             records.push(r);

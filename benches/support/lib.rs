@@ -11,6 +11,7 @@
 //! people) under `benches/results/`.
 
 pub mod distgemm_report;
+pub mod energy;
 
 use distgemm::runtime::{CudaStream, Gpu, RuntimeError, driver_version};
 pub use distgemm::timing::{Timing, TimingConfig, TimingError, max_over_devices};

@@ -175,6 +175,7 @@ pub struct Gpu {
     sm_count: u32,
     max_shared_memory_per_block_optin: u32,
     l2_cache_bytes: u32,
+    pci_bus_id: String,
 }
 
 /// Reads one integer device attribute (`cuDeviceGetAttribute`, no context needed).
@@ -234,6 +235,12 @@ impl Gpu {
         )?;
         let l2_cache_bytes =
             attribute_u32(dev, CUdevice_attribute::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)?;
+        let pci_bus_id = format!(
+            "{:08X}:{:02X}:{:02X}.0",
+            attribute(dev, CUdevice_attribute::CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID)?,
+            attribute(dev, CUdevice_attribute::CU_DEVICE_ATTRIBUTE_PCI_BUS_ID)?,
+            attribute(dev, CUdevice_attribute::CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID)?,
+        );
         let ctx =
             CudaContext::new(ordinal).map_err(RuntimeError::driver("cuDevicePrimaryCtxRetain"))?;
         Ok(Gpu {
@@ -243,7 +250,13 @@ impl Gpu {
             sm_count,
             max_shared_memory_per_block_optin,
             l2_cache_bytes,
+            pci_bus_id,
         })
+    }
+
+    /// PCI address `DDDDDDDD:BB:DD.0` (hex), the key NVML and `nvidia-smi` know the GPU by.
+    pub fn pci_bus_id(&self) -> &str {
+        &self.pci_bus_id
     }
 
     /// The cudarc context (the device's primary context).
