@@ -7,8 +7,8 @@
 //! cuBLASLt are timed in interleaved rounds (order reversed each round) of warm-up launches and
 //! ≥ 20 repetitions bracketed by CUDA events; we report the median over all rounds. Where
 //! NVML reports board energy, each contender's energy per launch (mJ) is its timed blocks'
-//! energy over their launches ([`distgemm_benches::energy`]): meaningful for blocks of
-//! ≳ 100 ms, so raise `--reps` for small shapes.
+//! energy over their launches ([`distgemm_benches::energy`]): coarse, ±8 % at 0.6 s blocks, so
+//! raise `--reps` until each block lasts seconds.
 //!
 //! Usage: `gemm [--quick] [--variants] [--raster G[,G…]] [--filter SUBSTRING | SUBSTRING]
 //! [--reps N]`. Writes `benches/results/gemm-<date>-<commit>.{json,md}` (or under

@@ -2,8 +2,9 @@
 //!
 //! `nvmlDeviceGetTotalEnergyConsumption` counts millijoules since the driver loaded (Volta and
 //! later). Read around a block of launches (after the stream is synchronised) it gives the
-//! energy of that block, idle gaps included; the counter advances in steps of tens of
-//! milliseconds, so only blocks much longer than that mean anything. NVML is loaded at run
+//! energy of that block, idle gaps included. It is coarse: on an H200, blocks of 0.6 s of one
+//! kernel read 3.6 and 4.1 J per launch in the same run, so take blocks of several seconds
+//! (`benches/results/gemm-2026-11-30-2886ee3-energy.json`). NVML is loaded at run
 //! time (`libnvidia-ml.so.1`, installed with the driver): without it, or on a GPU without the
 //! counter, the meter is absent and benchmarks leave the energy columns out.
 //!
