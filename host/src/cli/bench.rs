@@ -1,8 +1,8 @@
 //! `distgemm bench`: times the CUDA backend on one problem.
 //!
-//! Per device, A, B (and C when beta ≠ 0) shards sized by the plan are filled on the GPU with
-//! [`fill_normal`] (presets are far too large to generate on the host) and D is poisoned once
-//! (0xFF bytes: NaN). One [`DistGemm`] is built (graphs instantiated once), `--warmup` runs are
+//! Per device, A, B (and C when beta ≠ 0) shards sized by the plan are filled on the GPU
+//! ([`random_shards`]: presets are far too large to generate on the host) and D is poisoned
+//! once (0xFF bytes: NaN). One [`DistGemm`] is built (graphs instantiated once), `--warmup` runs are
 //! launched untimed, then `--reps` runs are each bracketed by CUDA events on every GPU's
 //! stream ([`time_on_streams`]; the host does not wait between runs, and a run's time is the
 //! slowest GPU's). A final [`DistGemm::wait`] turns a timed-out GPU wait into an error instead

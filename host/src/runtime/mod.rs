@@ -12,7 +12,7 @@
 //! | [`module`] | PTX source (env path or embedded), `cuModuleLoadDataEx` with JIT logs, [`Kernel`] lookup |
 //! | [`memory`] | [`DeviceBuffer`]: plain `cuMemAlloc` memory that peers can access |
 //! | [`tensor_map`] | [`TensorMap2d`]: `cuTensorMapEncodeTiled`, kept in device memory (passed as `u64`) |
-//! | [`launch`] | [`LaunchConfig`], [`KernelArgs`], `cuLaunchKernelEx` with cluster / programmatic serialization |
+//! | [`mod@launch`] | [`LaunchConfig`], [`KernelArgs`], `cuLaunchKernelEx` with cluster / programmatic serialization |
 //! | [`stream`] | timing events and CUDA-graph capture / topology on top of cudarc's stream |
 //! | [`graph`] | explicitly built graphs: kernel / memcpy / memset nodes, edges with edge data, instantiation, launch, `cuGraphExec*SetParams` |
 //!

@@ -2,7 +2,7 @@
 //! every device computes and moves at every stage.
 //!
 //! A schedule is pure data: [`device_program`] turns (schedule, problem, TP) into one
-//! [`DeviceProgram`] per device, made of the views of [`view`]. The plan module wires those
+//! [`DeviceProgram`] per device, made of the views of the `view` module. The plan module wires those
 //! programs into per-device DAGs; nothing below the plan re-derives an index.
 //!
 //! The index maps (P = TP, d = device, t = stage, all `mod` non-negative):
