@@ -31,7 +31,7 @@ pub const D_BOX: (u32, u32) = (EPILOGUE_CHUNK, EPILOGUE_CHUNK);
 /// Shared memory: `stages` slots of (A tile `BLOCK_M × 64`, B tile `block_n × 64`), each
 /// 1024-byte aligned (128-byte swizzle), then the epilogue's staging buffers (two 64×64
 /// output chunks per consumer warpgroup, see [`EPILOGUE_CHUNK`]), then the mbarriers
-/// (full[stages], empty[stages], one per staging buffer) and a 16-byte word for the prologue
+/// (`full[stages]`, `empty[stages]`, one per staging buffer) and a 16-byte word for the prologue
 /// hook's abort decision.
 ///
 /// With `cluster_m == 2`, blocks are launched in clusters of two along M: both compute the
@@ -68,7 +68,7 @@ impl TileConfig {
     pub const fn barrier_offset(&self) -> u32 {
         self.staging_offset() + STAGING_BYTES
     }
-    /// Offset of the abort word after the mbarriers: full[stages], empty[stages], then one
+    /// Offset of the abort word after the mbarriers: `full[stages]`, `empty[stages]`, then one
     /// per staging buffer for loads of C into it.
     pub const fn abort_flag_offset(&self) -> u32 {
         self.barrier_offset() + (2 * self.stages + 4) * 8
