@@ -4,7 +4,7 @@
 //! A tile stored with this swizzle is a stack of 128-byte rows (64 bf16/f16 elements). Each
 //! row is eight 16-byte chunks; chunk `j` of row `r` is stored at chunk position
 //! `j ^ (r % 8)`. The pattern repeats every 8 rows = 1024 bytes, which is why such tiles must
-//! start on a 1024-byte boundary (then the hardware's phase, taken from address bits [7:9],
+//! start on a 1024-byte boundary (then the hardware's phase, taken from address bits `[7:9]`,
 //! equals `r % 8`).
 
 /// Bytes in one swizzled row: the swizzle span.
