@@ -18,9 +18,11 @@ fn cost_per_element(variant: &GemmVariant) -> f64 {
         // (benches/results/gemm-2026-11-30-b3588aa-variants.md): equal cost, so ties keep the
         // simpler launch, which comes first in `VARIANTS`.
         "128x256" | "128x256c2" => 1.0,
-        // 1.03–1.21 (mean 1.10) over the full-wave shapes of
-        // benches/results/gemm-2026-11-30-3d92d9a-variants.json; the later runs agree.
-        "128x128" | "128x128c2" => 1.10,
+        // 1.035–1.087 (mean 1.063) over the full-wave shapes (8192³ and the TP=2 stage
+        // shapes, bf16 and f16) of the two interleaved runs
+        // benches/results/gemm-2026-11-30-{14e57ea,5f5e856}-variants.md; the earlier,
+        // non-interleaved runs read 1.10.
+        "128x128" | "128x128c2" => 1.06,
         _ => 1.2,
     }
 }
@@ -87,6 +89,16 @@ pub fn variant_named(name: &str) -> Option<&'static GemmVariant> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_slightly_better_filled_last_wave_is_worth_the_narrow_tile() {
+        // 2048×13312 (405B fc1, TP=8 stage): 832 wide tiles = 6.3 waves (7), 1664 narrow = 12.6
+        // (13): 13 · 1.06 / 2 = 6.89 < 7. Interleaved runs measured the narrow tile 1.7 %
+        // faster on average (kernels-gpu/NOTES.md step 12).
+        assert_eq!(choose_variant(2048, 13312, 132).config.block_n, 128);
+        // 2048×16384 (405B fc2, TP=8 stage): 8 waves against 16 · 1.06 / 2 = 8.5: wide.
+        assert_eq!(choose_variant(2048, 16384, 132).config.block_n, 256);
+    }
 
     #[test]
     fn full_waves_keep_the_large_tile_and_ragged_waves_split() {
