@@ -139,19 +139,7 @@ fn bad_input_is_one_line_and_exit_2() {
 
 #[test]
 fn plan_table_shows_peers_and_tiles() {
-    let out = distgemm(&[
-        "plan",
-        "--schedule",
-        "ag-a",
-        "--tp",
-        "4",
-        "--m",
-        "64",
-        "--n",
-        "64",
-        "--k",
-        "64",
-    ]);
+    let out = distgemm(&words("plan --schedule ag-a --tp 4 --m 64 --n 64 --k 64"));
     assert_eq!(out.status.code(), Some(0));
     let table = text(&out.stdout);
     assert!(
@@ -170,19 +158,7 @@ fn plan_table_shows_peers_and_tiles() {
         "{dev1}"
     );
 
-    let out = distgemm(&[
-        "plan",
-        "--schedule",
-        "rs-a",
-        "--tp",
-        "4",
-        "--m",
-        "64",
-        "--n",
-        "64",
-        "--k",
-        "64",
-    ]);
+    let out = distgemm(&words("plan --schedule rs-a --tp 4 --m 64 --n 64 --k 64"));
     let table = text(&out.stdout);
     assert!(table.contains("tile(d,t) = (d-1-t) mod 4"), "{table}");
     assert!(
@@ -193,21 +169,9 @@ fn plan_table_shows_peers_and_tiles() {
 
 #[test]
 fn plan_json_is_the_plan_and_dot_has_every_device() {
-    let out = distgemm(&[
-        "plan",
-        "--schedule",
-        "rs-a",
-        "--tp",
-        "4",
-        "--m",
-        "64",
-        "--n",
-        "64",
-        "--k",
-        "64",
-        "--format",
-        "json",
-    ]);
+    let out = distgemm(&words(
+        "plan --schedule rs-a --tp 4 --m 64 --n 64 --k 64 --format json",
+    ));
     assert_eq!(out.status.code(), Some(0));
     let plan = Plan::from_json(&text(&out.stdout)).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(
@@ -222,21 +186,9 @@ fn plan_json_is_the_plan_and_dot_has_every_device() {
         assert_eq!(tiles, want);
         assert!(matches!(dev.nodes[0], Node::Barrier(_)));
     }
-    let out = distgemm(&[
-        "plan",
-        "--schedule",
-        "ag-b",
-        "--tp",
-        "3",
-        "--m",
-        "48",
-        "--n",
-        "48",
-        "--k",
-        "64",
-        "--format",
-        "dot",
-    ]);
+    let out = distgemm(&words(
+        "plan --schedule ag-b --tp 3 --m 48 --n 48 --k 64 --format dot",
+    ));
     let dot = text(&out.stdout);
     assert!(
         dot.starts_with("digraph plan {") && dot.trim_end().ends_with('}'),
@@ -290,22 +242,9 @@ fn run_check_passes_for_every_schedule_and_tp() {
 
 #[test]
 fn auto_backend_says_it_uses_the_cpu_and_text_output_reports_the_check() {
-    let out = distgemm(&[
-        "run",
-        "--schedule",
-        "ag-a-single",
-        "--tp",
-        "2",
-        "--m",
-        "32",
-        "--n",
-        "32",
-        "--k",
-        "32",
-        "--check",
-        "--dtype",
-        "f16",
-    ]);
+    let out = distgemm(&words(
+        "run --schedule ag-a-single --tp 2 --m 32 --n 32 --k 32 --check --dtype f16",
+    ));
     assert_eq!(out.status.code(), Some(0));
     let err = text(&out.stderr);
     // Without two Hopper GPUs with peer access: one notice line saying why, then the CPU.
