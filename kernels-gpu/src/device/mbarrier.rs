@@ -86,6 +86,17 @@ impl MBarrier {
     pub unsafe fn wait(self, parity: u32) {
         while !unsafe { self.try_wait(parity, WAIT_SUSPEND_NS) } {}
     }
+
+    /// [`Self::wait`] for a whole warp: every lane must call it, and all leave together once
+    /// each has seen the phase complete (a completed phase stays complete until the waiters
+    /// themselves release the barrier's next use, so lanes that saw it early see it again).
+    /// The retry decision is a warp vote, so the wait is uniform control flow: ptxas can then
+    /// keep the pipeline position of a loop around it (slot, parity, the wgmma descriptors
+    /// derived from them) in uniform registers instead of per-thread ones.
+    #[inline(always)]
+    pub unsafe fn wait_warp(self, parity: u32) {
+        while !crate::device::sync::all_lanes(unsafe { self.try_wait(parity, WAIT_SUSPEND_NS) }) {}
+    }
 }
 
 /// Suspend-time hint of [`MBarrier::wait`]: 10 ms, CUTLASS's value. The hardware wakes the

@@ -133,7 +133,7 @@ macro_rules! config {
                                 tma::load_2d(buffer, p.map_c, (col + CH * 64) as i32, row as i32, loaded.0);
                             }
                         }
-                        unsafe { loaded.wait((c_uses + CH / 2) & 1) };
+                        unsafe { loaded.wait_warp((c_uses + CH / 2) & 1) };
                     } else {
                         sync::named_sync(barrier, 128);
                     }
@@ -421,7 +421,7 @@ unsafe fn consume<T: InputType, C: Config>(p: &GemmParams, ring: Ring, tiles: Ti
         let (row, col) = tiles.origin(t);
         let mut previous = 0;
         for kb in 0..k_blocks {
-            unsafe { ring.full(slot.stage).wait(slot.phase) };
+            unsafe { ring.full(slot.stage).wait_warp(slot.phase) };
             C::fence(&mut acc);
             wgmma::fence();
             let a = descriptor::k_major_sw128(ring.a_tile(slot.stage) + half * (64 * 128));
