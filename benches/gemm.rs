@@ -5,13 +5,14 @@
 //! in bf16 and f16. Operands are filled on the GPU with N(0, 1)-like data and rotated so that
 //! their total exceeds 3× L2. Our kernel (and with `--variants` every tile configuration) and
 //! cuBLASLt are timed in interleaved rounds (order reversed each round) of warm-up launches and
-//! ≥ 20 repetitions bracketed by CUDA events; we report the median over all rounds. Where
+//! ≥ `--reps` repetitions (default 30), and at least `--min-block-ms` (default 100 ms) of them,
+//! bracketed by CUDA events; we report the median over all rounds. Where
 //! NVML reports board energy, each contender's energy per launch (mJ) is its timed blocks'
 //! energy over their launches ([`distgemm_benches::energy`]): coarse, ±8 % at 0.6 s blocks, so
 //! raise `--reps` until each block lasts seconds.
 //!
 //! Usage: `gemm [--quick] [--variants] [--raster G[,G…]] [--filter SUBSTRING | SUBSTRING]
-//! [--reps N]`. Writes `benches/results/gemm-<date>-<commit>.{json,md}` (or under
+//! [--reps N] [--min-block-ms T]`. Writes `benches/results/gemm-<date>-<commit>.{json,md}` (or under
 //! `DISTGEMM_BENCH_RESULTS`).
 use distgemm::baseline::{CublasLtElement, CublasLtGemm, TnGemmShape};
 use distgemm::dtype::{Dtype, Element};
@@ -31,6 +32,12 @@ use std::sync::Arc;
 
 /// Interleaved timing rounds per shape (each with the configured repetitions).
 const ROUNDS: usize = 3;
+
+/// Default shortest timed block (ms), `--min-block-ms`.
+const DEFAULT_MIN_BLOCK_MS: f64 = 100.0;
+
+/// Rate (TFLOP/s) at which the repetitions for a block of `--min-block-ms` are estimated.
+const NOMINAL_TFLOPS: f64 = 700.0;
 
 /// Dense bf16 peak of an H100/H200 SXM (TFLOP/s), for the "% of peak" column.
 const PEAK_TFLOPS: f64 = 989.0;
@@ -258,7 +265,10 @@ fn run() -> Result<(), BenchError> {
         .and_then(|i| args.get(i + 1))
         .or_else(|| {
             args.iter().enumerate().skip(1).find_map(|(i, a)| {
-                let is_value = matches!(args[i - 1].as_str(), "--filter" | "--reps" | "--raster");
+                let is_value = matches!(
+                    args[i - 1].as_str(),
+                    "--filter" | "--reps" | "--raster" | "--min-block-ms"
+                );
                 (!a.starts_with("--") && !is_value).then_some(a)
             })
         })
@@ -269,6 +279,12 @@ fn run() -> Result<(), BenchError> {
         .and_then(|i| args.get(i + 1))
         .and_then(|r| r.parse().ok())
         .unwrap_or(30);
+    let min_block_ms = args
+        .iter()
+        .position(|a| a == "--min-block-ms")
+        .and_then(|i| args.get(i + 1))
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(DEFAULT_MIN_BLOCK_MS);
     // `--variants`: also time every compiled tile configuration (the data behind the rule).
     let mut extra: Vec<Extra> = Vec::new();
     if args.iter().any(|a| a == "--variants") {
@@ -319,9 +335,19 @@ fn run() -> Result<(), BenchError> {
         }
         for dtype in Dtype::ALL {
             let flops = 2.0 * (m * n * k) as f64;
+            // At least `reps` launches and at least `min_block_ms` per timed block, estimated
+            // at a nominal rate: a 0.3 ms TP=8 stage GEMM timed in blocks of 20 launches (6 ms)
+            // ran in the boost-clock burst after the previous block and read up to 14 % apart
+            // between runs, where blocks of 100 ms show the power-capped steady state a
+            // pipelined distributed GEMM runs in (the convention of Triton's `do_bench`).
+            let block_reps = (min_block_ms / (flops / NOMINAL_TFLOPS / 1e9)).ceil() as usize;
             let timing = TimingConfig {
                 warmup: if flops > 2e13 { 3 } else { 10 },
-                reps: if flops > 2e13 { 20 } else { reps },
+                reps: if flops > 2e13 {
+                    20
+                } else {
+                    reps.max(block_reps)
+                },
             };
             let (ours, cublas) = match dtype {
                 Dtype::Bf16 => bench_shape::<half::bf16>(&h, (m, n, k), timing)?,

@@ -251,6 +251,16 @@ const EDGE_CASES: &[Case] = &[
         beta: 1.0,
     },
     case("many tiles", 2048, 2048, 2048),
+    // More tiles than SMs with C read through the staging buffers: a block's later tiles
+    // continue the buffers' phase parities (odd chunk counts per tile with 224-wide tiles).
+    Case {
+        name: "beta 1, several tiles per block",
+        m: 2048,
+        n: 2048,
+        k: 256,
+        pad: 0,
+        beta: 1.0,
+    },
 ];
 
 /// 8192³ and the stage shapes of the seed's Llama presets (M = 16384 tokens).

@@ -14,23 +14,21 @@ pub const BLOCK_M: u32 = 128;
 pub const THREADS: u32 = 384;
 /// Opt-in dynamic shared memory per block on H100/H200 (227 KiB).
 pub const MAX_SMEM_BYTES: u32 = 232_448;
-/// Side of the output chunk the epilogue stages in shared memory and writes with one TMA store:
-/// 64 rows × 64 columns (128-byte swizzled rows), the box of the D tensor map.
+/// Rows of the output chunk the epilogue stages in shared memory and writes with one TMA store:
+/// a consumer warpgroup's 64 rows, by [`TileConfig::epilogue_cols`] columns.
 pub const EPILOGUE_CHUNK: u32 = 64;
-/// Bytes of one staged chunk.
+/// Bytes of one staging buffer: room for the widest chunk, 64 × 64 two-byte elements.
 pub const CHUNK_BYTES: u32 = EPILOGUE_CHUNK * EPILOGUE_CHUNK * 2;
 /// Staging buffers: two per consumer warpgroup, so one can be filled while the TMA store of
 /// the other is still reading it.
 pub const STAGING_BYTES: u32 = 2 * 2 * CHUNK_BYTES;
-/// Box of the D tensor map.
-pub const D_BOX: (u32, u32) = (EPILOGUE_CHUNK, EPILOGUE_CHUNK);
 
 /// A tile configuration of the GEMM kernel. Each one is compiled into its own pair of entry
 /// points (bf16, f16); the host picks one per problem (`distgemm::gemm::choose_config`).
 ///
 /// Shared memory: `stages` slots of (A tile `BLOCK_M × 64`, B tile `block_n × 64`), each
-/// 1024-byte aligned (128-byte swizzle), then the epilogue's staging buffers (two 64×64
-/// output chunks per consumer warpgroup, see [`EPILOGUE_CHUNK`]), then the mbarriers
+/// 1024-byte aligned (128-byte swizzle), then the epilogue's staging buffers (two output
+/// chunks per consumer warpgroup, see [`TileConfig::epilogue_cols`]), then the mbarriers
 /// (`full[stages]`, `empty[stages]`, one per staging buffer) and a 16-byte word for the prologue
 /// hook's abort decision.
 ///
@@ -86,6 +84,24 @@ impl TileConfig {
     pub const fn b_box(&self) -> (u32, u32) {
         (BLOCK_K, self.block_n / self.cluster_m)
     }
+    /// Columns of one staged epilogue chunk: 64 (rows of 128 bytes, stored with the 128-byte
+    /// swizzle) when they divide the tile width, else 32 (rows of 64 bytes, 64-byte swizzle),
+    /// so that a chunk never reaches into the next tile's columns.
+    pub const fn epilogue_cols(&self) -> u32 {
+        if self.block_n.is_multiple_of(64) {
+            64
+        } else {
+            32
+        }
+    }
+    /// Bytes of one row of a staged chunk: the swizzle span of the D and C tensor maps.
+    pub const fn epilogue_row_bytes(&self) -> u32 {
+        self.epilogue_cols() * 2
+    }
+    /// Box of the D and C tensor maps: `{epilogue_cols, 64 rows}`.
+    pub const fn d_box(&self) -> (u32, u32) {
+        (self.epilogue_cols(), EPILOGUE_CHUNK)
+    }
     /// Number of output tiles of an `m × n` problem.
     pub const fn tile_count(&self, m: u32, n: u32) -> u32 {
         m.div_ceil(BLOCK_M) * n.div_ceil(self.block_n)
@@ -96,7 +112,7 @@ impl TileConfig {
             && self.b_tile_bytes().is_multiple_of(1024)
             && (self.cluster_m == 1 || self.cluster_m == 2)
             && (self.b_tile_bytes() / self.cluster_m).is_multiple_of(1024)
-            && (self.block_n == 128 || self.block_n == 256)
+            && (self.block_n == 128 || self.block_n == 224 || self.block_n == 256)
     }
 }
 
@@ -111,6 +127,14 @@ pub const TILE_128X256_CLUSTER2: TileConfig = TileConfig {
     block_n: 256,
     stages: 4,
     cluster_m: 2,
+};
+/// 128×224 tiles, 4 stages: for widths that 224 divides into a tile count just under whole
+/// waves where 256 leaves a badly filled last wave (7168 = 32 · 224: 512 tiles of a 2048-row
+/// problem are 3.9 waves of 132, 448 wide ones 3.4).
+pub const TILE_128X224: TileConfig = TileConfig {
+    block_n: 224,
+    stages: 4,
+    cluster_m: 1,
 };
 /// 128×128 tiles, 6 stages: twice the tiles, for problems whose 128×256 tile count leaves a
 /// badly filled last wave.
@@ -140,7 +164,7 @@ pub struct GemmVariant {
 }
 
 /// Every compiled configuration.
-pub const VARIANTS: [GemmVariant; 4] = [
+pub const VARIANTS: [GemmVariant; 5] = [
     GemmVariant {
         name: "128x256",
         kernel_bf16: "gemm_bf16",
@@ -152,6 +176,12 @@ pub const VARIANTS: [GemmVariant; 4] = [
         kernel_bf16: "gemm_bf16_c2",
         kernel_f16: "gemm_f16_c2",
         config: TILE_128X256_CLUSTER2,
+    },
+    GemmVariant {
+        name: "128x224",
+        kernel_bf16: "gemm_bf16_n224",
+        kernel_f16: "gemm_f16_n224",
+        config: TILE_128X224,
     },
     GemmVariant {
         name: "128x128",
@@ -213,13 +243,13 @@ pub struct GemmParams {
     pub map_a: u64,
     /// Device address of the B tensor map (N rows × K cols, box `TileConfig::b_box`).
     pub map_b: u64,
-    /// Device address of the D tensor map (M rows × N cols, box [`D_BOX`]), or 0. With it and
+    /// Device address of the D tensor map (M rows × N cols, box [`TileConfig::d_box`]), or 0. With it and
     /// `beta == 0` the epilogue stages output chunks in shared memory and writes them with TMA
     /// stores that overlap the next tile's main loop (with `beta != 0` only if `map_c` is given
     /// too); otherwise it stores from registers. The host gives one only when N is a multiple
     /// of 8: TMA stores write whole 16-byte units.
     pub map_d: u64,
-    /// Device address of the C tensor map (M rows × N cols, box [`D_BOX`]; C may live on a
+    /// Device address of the C tensor map (M rows × N cols, box [`TileConfig::d_box`]; C may live on a
     /// peer GPU), or 0. With it, `map_d` and `beta != 0`, the staged epilogue first loads each
     /// C chunk into its staging buffer with TMA and adds `beta·C` there.
     pub map_c: u64,

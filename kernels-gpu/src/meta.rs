@@ -54,6 +54,8 @@ pub const KERNELS: &[KernelInfo] = &[
     gemm("gemm_f16"),
     gemm("gemm_bf16_c2"),
     gemm("gemm_f16_c2"),
+    gemm("gemm_bf16_n224"),
+    gemm("gemm_f16_n224"),
     gemm("gemm_bf16_n128"),
     gemm("gemm_f16_n128"),
     gemm("gemm_bf16_n128_c2"),

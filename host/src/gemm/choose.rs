@@ -23,6 +23,11 @@ fn cost_per_element(variant: &GemmVariant) -> f64 {
         // benches/results/gemm-2026-11-30-{14e57ea,5f5e856}-variants.md; the earlier,
         // non-interleaved runs read 1.10.
         "128x128" | "128x128c2" => 1.06,
+        // Not yet measured on full waves; estimated from what it moves per output element
+        // relative to 128×256: 5 % more operand bytes from L2, 3 % more shared-memory reads
+        // by the wgmmas, 14 % more pipeline handshakes and 7 epilogue chunks of 32 columns
+        // instead of 4 of 64.
+        "128x224" => 1.02,
         _ => 1.2,
     }
 }
@@ -80,7 +85,7 @@ pub fn raster_group_m(variant: &GemmVariant, m: u64, n: u64, resident: u32) -> u
     g.clamp(1, cluster_rows.max(1)) as u32
 }
 
-/// The configuration named `name` (`128x256`, `128x256c2`, `128x128`, `128x128c2`).
+/// The configuration named `name` (`128x256`, `128x256c2`, `128x224`, `128x128`, `128x128c2`).
 #[must_use]
 pub fn variant_named(name: &str) -> Option<&'static GemmVariant> {
     VARIANTS.iter().find(|v| v.name == name)
@@ -105,8 +110,12 @@ mod tests {
         // 8192×8192: 64×32 = 2048 tiles of 128×256 = 15.5 waves on 132 SMs: keeps wide tiles.
         assert_eq!(choose_variant(8192, 8192, 132).config.block_n, 256);
         // 2048×7168: 448 wide tiles = 3.39 waves (4 waves for 3.39 of work); 896 narrow
-        // tiles = 6.8 waves (7 waves of half the work): the narrow tiles win.
-        assert_eq!(choose_variant(2048, 7168, 132).config.block_n, 128);
+        // tiles = 6.8 waves (7 · 1.06 / 2 = 3.71); 512 tiles of 224 columns = 3.88 waves
+        // (4 · 1.02 · 224 / 256 = 3.57): the 224-wide tiles win.
+        assert_eq!(choose_variant(2048, 7168, 132).config.block_n, 224);
+        // 8192×8192 in 224-wide tiles: 64 × 37 = 2368 tiles, 18 waves (17.9) against 16
+        // (15.5) of 256-wide ones: 18 · 1.02 · 224 / 256 = 16.07 > 16, the wide tiles stay.
+        assert_eq!(choose_variant(8192, 8192, 132).config.block_n, 256);
     }
 
     #[test]

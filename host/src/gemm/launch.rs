@@ -3,7 +3,7 @@ use super::choose::{choose_variant, raster_group_m};
 use super::{GemmArgs, GemmError, MatrixView, check};
 use crate::dtype::Dtype;
 use crate::runtime::{
-    CudaStream, Gpu, Kernel, KernelArgs, LaunchConfig, Module, RuntimeError, TensorMap2d,
+    CudaStream, Gpu, Kernel, KernelArgs, LaunchConfig, Module, RuntimeError, Swizzle, TensorMap2d,
     TensorMapDtype, TensorMapSpec, launch, max_active_clusters,
 };
 use kernels_gpu::gemm_abi::{self, GemmParams, GemmVariant, StageHook};
@@ -115,23 +115,25 @@ impl GemmKernel {
             Dtype::Bf16 => TensorMapDtype::Bf16,
             Dtype::F16 => TensorMapDtype::F16,
         };
-        let map = |v: &MatrixView, (box_cols, box_rows): (u32, u32)| {
+        let map = |v: &MatrixView, (box_cols, box_rows): (u32, u32), swizzle: Swizzle| {
             TensorMap2d::new(
                 &self.gpu,
                 stream,
                 v.ptr,
-                TensorMapSpec::new(dtype, v.rows, v.cols, v.ld, box_cols, box_rows),
+                TensorMapSpec::new(dtype, v.rows, v.cols, v.ld, box_cols, box_rows)
+                    .with_swizzle(swizzle),
             )
         };
-        let map_a = map(&args.a, config.a_box())?;
-        let map_b = map(&args.b, config.b_box())?;
+        let map_a = map(&args.a, config.a_box(), Swizzle::B128)?;
+        let map_b = map(&args.b, config.b_box(), Swizzle::B128)?;
+        // D and C move in the epilogue's chunks, swizzled as the kernel stages them.
+        let chunk_swizzle = Swizzle::with_span_bytes(config.epilogue_row_bytes())
+            .expect("epilogue rows are 64 or 128 bytes");
+        let chunk_map = |v: &MatrixView| map(v, config.d_box(), chunk_swizzle);
         let (map_d, map_c) = match Epilogue::for_args(args) {
             Epilogue::Registers => (None, None),
-            Epilogue::Staged => (Some(map(&args.d, gemm_abi::D_BOX)?), None),
-            Epilogue::StagedWithC(c) => (
-                Some(map(&args.d, gemm_abi::D_BOX)?),
-                Some(map(&c, gemm_abi::D_BOX)?),
-            ),
+            Epilogue::Staged => (Some(chunk_map(&args.d)?), None),
+            Epilogue::StagedWithC(c) => (Some(chunk_map(&args.d)?), Some(chunk_map(&c)?)),
         };
         let c = args.c.unwrap_or(MatrixView {
             ptr: 0,
@@ -188,7 +190,7 @@ impl GemmKernel {
 enum Epilogue {
     /// Element pairs stored from registers (and C read from global memory).
     Registers,
-    /// 64×64 chunks staged in shared memory and written with TMA stores.
+    /// 64-row chunks staged in shared memory and written with TMA stores.
     Staged,
     /// As `Staged`, with each C chunk first TMA-loaded into the staging buffer.
     StagedWithC(MatrixView),

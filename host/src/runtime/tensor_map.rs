@@ -73,6 +73,14 @@ impl Swizzle {
         }
     }
 
+    /// The swizzle whose span is `bytes` (32, 64 or 128), if any.
+    #[must_use]
+    pub fn with_span_bytes(bytes: u32) -> Option<Self> {
+        [Swizzle::B32, Swizzle::B64, Swizzle::B128]
+            .into_iter()
+            .find(|s| s.span_bytes() == Some(u64::from(bytes)))
+    }
+
     fn raw(self) -> sys::CUtensorMapSwizzle {
         match self {
             Swizzle::None => sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_NONE,

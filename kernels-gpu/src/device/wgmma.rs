@@ -102,12 +102,17 @@ seq!(I in 1..64 {
     mma_ss!(mma_m64n128k16_f32_bf16, "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16", 64, 0 #(I)*);
     mma_ss!(mma_m64n128k16_f32_f16, "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16", 64, 0 #(I)*);
 });
+seq!(I in 1..112 {
+    mma_ss!(mma_m64n224k16_f32_bf16, "wgmma.mma_async.sync.aligned.m64n224k16.f32.bf16.bf16", 112, 0 #(I)*);
+    mma_ss!(mma_m64n224k16_f32_f16, "wgmma.mma_async.sync.aligned.m64n224k16.f32.f16.f16", 112, 0 #(I)*);
+});
 seq!(I in 1..128 {
     mma_ss!(mma_m64n256k16_f32_bf16, "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16", 128, 0 #(I)*);
     mma_ss!(mma_m64n256k16_f32_f16, "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16", 128, 0 #(I)*);
 });
 seq!(I in 0..32 { register_fence!(fence_operands_32, 32, #(I)*); });
 seq!(I in 0..64 { register_fence!(fence_operands_64, 64, #(I)*); });
+seq!(I in 0..112 { register_fence!(fence_operands_112, 112, #(I)*); });
 seq!(I in 0..128 { register_fence!(fence_operands_128, 128, #(I)*); });
 
 /// The 16-bit input types `wgmma` multiplies with f32 accumulation, and their conversions.
@@ -116,6 +121,8 @@ pub trait InputType {
     unsafe fn mma_n64(acc: &mut [f32; 32], desc_a: u64, desc_b: u64, scale_d: u32);
     /// `m64n128k16`: 64 accumulators per thread.
     unsafe fn mma_n128(acc: &mut [f32; 64], desc_a: u64, desc_b: u64, scale_d: u32);
+    /// `m64n224k16`: 112 accumulators per thread.
+    unsafe fn mma_n224(acc: &mut [f32; 112], desc_a: u64, desc_b: u64, scale_d: u32);
     /// `m64n256k16`: 128 accumulators per thread.
     unsafe fn mma_n256(acc: &mut [f32; 128], desc_a: u64, desc_b: u64, scale_d: u32);
     /// Packs two f32 into two 16-bit values, round to nearest even: `lo` in bits 0..16.
@@ -137,6 +144,10 @@ impl InputType for Bf16 {
     #[inline(always)]
     unsafe fn mma_n128(acc: &mut [f32; 64], a: u64, b: u64, s: u32) {
         unsafe { mma_m64n128k16_f32_bf16(acc, a, b, s) }
+    }
+    #[inline(always)]
+    unsafe fn mma_n224(acc: &mut [f32; 112], a: u64, b: u64, s: u32) {
+        unsafe { mma_m64n224k16_f32_bf16(acc, a, b, s) }
     }
     #[inline(always)]
     unsafe fn mma_n256(acc: &mut [f32; 128], a: u64, b: u64, s: u32) {
@@ -167,6 +178,10 @@ impl InputType for F16 {
     #[inline(always)]
     unsafe fn mma_n128(acc: &mut [f32; 64], a: u64, b: u64, s: u32) {
         unsafe { mma_m64n128k16_f32_f16(acc, a, b, s) }
+    }
+    #[inline(always)]
+    unsafe fn mma_n224(acc: &mut [f32; 112], a: u64, b: u64, s: u32) {
+        unsafe { mma_m64n224k16_f32_f16(acc, a, b, s) }
     }
     #[inline(always)]
     unsafe fn mma_n256(acc: &mut [f32; 128], a: u64, b: u64, s: u32) {

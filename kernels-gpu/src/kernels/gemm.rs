@@ -26,7 +26,7 @@ use crate::device::mbarrier::{MBarrier, PipelineState};
 use crate::device::wgmma::{self, Bf16, F16, InputType};
 use crate::device::{cluster, fence, gdc, index, regs, smem, stmatrix, sync, tma};
 use crate::gemm_abi::*;
-use crate::layout::{descriptor, raster};
+use crate::layout::{descriptor, raster, swizzle};
 use seq_macro::seq;
 
 /// Consumer warps of a block: each arrives once on a slot's `empty` barrier per block of the
@@ -49,14 +49,16 @@ trait Config {
         half: u32,
         row: u32,
         col: u32,
-        c_uses: u32,
+        chunks_before: u32,
     );
 }
 
 /// Implements [`Config`] for a tile `BN` columns wide: `$regs = BN / 2` accumulators per thread,
-/// `$blocks = BN / 8` column blocks and `$chunks = BN / 64` staged chunks in the epilogue.
+/// `$blocks = BN / 8` column blocks, and an epilogue of `$chunks = BN / W` staged chunks of
+/// `W = TileConfig::epilogue_cols()` columns, each written as `$pairs = W / 16` `stmatrix.x4`
+/// (16 columns each) per warp.
 macro_rules! config {
-    ($name:ident, $tile:expr, $regs:literal, $blocks:literal, $chunks:literal, $mma:ident, $fence:ident) => {
+    ($name:ident, $tile:expr, $regs:literal, $blocks:literal, $chunks:literal, $pairs:literal, $mma:ident, $fence:ident) => {
         struct $name;
         impl Config for $name {
             const TILE: TileConfig = $tile;
@@ -88,17 +90,20 @@ macro_rules! config {
                     }
                 });
             }
-            /// Writes the consumer's 64×BN slice as 64×64 chunks: `stmatrix` packs each chunk
-            /// into a 128-byte-swizzled staging buffer (the layout the D tensor map's TMA store
+            /// Writes the consumer's 64×BN slice as chunks of 64 rows × `W` columns
+            /// (`W = TileConfig::epilogue_cols()`): `stmatrix` packs each chunk into a staging
+            /// buffer with `2W`-byte swizzled rows (the layout the D tensor map's TMA store
             /// reads), then one thread stores it with TMA and goes on. Two buffers alternate, so
             /// filling one overlaps the store of the other, and the last stores overlap the next
             /// tile's main loop. `stmatrix.x4` lane `l` addresses row `l % 8` of matrix `l / 8`;
             /// matrices 0–3 are (rows +0, cols +0), (+8, +0), (+0, +8), (+8, +8) of a 16×16
             /// block, whose registers are accumulators `4j..4j+8` of column blocks `j, j + 1`.
             ///
-            /// With `beta != 0` the leader first loads the C chunk into the buffer with TMA
-            /// (completing on the buffer's mbarrier, used `c_uses` times before this tile),
-            /// every lane reads its fragment back with `ldmatrix`, and the sum
+            /// `chunks_before` counts the chunks this warpgroup staged for earlier tiles: chunk
+            /// `g` overall uses buffer `g % 2` for the `g / 2`-th time (a tile may have an odd
+            /// number of chunks). With `beta != 0` the leader first loads the C chunk into the
+            /// buffer with TMA (completing on the buffer's mbarrier, whose phase parity is that
+            /// use count's), every lane reads its fragment back with `ldmatrix`, and the sum
             /// `alpha·acc + beta·C` goes back with `stmatrix`. Each warp touches only its own 16
             /// rows, so the read and the overwrite need no barrier between them.
             #[inline(always)]
@@ -109,8 +114,10 @@ macro_rules! config {
                 half: u32,
                 row: u32,
                 col: u32,
-                c_uses: u32,
+                chunks_before: u32,
             ) {
+                const W: u32 = $tile.epilogue_cols();
+                const ROW_BYTES: u32 = $tile.epilogue_row_bytes();
                 let t = index::thread_in_warpgroup();
                 let (warp, lane) = (t / 32, t % 32);
                 let matrix = lane / 8;
@@ -120,31 +127,34 @@ macro_rules! config {
                 let a = p.alpha;
                 let with_c = p.beta != 0.0;
                 seq!(CH in 0..$chunks {
-                    let buffer = ring.staging(half, CH % 2);
+                    let g = chunks_before + CH;
+                    let buffer = ring.staging(half, g % 2);
                     if leader {
                         // The store issued two chunks ago read this buffer: wait until it has.
                         tma::wait_group_read::<1>();
                     }
                     if with_c {
-                        let loaded = ring.c_loaded(half, CH % 2);
+                        let loaded = ring.c_loaded(half, g % 2);
                         if leader {
                             unsafe {
-                                loaded.arrive_expect_tx(CHUNK_BYTES);
-                                tma::load_2d(buffer, p.map_c, (col + CH * 64) as i32, row as i32, loaded.0);
+                                loaded.arrive_expect_tx(W * EPILOGUE_CHUNK * 2);
+                                tma::load_2d(buffer, p.map_c, (col + CH * W) as i32, row as i32, loaded.0);
                             }
                         }
-                        unsafe { loaded.wait_warp((c_uses + CH / 2) & 1) };
+                        unsafe { loaded.wait_warp((g / 2) & 1) };
                     } else {
                         sync::named_sync(barrier, 128);
                     }
-                    seq!(PR in 0..4 {
+                    seq!(PR in 0..$pairs {
                         let scol = 8 * (2 * PR + matrix / 2);
-                        let addr = buffer + srow * 128 + (((scol / 8) ^ (srow % 8)) * 16);
+                        let addr = buffer + swizzle::offset_16bit(ROW_BYTES, srow, scol);
+                        // Column block of this pair's first 8 columns.
+                        let j = CH * $pairs * 2 + 2 * PR;
                         let mut v = [
-                            (a * acc[4 * (8 * CH + 2 * PR)], a * acc[4 * (8 * CH + 2 * PR) + 1]),
-                            (a * acc[4 * (8 * CH + 2 * PR) + 2], a * acc[4 * (8 * CH + 2 * PR) + 3]),
-                            (a * acc[4 * (8 * CH + 2 * PR) + 4], a * acc[4 * (8 * CH + 2 * PR) + 5]),
-                            (a * acc[4 * (8 * CH + 2 * PR) + 6], a * acc[4 * (8 * CH + 2 * PR) + 7]),
+                            (a * acc[4 * j], a * acc[4 * j + 1]),
+                            (a * acc[4 * j + 2], a * acc[4 * j + 3]),
+                            (a * acc[4 * j + 4], a * acc[4 * j + 5]),
+                            (a * acc[4 * j + 6], a * acc[4 * j + 7]),
                         ];
                         if with_c {
                             let c = unsafe { stmatrix::load_x4(addr) };
@@ -168,7 +178,7 @@ macro_rules! config {
                     fence::proxy_async_shared();
                     sync::named_sync(barrier, 128);
                     if leader {
-                        unsafe { tma::store_2d(p.map_d, (col + CH * 64) as i32, row as i32, buffer) };
+                        unsafe { tma::store_2d(p.map_d, (col + CH * W) as i32, row as i32, buffer) };
                         tma::commit_group();
                     }
                 });
@@ -183,6 +193,7 @@ config!(
     128,
     32,
     4,
+    4,
     mma_n256,
     fence_operands_128
 );
@@ -192,8 +203,19 @@ config!(
     128,
     32,
     4,
+    4,
     mma_n256,
     fence_operands_128
+);
+config!(
+    Tile128x224,
+    TILE_128X224,
+    112,
+    28,
+    7,
+    2,
+    mma_n224,
+    fence_operands_112
 );
 config!(
     Tile128x128,
@@ -201,6 +223,7 @@ config!(
     64,
     16,
     2,
+    4,
     mma_n128,
     fence_operands_64
 );
@@ -210,6 +233,7 @@ config!(
     64,
     16,
     2,
+    4,
     mma_n128,
     fence_operands_64
 );
@@ -412,8 +436,8 @@ unsafe fn release(ring: Ring, stage: u32) {
 unsafe fn consume<T: InputType, C: Config>(p: &GemmParams, ring: Ring, tiles: Tiles, half: u32) {
     let k_blocks = p.k.div_ceil(BLOCK_K);
     let staged = p.map_d != 0 && (p.beta == 0.0 || p.map_c != 0);
-    // Loads of C so far into each staging buffer (both are used equally): the mbarrier parity.
-    let mut c_uses = 0;
+    // Chunks this warpgroup has staged so far (which buffer is next, and its use count).
+    let mut chunks_staged = 0;
     let mut slot = PipelineState::new(C::TILE.stages);
     let mut acc = C::new_acc();
     let mut t = tiles.first;
@@ -451,8 +475,10 @@ unsafe fn consume<T: InputType, C: Config>(p: &GemmParams, ring: Ring, tiles: Ti
             unsafe { release(ring, previous) };
         }
         if staged {
-            unsafe { C::epilogue_staged::<T>(p, &acc, ring, half, row + half * 64, col, c_uses) };
-            c_uses += C::TILE.block_n / 128;
+            unsafe {
+                C::epilogue_staged::<T>(p, &acc, ring, half, row + half * 64, col, chunks_staged)
+            };
+            chunks_staged += C::TILE.block_n / C::TILE.epilogue_cols();
         } else {
             unsafe { C::epilogue::<T>(p, &acc, row + half * 64, col) };
         }
@@ -566,5 +592,6 @@ macro_rules! entries {
 
 entries!(gemm_bf16, gemm_f16, Tile128x256);
 entries!(gemm_bf16_c2, gemm_f16_c2, Tile128x256C2);
+entries!(gemm_bf16_n224, gemm_f16_n224, Tile128x224);
 entries!(gemm_bf16_n128, gemm_f16_n128, Tile128x128);
 entries!(gemm_bf16_n128_c2, gemm_f16_n128_c2, Tile128x128C2);
