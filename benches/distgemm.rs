@@ -21,7 +21,10 @@
 //!
 //! Method: operands filled with N(0,1)-like values on the GPU (`fill_normal`), warm-up runs,
 //! then ≥ 20 timed repetitions bracketed by CUDA events (per device for the multi-GPU columns;
-//! a repetition's time is the slowest device's), median reported. No input rotation: every
+//! a repetition's time is the slowest device's), median reported. A family's (b), (c) and its
+//! two (d) schedules are prepared together and timed in interleaved rounds (order reversed each
+//! round), so the ratios between them are not skewed by clock and power drift between
+//! measurements taken minutes apart. No input rotation: every
 //! working set here is several times the 50 MiB L2 (a warning is printed if one is not).
 //! A column that cannot be measured is `null` in the JSON with the reason in `missing`.
 //!
@@ -58,7 +61,8 @@ use distgemm_benches::distgemm_report::{
     timing_for, torch_op_of, verdicts,
 };
 use distgemm_benches::{
-    BenchError, Provenance, Timing, results_dir, time_on_stream, time_on_streams,
+    BenchError, MIN_TIMED_REPS, Provenance, ROUNDS, Timing, TimingConfig, interleaved, results_dir,
+    time_on_stream, time_on_streams,
 };
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -271,14 +275,23 @@ fn stage_shapes(dev: &DevicePlan) -> String {
     }
 }
 
+/// A prepared contender: times one block of repetitions (its own state captured).
+type Block<'a> = Box<dyn FnMut(TimingConfig) -> Result<Timing, String> + 'a>;
+
+/// Prepared GEMM launches and the buffers they read and write (dropped after them).
+struct PlanRun<T: NcclElement> {
+    gemms: Vec<PreparedGemm>,
+    _bufs: PlanBuffers<T>,
+}
+
 /// (b)/(c): device 0's GEMM nodes of `kind`'s plan on GPU 0, back to back (PDL between them),
-/// no communication and no flags.
-fn plan_gemms<T: NcclElement>(
-    ctx: &Ctx,
+/// no communication and no flags. Returns the block, its timing and the stage shapes.
+fn plan_gemms_block<'a, T: NcclElement>(
+    ctx: &'a Ctx,
     kind: ScheduleKind,
     problem: Problem,
     tp: usize,
-) -> Result<(Timing, String), String> {
+) -> Result<(Block<'a>, TimingConfig, String), String> {
     let plan = Plan::build(kind, problem, tp).map_err(|e| format!("{}: {e}", kind.cli_name()))?;
     let dev = &plan.devices[0];
     let gpu = &ctx.gpus[0];
@@ -305,15 +318,21 @@ fn plan_gemms<T: NcclElement>(
     .map(|&b| dev.buffer_elements(b) * size_of::<T>())
     .sum();
     warn_if_in_l2(ctx, kind.cli_name(), bytes as u64);
-    let timing = timing_for(flops, &ctx.opts);
-    let t = time_on_stream(gpu, &stream, timing, |_| {
-        for (i, g) in gemms.iter().enumerate() {
-            g.launch(&stream, i > 0)?;
-        }
-        Ok(())
-    })
-    .map_err(err)?;
-    Ok((t, stage_shapes(dev)))
+    let run = PlanRun { gemms, _bufs: bufs };
+    let block = move |timing| {
+        time_on_stream(gpu, &stream, timing, |_| {
+            for (i, g) in run.gemms.iter().enumerate() {
+                g.launch(&stream, i > 0)?;
+            }
+            Ok(())
+        })
+        .map_err(err)
+    };
+    Ok((
+        Box::new(block),
+        timing_for(flops, &ctx.opts),
+        stage_shapes(dev),
+    ))
 }
 
 /// (e): NCCL collective + cuBLASLt on the first `tp` GPUs.
@@ -336,16 +355,23 @@ fn nccl_cublas<T: NcclElement>(
     Ok(t)
 }
 
+/// A built `DistGemm` and the shards it reads and writes (dropped after it).
+struct DistRun<T: NcclElement> {
+    dist: DistGemm,
+    _shards: Vec<RandomShard<T>>,
+}
+
 /// (d): distgemm (`host/src/cuda`) running `kind` on the first `tp` GPUs: per-device shards
 /// sized by the plan and filled on their GPUs, one `DistGemm` built (graphs instantiated
-/// once), then `run()` per repetition timed on every device's stream (max over devices), and
-/// a final `wait()` that turns a timed-out GPU wait into an error instead of a number.
-fn distgemm<T: NcclElement>(
-    ctx: &Ctx,
+/// once); each block times `run()` per repetition on every device's stream (max over
+/// devices), then `wait()`s, which turns a timed-out GPU wait into an error instead of a
+/// number.
+fn distgemm_block<'a, T: NcclElement>(
+    ctx: &'a Ctx,
     kind: ScheduleKind,
     problem: Problem,
     tp: usize,
-) -> Result<Timing, String> {
+) -> Result<(Block<'a>, TimingConfig), String> {
     let gpus = &ctx.gpus[..tp];
     let builder = DistGemm::builder()
         .devices(gpus.to_vec())
@@ -355,21 +381,93 @@ fn distgemm<T: NcclElement>(
         .dtype(T::DTYPE)
         .modules(ctx.modules[..tp].to_vec());
     let plan = builder.plan().map_err(err)?;
-    // Shards first: they must outlive the DistGemm (locals drop in reverse order).
     let shards = random_shards::<T>(&plan, gpus, &ctx.modules[..tp], 41).map_err(err)?;
     let args = shards.iter().map(RandomShard::device_args).collect();
-    let mut dist = builder.args(args).build().map_err(err)?;
-    let streams = dist.streams();
+    let dist = builder.args(args).build().map_err(err)?;
+    let mut run = DistRun {
+        dist,
+        _shards: shards,
+    };
+    let streams = run.dist.streams();
+    let block = move |timing| {
+        let measured = time_on_streams(gpus, &streams, timing, |_| {
+            run.dist.run().map_err(|e| BenchError::Work(e.to_string()))
+        });
+        // Always wait (and read the error words), also after a failed launch.
+        let waited = run.dist.wait().map_err(err);
+        let t = measured.map_err(err)?;
+        waited?;
+        Ok(t)
+    };
     let flops_per_gpu = problem.flops() / tp as f64;
-    let timing = timing_for(flops_per_gpu, &ctx.opts);
-    let measured = time_on_streams(gpus, &streams, timing, |_| {
-        dist.run().map_err(|e| BenchError::Work(e.to_string()))
+    Ok((Box::new(block), timing_for(flops_per_gpu, &ctx.opts)))
+}
+
+/// (d) on its own: one block of [`distgemm_block`] (the token sweep).
+fn distgemm<T: NcclElement>(
+    ctx: &Ctx,
+    kind: ScheduleKind,
+    problem: Problem,
+    tp: usize,
+) -> Result<Timing, String> {
+    let (mut block, timing) = distgemm_block::<T>(ctx, kind, problem, tp)?;
+    block(timing)
+}
+
+/// (b), (c) and (d) of one schedule family, timed together in interleaved rounds (each round
+/// a block of a third of the repetitions, at least [`MIN_TIMED_REPS`]): the ratios
+/// (b)/(d) and (c)/(d) then compare measurements taken under the same drift of clocks and
+/// power, not minutes apart.
+struct FamilyTimings {
+    /// (b): the single-stage schedule's GEMM without communication, and its shape.
+    single_stage_nocomm: Result<(Timing, String), String>,
+    /// (c): the pipelined schedule's stage GEMMs without communication, and their shapes.
+    pipelined_nocomm: Result<(Timing, String), String>,
+    /// (d) of the family's pipelined and single-stage schedules.
+    distgemm: HashMap<ScheduleKind, Result<Timing, String>>,
+}
+
+fn family_timings<T: NcclElement>(
+    ctx: &Ctx,
+    family: ScheduleKind,
+    problem: Problem,
+    tp: usize,
+) -> FamilyTimings {
+    let (piped, single) = (pipelined_of(family), single_stage_of(family));
+    let mut shapes = [String::new(), String::new()];
+    let mut prepared: Vec<Result<(Block<'_>, TimingConfig), String>> = Vec::new();
+    for (i, kind) in [single, piped].into_iter().enumerate() {
+        prepared.push(plan_gemms_block::<T>(ctx, kind, problem, tp).map(
+            |(block, timing, shape)| {
+                shapes[i] = shape;
+                (block, timing)
+            },
+        ));
+    }
+    for kind in [piped, single] {
+        prepared.push(distgemm_block::<T>(ctx, kind, problem, tp));
+    }
+    let samples = interleaved(prepared.len(), ROUNDS, |c, round| {
+        let (block, timing) = prepared[c].as_mut().map_err(|e| e.clone())?;
+        let round_timing = TimingConfig {
+            warmup: if round == 0 { timing.warmup } else { 2 },
+            reps: (timing.reps / ROUNDS).max(MIN_TIMED_REPS),
+        };
+        block(round_timing).map(|t| t.samples_ms)
     });
-    // Always wait (and read the error words), also after a failed launch.
-    let waited = dist.wait().map_err(err);
-    let t = measured.map_err(err)?;
-    waited?;
-    Ok(t)
+    let mut timings = samples
+        .into_iter()
+        .map(|s| s.and_then(|s| Timing::from_samples(s).map_err(err)));
+    let mut next = || timings.next().expect("four contenders");
+    let [b_shape, c_shape] = shapes;
+    let b = next().map(|t| (t, b_shape));
+    let c = next().map(|t| (t, c_shape));
+    let distgemm = HashMap::from([(piped, next()), (single, next())]);
+    FamilyTimings {
+        single_stage_nocomm: b,
+        pipelined_nocomm: c,
+        distgemm,
+    }
 }
 
 /// The schedule distgemm's `Auto` picks in `family` for `problem` (pure: the cost model).
@@ -417,33 +515,19 @@ fn preset_rows<T: NcclElement>(
     println!("== {} (M={}, TP={tp})", preset.name(), o.tokens);
     let (m, n, k) = (problem.m as u64, problem.n as u64, problem.k as u64);
     let (a_ours, a_cublas) = single_gpu::<T>(ctx, (m, n, k));
-    let mut single: HashMap<ScheduleKind, Result<(Timing, String), String>> = HashMap::new();
-    let mut piped: HashMap<ScheduleKind, Result<(Timing, String), String>> = HashMap::new();
     let mut nccl: HashMap<NcclGemmKind, Result<Timing, String>> = HashMap::new();
-    let mut get_single = |kind: ScheduleKind| {
-        single
-            .entry(single_stage_of(kind))
-            .or_insert_with(|| plan_gemms::<T>(ctx, single_stage_of(kind), problem, tp))
-            .clone()
-    };
-    let mut get_piped = |kind: ScheduleKind| {
-        piped
-            .entry(pipelined_of(kind))
-            .or_insert_with(|| plan_gemms::<T>(ctx, pipelined_of(kind), problem, tp))
-            .clone()
-    };
     let mut get_nccl = |kind: NcclGemmKind| {
         nccl.entry(kind)
             .or_insert_with(|| nccl_cublas::<T>(ctx, kind, problem, tp))
             .clone()
     };
-    let mut dist_cache: HashMap<ScheduleKind, Result<Timing, String>> = HashMap::new();
-    let mut get_dist = |kind: ScheduleKind| {
-        dist_cache
-            .entry(kind)
-            .or_insert_with(|| distgemm::<T>(ctx, kind, problem, tp))
-            .clone()
-    };
+    // (b), (c) and (d) per family, each family's contenders timed together.
+    let mut families: HashMap<ScheduleKind, FamilyTimings> = HashMap::new();
+    for family in rows.iter().map(|s| s.family()) {
+        families
+            .entry(family)
+            .or_insert_with(|| family_timings::<T>(ctx, family, problem, tp));
+    }
     let mut out = Vec::new();
     for sched in rows {
         let mut r = Record {
@@ -481,7 +565,14 @@ fn preset_rows<T: NcclElement>(
                 .set("auto_choice", &chosen)
                 .map(|k| k.cli_name().to_owned());
         }
-        let d = chosen.clone().and_then(&mut get_dist);
+        let family = &families[&sched.family()];
+        let d = chosen.clone().and_then(|k| {
+            family
+                .distgemm
+                .get(&k)
+                .cloned()
+                .unwrap_or_else(|| Err(format!("{} is not in the family", k.cli_name())))
+        });
         if let Some(t) = r.set("distgemm_ms", &d) {
             r.distgemm_ms = Some(t.median_ms);
             r.distgemm_min_ms = Some(t.min_ms);
@@ -490,13 +581,11 @@ fn preset_rows<T: NcclElement>(
         }
         // (b), (c), (e), (f) of the family (the chosen schedule's, which is in the family).
         let kind = chosen.unwrap_or(sched.family());
-        let b = get_single(kind);
-        if let Some((t, s)) = r.set("single_stage_nocomm_ms", &b) {
+        if let Some((t, s)) = r.set("single_stage_nocomm_ms", &family.single_stage_nocomm) {
             r.single_stage_nocomm_ms = Some(t.median_ms);
             r.single_stage_shape = Some(s);
         }
-        let c = get_piped(kind);
-        if let Some((t, s)) = r.set("pipelined_nocomm_ms", &c) {
+        if let Some((t, s)) = r.set("pipelined_nocomm_ms", &family.pipelined_nocomm) {
             r.pipelined_nocomm_ms = Some(t.median_ms);
             r.pipelined_stage_shapes = Some(s);
         }
@@ -570,7 +659,8 @@ fn table<T: NcclElement>(
          (a) full GEMM on one GPU; (b) the family's single-stage local GEMM, no communication; \
          (c) the family's P pipelined stage GEMMs back to back, no communication; (d) distgemm, \
          max over devices; (e) NCCL collective + cuBLASLt in sequence; (f) PyTorch symm_mem \
-         fused op. % of (b)/(c) = (b)/(d), (c)/(d); ×(e), ×(f) = speed-up of (d). Medians.\n\n",
+         fused op. % of (b)/(c) = (b)/(d), (c)/(d); ×(e), ×(f) = speed-up of (d). Medians; \
+         a family's (b), (c) and (d) are timed together in interleaved rounds.\n\n",
         prov.gpu,
         prov.driver,
         prov.date,

@@ -22,16 +22,13 @@ use distgemm::runtime::{DeviceBuffer, DeviceCopy, Gpu, Module};
 use distgemm::testdata::fill_normal;
 use distgemm_benches::energy::EnergyMeter;
 use distgemm_benches::{
-    BenchError, Provenance, RotatingInputs, Timing, TimingConfig, gemm_tflops, results_dir,
-    time_on_stream,
+    BenchError, Provenance, ROUNDS, RotatingInputs, Timing, TimingConfig, gemm_tflops, interleaved,
+    results_dir, time_on_stream,
 };
 use serde::Serialize;
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::sync::Arc;
-
-/// Interleaved timing rounds per shape (each with the configured repetitions).
-const ROUNDS: usize = 3;
 
 /// Default shortest timed block (ms), `--min-block-ms`.
 const DEFAULT_MIN_BLOCK_MS: f64 = 100.0;
@@ -179,48 +176,39 @@ fn bench_shape<T: Element + CublasLtElement + DeviceCopy>(
     })?;
     let lt = CublasLtGemm::<T>::new(gpu, stream.clone(), TnGemmShape::packed(m, n, k))
         .map_err(|e| BenchError::Config(e.to_string()))?;
-    // Contenders 0..=variants are ours, the last is cuBLAS. They are timed in interleaved
-    // rounds, the order reversed every round (A B C, C B A, …), so that clock and power drift
-    // over the measurement (the GPU heats up; neighbours come and go) hits all of them alike
-    // instead of favouring whoever runs first.
+    // Contenders 0..=variants are ours, the last is cuBLAS, timed in interleaved rounds.
     let contenders = extras.len() + 2;
-    let mut samples = vec![Vec::new(); contenders];
     // Per contender: (millijoules, launches) of its timed blocks, while NVML answers.
     let mut energy = vec![meter.map(|_| (0u64, 0usize)); contenders];
-    for round in 0..ROUNDS {
+    let samples = interleaved(contenders, ROUNDS, |c, round| {
         let round_timing = TimingConfig {
             warmup: if round == 0 { timing.warmup } else { 2 },
             reps: timing.reps,
         };
-        for j in 0..contenders {
-            let c = if round % 2 == 0 {
-                j
-            } else {
-                contenders - 1 - j
-            };
-            let before = meter.map(EnergyMeter::read_mj);
-            let t = if c == contenders - 1 {
-                time_on_stream(gpu, &stream, round_timing, |rep| {
-                    let s = sets.get(rep);
-                    lt.run(&s.a, &s.b, None, &mut s.d.borrow_mut(), 1.0, 0.0)
-                        .map_err(|e| BenchError::Config(e.to_string()))
-                })?
-            } else {
-                time_on_stream(gpu, &stream, round_timing, |rep| {
-                    Ok(sets.get(rep).ours[c].launch(&stream, false)?)
-                })?
-            };
-            let after = meter.map(EnergyMeter::read_mj);
-            energy[c] = match (energy[c], before, after) {
-                (Some((mj, n)), Some(Ok(b)), Some(Ok(a))) => Some((
-                    mj + a.saturating_sub(b),
-                    n + round_timing.warmup + round_timing.reps,
-                )),
-                _ => None,
-            };
-            samples[c].extend(t.samples_ms);
-        }
-    }
+        let before = meter.map(EnergyMeter::read_mj);
+        let t = if c == contenders - 1 {
+            time_on_stream(gpu, &stream, round_timing, |rep| {
+                let s = sets.get(rep);
+                lt.run(&s.a, &s.b, None, &mut s.d.borrow_mut(), 1.0, 0.0)
+                    .map_err(|e| BenchError::Config(e.to_string()))
+            })?
+        } else {
+            time_on_stream(gpu, &stream, round_timing, |rep| {
+                Ok(sets.get(rep).ours[c].launch(&stream, false)?)
+            })?
+        };
+        let after = meter.map(EnergyMeter::read_mj);
+        energy[c] = match (energy[c], before, after) {
+            (Some((mj, n)), Some(Ok(b)), Some(Ok(a))) => Some((
+                mj + a.saturating_sub(b),
+                n + round_timing.warmup + round_timing.reps,
+            )),
+            _ => None,
+        };
+        Ok::<_, BenchError>(t.samples_ms)
+    })
+    .into_iter()
+    .collect::<Result<Vec<_>, _>>()?;
     let per_gemm = |c: usize| energy[c].map(|(mj, n)| mj as f64 / n.max(1) as f64);
     let mut measured = samples
         .into_iter()

@@ -100,6 +100,44 @@ where
     distgemm::timing::time_on_streams(gpus, streams, config, enqueue)
 }
 
+/// Interleaved timing rounds per comparison.
+pub const ROUNDS: usize = 3;
+
+/// Times `contenders` contenders in `rounds` interleaved rounds: `block(c, round)` times one
+/// block of contender `c` and returns its samples. The order is reversed every round
+/// (A B C, C B A, …), so that drift over the measurement — the GPU heating up and settling at
+/// its power cap, neighbours coming and going — hits every contender alike instead of
+/// favouring whoever runs first. Returns every contender's samples of all rounds, or its first
+/// error (a contender that failed sits out the later rounds).
+pub fn interleaved<E>(
+    contenders: usize,
+    rounds: usize,
+    mut block: impl FnMut(usize, usize) -> Result<Vec<f64>, E>,
+) -> Vec<Result<Vec<f64>, E>> {
+    let mut out: Vec<Result<Vec<f64>, E>> = (0..contenders).map(|_| Ok(Vec::new())).collect();
+    for round in 0..rounds {
+        for j in 0..contenders {
+            let c = if round % 2 == 0 {
+                j
+            } else {
+                contenders - 1 - j
+            };
+            if out[c].is_err() {
+                continue;
+            }
+            match block(c, round) {
+                Ok(samples) => {
+                    if let Ok(all) = &mut out[c] {
+                        all.extend(samples);
+                    }
+                }
+                Err(e) => out[c] = Err(e),
+            }
+        }
+    }
+    out
+}
+
 /// Achieved TFLOP/s of a GEMM `m × n × k` (2·M·N·K flops) taking `ms` milliseconds.
 pub fn gemm_tflops(m: u64, n: u64, k: u64, ms: f64) -> f64 {
     2.0 * m as f64 * n as f64 * k as f64 / (ms * 1e-3) / 1e12
@@ -366,6 +404,24 @@ pub fn write_results(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn interleaved_rounds_alternate_the_order_and_drop_failed_contenders() {
+        let mut order = Vec::new();
+        let out = interleaved(3, 3, |c, round| {
+            order.push(c);
+            if c == 1 && round == 1 {
+                Err(format!("contender {c} failed"))
+            } else {
+                Ok(vec![(10 * round + c) as f64])
+            }
+        });
+        // Round 0 forward, round 1 reversed (1 fails there), round 2 forward without 1.
+        assert_eq!(order, [0, 1, 2, 2, 1, 0, 0, 2]);
+        assert_eq!(out[0], Ok(vec![0.0, 10.0, 20.0]));
+        assert_eq!(out[1], Err("contender 1 failed".to_owned()));
+        assert_eq!(out[2], Ok(vec![2.0, 12.0, 22.0]));
+    }
+
     use super::*;
 
     #[test]
