@@ -284,6 +284,18 @@ struct PlanRun<T: NcclElement> {
     _bufs: PlanBuffers<T>,
 }
 
+impl<T: NcclElement> PlanRun<T> {
+    /// Launches the GEMMs back to back, PDL between consecutive ones. A method, so that a
+    /// closure calling it captures the whole struct: one that named only `self.gemms` would
+    /// capture just that field (disjoint closure captures) and free the buffers early.
+    fn launch_all(&self, stream: &CudaStream) -> Result<(), BenchError> {
+        for (i, g) in self.gemms.iter().enumerate() {
+            g.launch(stream, i > 0)?;
+        }
+        Ok(())
+    }
+}
+
 /// (b)/(c): device 0's GEMM nodes of `kind`'s plan on GPU 0, back to back (PDL between them),
 /// no communication and no flags. Returns the block, its timing and the stage shapes.
 fn plan_gemms_block<'a, T: NcclElement>(
@@ -320,13 +332,7 @@ fn plan_gemms_block<'a, T: NcclElement>(
     warn_if_in_l2(ctx, kind.cli_name(), bytes as u64);
     let run = PlanRun { gemms, _bufs: bufs };
     let block = move |timing| {
-        time_on_stream(gpu, &stream, timing, |_| {
-            for (i, g) in run.gemms.iter().enumerate() {
-                g.launch(&stream, i > 0)?;
-            }
-            Ok(())
-        })
-        .map_err(err)
+        time_on_stream(gpu, &stream, timing, |_| run.launch_all(&stream)).map_err(err)
     };
     Ok((
         Box::new(block),
@@ -361,11 +367,27 @@ struct DistRun<T: NcclElement> {
     _shards: Vec<RandomShard<T>>,
 }
 
+impl<T: NcclElement> DistRun<T> {
+    /// Times one block of `run()`s on every device's stream, then `wait()`s, which turns a
+    /// timed-out GPU wait into an error instead of a number. A method, so that the closure
+    /// calling it owns the shards too (see [`PlanRun::launch_all`]).
+    fn time_block(&mut self, gpus: &[Gpu], timing: TimingConfig) -> Result<Timing, String> {
+        let streams = self.dist.streams();
+        let dist = &mut self.dist;
+        let measured = time_on_streams(gpus, &streams, timing, |_| {
+            dist.run().map_err(|e| BenchError::Work(e.to_string()))
+        });
+        // Always wait (and read the error words), also after a failed launch.
+        let waited = dist.wait().map_err(err);
+        let t = measured.map_err(err)?;
+        waited?;
+        Ok(t)
+    }
+}
+
 /// (d): distgemm (`host/src/cuda`) running `kind` on the first `tp` GPUs: per-device shards
 /// sized by the plan and filled on their GPUs, one `DistGemm` built (graphs instantiated
-/// once); each block times `run()` per repetition on every device's stream (max over
-/// devices), then `wait()`s, which turns a timed-out GPU wait into an error instead of a
-/// number.
+/// once); each block is [`DistRun::time_block`] (max over devices per repetition).
 fn distgemm_block<'a, T: NcclElement>(
     ctx: &'a Ctx,
     kind: ScheduleKind,
@@ -388,17 +410,7 @@ fn distgemm_block<'a, T: NcclElement>(
         dist,
         _shards: shards,
     };
-    let streams = run.dist.streams();
-    let block = move |timing| {
-        let measured = time_on_streams(gpus, &streams, timing, |_| {
-            run.dist.run().map_err(|e| BenchError::Work(e.to_string()))
-        });
-        // Always wait (and read the error words), also after a failed launch.
-        let waited = run.dist.wait().map_err(err);
-        let t = measured.map_err(err)?;
-        waited?;
-        Ok(t)
-    };
+    let block = move |timing| run.time_block(gpus, timing);
     let flops_per_gpu = problem.flops() / tp as f64;
     Ok((Box::new(block), timing_for(flops_per_gpu, &ctx.opts)))
 }
