@@ -55,10 +55,10 @@ use distgemm::runtime::{CudaStream, DeviceBuffer, Gpu, Module, hopper_gpus};
 use distgemm::schedule::{BufferKind, CSource, GemmStage, ScheduleKind, View};
 use distgemm::testdata::{RandomShard, fill_normal, random_shards};
 use distgemm_benches::distgemm_report::{
-    Options, Record, SWEEP_TOKENS, Sched, SweepPoint, TABLE_HEADER, TORCH_AG, TorchResults, USAGE,
-    find_peer_script, missing_notes, ms, nccl_kind_of, parse_args, pipelined_of,
-    pipelining_threshold, presets, row_id, run_peer_command, single_stage_of, table_row,
-    timing_for, torch_op_of, verdicts,
+    Options, PLANNING_TFLOPS, Record, SWEEP_TOKENS, Sched, SweepPoint, TABLE_HEADER, TORCH_AG,
+    TorchResults, USAGE, find_peer_script, missing_notes, ms, nccl_kind_of, parse_args,
+    pipelined_of, pipelining_threshold, presets, row_id, run_peer_command, single_stage_of,
+    table_row, timing_for, torch_op_of, verdicts,
 };
 use distgemm_benches::{
     BenchError, MIN_TIMED_REPS, Provenance, ROUNDS, Timing, TimingConfig, interleaved, results_dir,
@@ -426,8 +426,12 @@ fn distgemm<T: NcclElement>(
     block(timing)
 }
 
+/// Untimed work at the start of every interleaved block, in milliseconds.
+const SETTLE_MS: f64 = 250.0;
+
 /// (b), (c) and (d) of one schedule family, timed together in interleaved rounds (each round
-/// a block of a third of the repetitions, at least [`MIN_TIMED_REPS`]): the ratios
+/// a block of a third of the repetitions, at least [`MIN_TIMED_REPS`], after
+/// [`SETTLE_MS`] of untimed launches): the ratios
 /// (b)/(d) and (c)/(d) then compare measurements taken under the same drift of clocks and
 /// power, not minutes apart.
 struct FamilyTimings {
@@ -459,10 +463,15 @@ fn family_timings<T: NcclElement>(
     for kind in [piped, single] {
         prepared.push(distgemm_block::<T>(ctx, kind, problem, tp));
     }
-    let samples = interleaved(prepared.len(), ROUNDS, |c, round| {
+    // Every block starts with ≥ SETTLE_MS of untimed launches: GPU 1 idles while GPU 0 runs
+    // (b) and (c), and a (d) block timed straight after that caught it waking up (samples up
+    // to 1.4× the median in a first interleaved run).
+    let est_ms = problem.flops() / tp as f64 / (PLANNING_TFLOPS * 1e12) * 1e3;
+    let settle = (SETTLE_MS / est_ms.max(1e-3)).ceil() as usize;
+    let samples = interleaved(prepared.len(), ROUNDS, |c, _round| {
         let (block, timing) = prepared[c].as_mut().map_err(|e| e.clone())?;
         let round_timing = TimingConfig {
-            warmup: if round == 0 { timing.warmup } else { 2 },
+            warmup: settle.max(timing.warmup),
             reps: (timing.reps / ROUNDS).max(MIN_TIMED_REPS),
         };
         block(round_timing).map(|t| t.samples_ms)
