@@ -8,12 +8,15 @@
 //!   M, N and K need no special case in the main loop.
 //! - **warpgroups 1 and 2, the consumers** (`setmaxnreg.inc 232`): warpgroup `1 + h` owns rows
 //!   `64h..64h+63` of the tile and keeps its 64×`BN` f32 accumulator in registers. Per k-block
-//!   it waits for the slot to be `full`, issues four `m64nBNk16` wgmmas (k16 steps at +32 B in
-//!   the swizzled rows), commits them, waits until only this batch is in flight and hands the
-//!   *previous* slot back to the producer, so one batch of tensor-core work always overlaps the
-//!   wait for the next slot. After the last k-block it drains, then runs the epilogue straight
-//!   from registers (`alpha·acc + beta·C`, rounded, bounds-checked stores) while the producer
-//!   already streams the next tile's operands.
+//!   it waits for the slot to be `full` (a warp-uniform wait, so the slot, parity and wgmma
+//!   descriptors stay in uniform registers), issues four `m64nBNk16` wgmmas (k16 steps at +32 B
+//!   in the swizzled rows), commits them, waits until only this batch is in flight and hands
+//!   the *previous* slot back to the producer, so one batch of tensor-core work always overlaps
+//!   the wait for the next slot. After the last k-block it drains, then runs the epilogue
+//!   (`alpha·acc + beta·C`, rounded) while the producer already streams the next tile's
+//!   operands: chunks of 64 rows × 64 (or 32) columns staged in shared memory with `stmatrix`
+//!   and written by TMA stores, or, when N is not a multiple of 8, bounds-checked stores
+//!   straight from registers.
 //! - **clusters** (`cluster_m == 2`): the two blocks of a cluster compute vertically adjacent
 //!   tiles of the same n-tile. Each loads its own A tile and half of the shared B tile, which
 //!   TMA multicasts into both blocks; a slot is free only when the consumers of *both* blocks
