@@ -63,6 +63,12 @@ trait Config {
 macro_rules! config {
     ($name:ident, $tile:expr, $regs:literal, $blocks:literal, $chunks:literal, $pairs:literal, $mma:ident, $fence:ident) => {
         struct $name;
+        // The literal counts `seq!` needs, checked against the tile they are derived from.
+        const _: () = {
+            let t = $tile;
+            assert!($regs == t.block_n / 2 && $blocks == t.block_n / 8);
+            assert!($chunks * t.epilogue_cols() == t.block_n && $pairs * 16 == t.epilogue_cols());
+        };
         impl Config for $name {
             const TILE: TileConfig = $tile;
             type Acc = [f32; $regs];
