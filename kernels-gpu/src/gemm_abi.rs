@@ -8,37 +8,56 @@
 
 /// K elements per pipeline stage: one 128-byte swizzle row of 2-byte elements.
 pub const BLOCK_K: u32 = 64;
-/// Output tile rows per block: two consumer warpgroups × 64 rows.
-pub const BLOCK_M: u32 = 128;
+/// Rows of one `wgmma` (`m64nNk16`): a consumer warpgroup's accumulator is one or more
+/// 64-row *slabs*.
+pub const SLAB_M: u32 = 64;
 /// Threads per block: one producer warpgroup + two consumer warpgroups.
 pub const THREADS: u32 = 384;
 /// Opt-in dynamic shared memory per block on H100/H200 (227 KiB).
 pub const MAX_SMEM_BYTES: u32 = 232_448;
 /// Rows of the output chunk the epilogue stages in shared memory and writes with one TMA store:
-/// a consumer warpgroup's 64 rows, by [`TileConfig::epilogue_cols`] columns.
-pub const EPILOGUE_CHUNK: u32 = 64;
+/// one 64-row accumulator slab, by [`TileConfig::epilogue_cols`] columns.
+pub const EPILOGUE_CHUNK: u32 = SLAB_M;
 /// Bytes of one staging buffer: room for the widest chunk, 64 × 64 two-byte elements.
 pub const CHUNK_BYTES: u32 = EPILOGUE_CHUNK * EPILOGUE_CHUNK * 2;
 /// Staging buffers: two per consumer warpgroup, so one can be filled while the TMA store of
 /// the other is still reading it.
 pub const STAGING_BYTES: u32 = 2 * 2 * CHUNK_BYTES;
 
+/// How the two consumer warpgroups share a block's output tile.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConsumerSplit {
+    /// Warpgroup `h` owns rows `64h..64h+63`, every column: one 64-row slab each
+    /// (`block_m == 128`).
+    Rows,
+    /// Warpgroup `h` owns columns `h·block_n/2..(h+1)·block_n/2` of every row: `block_m / 64`
+    /// slabs each, one `wgmma` per slab and k16 step, all reading the same B rows.
+    Columns,
+}
+
 /// A tile configuration of the GEMM kernel. Each one is compiled into its own pair of entry
 /// points (bf16, f16); the host picks one per problem (`distgemm::gemm::choose_config`).
 ///
-/// Shared memory: `stages` slots of (A tile `BLOCK_M × 64`, B tile `block_n × 64`), each
+/// Shared memory: `stages` slots of (A tile `block_m × 64`, B tile `block_n × 64`), each
 /// 1024-byte aligned (128-byte swizzle), then the epilogue's staging buffers (two output
 /// chunks per consumer warpgroup, see [`TileConfig::epilogue_cols`]), then the mbarriers
 /// (`full[stages]`, `empty[stages]`, one per staging buffer) and a 16-byte word for the prologue
 /// hook's abort decision.
+///
+/// A consumer warpgroup's share of the tile (see [`ConsumerSplit`]) is `slabs()` accumulators
+/// of 64 × `wg_cols()`, each fed by one `wgmma m64nNk16` (N = `wg_cols()`) per k16 step.
 ///
 /// With `cluster_m == 2`, blocks are launched in clusters of two along M: both compute the
 /// same n-tile for two consecutive m-tiles, so they share the B tile. Each block loads half of
 /// B's rows and multicasts it into both blocks' shared memory, halving B's L2→SM traffic.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TileConfig {
-    /// Output tile columns per block (`wgmma m64nNk16` with N = `block_n`).
+    /// Output tile rows per block.
+    pub block_m: u32,
+    /// Output tile columns per block.
     pub block_n: u32,
+    /// How the consumer warpgroups divide the tile.
+    pub split: ConsumerSplit,
     /// Pipeline depth.
     pub stages: u32,
     /// Blocks per cluster along M (1 or 2).
@@ -46,9 +65,34 @@ pub struct TileConfig {
 }
 
 impl TileConfig {
+    /// Rows of the tile one consumer warpgroup computes.
+    pub const fn wg_rows(&self) -> u32 {
+        match self.split {
+            ConsumerSplit::Rows => self.block_m / 2,
+            ConsumerSplit::Columns => self.block_m,
+        }
+    }
+    /// Columns of the tile one consumer warpgroup computes: the N of its `wgmma`s.
+    pub const fn wg_cols(&self) -> u32 {
+        match self.split {
+            ConsumerSplit::Rows => self.block_n,
+            ConsumerSplit::Columns => self.block_n / 2,
+        }
+    }
+    /// 64-row accumulator slabs per consumer warpgroup.
+    pub const fn slabs(&self) -> u32 {
+        self.wg_rows() / SLAB_M
+    }
+    /// Top-left element of consumer warpgroup `half`'s share, relative to the tile's.
+    pub const fn wg_origin(&self, half: u32) -> (u32, u32) {
+        match self.split {
+            ConsumerSplit::Rows => (half * self.wg_rows(), 0),
+            ConsumerSplit::Columns => (0, half * self.wg_cols()),
+        }
+    }
     /// Bytes of one stage's A tile.
     pub const fn a_tile_bytes(&self) -> u32 {
-        BLOCK_M * BLOCK_K * 2
+        self.block_m * BLOCK_K * 2
     }
     /// Bytes of one stage's B tile.
     pub const fn b_tile_bytes(&self) -> u32 {
@@ -75,9 +119,9 @@ impl TileConfig {
     pub const fn smem_bytes(&self) -> u32 {
         self.abort_flag_offset() + 16
     }
-    /// Box of the A tensor map: `{64 columns, BLOCK_M rows}`.
+    /// Box of the A tensor map: `{64 columns, block_m rows}`.
     pub const fn a_box(&self) -> (u32, u32) {
-        (BLOCK_K, BLOCK_M)
+        (BLOCK_K, self.block_m)
     }
     /// Box of the B tensor map: `{64 columns, block_n / cluster_m rows}` (each block of a
     /// cluster loads its share of the B tile).
@@ -85,14 +129,18 @@ impl TileConfig {
         (BLOCK_K, self.block_n / self.cluster_m)
     }
     /// Columns of one staged epilogue chunk: 64 (rows of 128 bytes, stored with the 128-byte
-    /// swizzle) when they divide the tile width, else 32 (rows of 64 bytes, 64-byte swizzle),
-    /// so that a chunk never reaches into the next tile's columns.
+    /// swizzle) when they divide a warpgroup's width, else 32 (rows of 64 bytes, 64-byte
+    /// swizzle), so that a chunk never reaches into columns another warpgroup or tile owns.
     pub const fn epilogue_cols(&self) -> u32 {
-        if self.block_n.is_multiple_of(64) {
+        if self.wg_cols().is_multiple_of(64) {
             64
         } else {
             32
         }
+    }
+    /// Staged chunks one consumer warpgroup writes per tile.
+    pub const fn chunks_per_tile(&self) -> u32 {
+        self.slabs() * (self.wg_cols() / self.epilogue_cols())
     }
     /// Bytes of one row of a staged chunk: the swizzle span of the D and C tensor maps.
     pub const fn epilogue_row_bytes(&self) -> u32 {
@@ -104,50 +152,70 @@ impl TileConfig {
     }
     /// Number of output tiles of an `m × n` problem.
     pub const fn tile_count(&self, m: u32, n: u32) -> u32 {
-        m.div_ceil(BLOCK_M) * n.div_ceil(self.block_n)
+        m.div_ceil(self.block_m) * n.div_ceil(self.block_n)
     }
-    /// Whether the configuration fits and keeps every tile 1024-byte aligned.
+    /// Whether the configuration is one the kernel implements, fits, and keeps every tile
+    /// 1024-byte aligned: 128-row tiles split by rows (N of 128, 224 or 256), or 192×192 tiles
+    /// split by columns (three `m64n96k16` slabs per warpgroup).
     pub const fn is_valid(&self) -> bool {
-        self.smem_bytes() <= MAX_SMEM_BYTES
+        let shape = match self.split {
+            ConsumerSplit::Rows => {
+                self.block_m == 128
+                    && (self.block_n == 128 || self.block_n == 224 || self.block_n == 256)
+            }
+            ConsumerSplit::Columns => self.block_m == 192 && self.block_n == 192,
+        };
+        shape
+            && self.smem_bytes() <= MAX_SMEM_BYTES
+            && self.a_tile_bytes().is_multiple_of(1024)
             && self.b_tile_bytes().is_multiple_of(1024)
             && (self.cluster_m == 1 || self.cluster_m == 2)
             && (self.b_tile_bytes() / self.cluster_m).is_multiple_of(1024)
-            && (self.block_n == 128 || self.block_n == 224 || self.block_n == 256)
     }
 }
 
-/// 128×256 tiles, 4 stages: the most work per byte of operands; for large problems.
+/// 128×256 tiles, 4 stages: the most work per byte of operands among the 128-row tiles; for
+/// large problems.
 pub const TILE_128X256: TileConfig = TileConfig {
+    block_m: 128,
     block_n: 256,
+    split: ConsumerSplit::Rows,
     stages: 4,
     cluster_m: 1,
 };
 /// 128×256 tiles in 2-block clusters sharing B through TMA multicast.
 pub const TILE_128X256_CLUSTER2: TileConfig = TileConfig {
-    block_n: 256,
-    stages: 4,
     cluster_m: 2,
+    ..TILE_128X256
+};
+/// 192×192 tiles, 4 stages of 48 KiB: 12 % fewer operand bytes per output element than
+/// 128×256 (384 rows of operands per 36 864 outputs instead of per 32 768). Each consumer
+/// warpgroup computes a 192×96 half as three `m64n96k16` slabs.
+pub const TILE_192X192: TileConfig = TileConfig {
+    block_m: 192,
+    block_n: 192,
+    split: ConsumerSplit::Columns,
+    stages: 4,
+    cluster_m: 1,
 };
 /// 128×224 tiles, 4 stages: for widths that 224 divides into a tile count just under whole
 /// waves where 256 leaves a badly filled last wave (7168 = 32 · 224: 512 tiles of a 2048-row
 /// problem are 3.9 waves of 132, 448 wide ones 3.4).
 pub const TILE_128X224: TileConfig = TileConfig {
     block_n: 224,
-    stages: 4,
-    cluster_m: 1,
+    ..TILE_128X256
 };
 /// 128×128 tiles, 6 stages: twice the tiles, for problems whose 128×256 tile count leaves a
 /// badly filled last wave.
 pub const TILE_128X128: TileConfig = TileConfig {
     block_n: 128,
     stages: 6,
-    cluster_m: 1,
+    ..TILE_128X256
 };
 /// 128×128 tiles in 2-block clusters sharing B.
 pub const TILE_128X128_CLUSTER2: TileConfig = TileConfig {
-    block_n: 128,
-    stages: 6,
     cluster_m: 2,
+    ..TILE_128X128
 };
 
 /// One compiled configuration: its entry points and tile configuration.
@@ -164,7 +232,7 @@ pub struct GemmVariant {
 }
 
 /// Every compiled configuration.
-pub const VARIANTS: [GemmVariant; 5] = [
+pub const VARIANTS: [GemmVariant; 6] = [
     GemmVariant {
         name: "128x256",
         kernel_bf16: "gemm_bf16",
@@ -176,6 +244,12 @@ pub const VARIANTS: [GemmVariant; 5] = [
         kernel_bf16: "gemm_bf16_c2",
         kernel_f16: "gemm_f16_c2",
         config: TILE_128X256_CLUSTER2,
+    },
+    GemmVariant {
+        name: "192x192",
+        kernel_bf16: "gemm_bf16_192x192",
+        kernel_f16: "gemm_f16_192x192",
+        config: TILE_192X192,
     },
     GemmVariant {
         name: "128x224",
@@ -275,6 +349,36 @@ pub struct GemmParams {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn consumer_shares_cover_the_tile_once() {
+        for v in &VARIANTS {
+            let t = v.config;
+            // Two warpgroups, each `slabs` slabs of 64 × wg_cols, side by side or stacked.
+            assert_eq!(
+                2 * t.slabs() * SLAB_M * t.wg_cols(),
+                t.block_m * t.block_n,
+                "{}",
+                v.name
+            );
+            let (r1, c1) = t.wg_origin(1);
+            assert!(
+                r1 == t.wg_rows() && c1 == 0 || r1 == 0 && c1 == t.wg_cols(),
+                "{}",
+                v.name
+            );
+            assert_eq!(t.wg_cols() % t.epilogue_cols(), 0, "{}", v.name);
+        }
+        let t = TILE_192X192;
+        assert_eq!((t.slabs(), t.wg_cols(), t.epilogue_cols()), (3, 96, 32));
+        assert_eq!(t.chunks_per_tile(), 9);
+        assert_eq!(t.wg_origin(1), (0, 96));
+        // 4 stages of 48 KiB + 32 KiB of staging + barriers fit the 227 KiB opt-in.
+        assert_eq!(t.staging_offset(), 4 * 48 * 1024);
+        assert!(t.smem_bytes() <= MAX_SMEM_BYTES);
+        assert_eq!(TILE_128X256.chunks_per_tile(), 4);
+        assert_eq!(TILE_128X224.chunks_per_tile(), 7);
+    }
 
     #[test]
     fn parameter_block_layout_is_stable() {

@@ -54,6 +54,8 @@ pub const KERNELS: &[KernelInfo] = &[
     gemm("gemm_f16"),
     gemm("gemm_bf16_c2"),
     gemm("gemm_f16_c2"),
+    gemm("gemm_bf16_192x192"),
+    gemm("gemm_f16_192x192"),
     gemm("gemm_bf16_n224"),
     gemm("gemm_f16_n224"),
     gemm("gemm_bf16_n128"),

@@ -7,7 +7,7 @@
 //! `⌈tiles / slots⌉ · tile_cost`, with `tile_cost` proportional to the tile's area times a
 //! per-configuration efficiency factor (smaller tiles reread more operand bytes per FLOP).
 //! The rule picks the configuration with the smallest estimate; ties go to the larger tile.
-use kernels_gpu::gemm_abi::{BLOCK_M, GemmVariant, VARIANTS};
+use kernels_gpu::gemm_abi::{GemmVariant, VARIANTS};
 
 /// Relative cost of one tile's main loop per output element, by configuration name
 /// (128×256 = 1). The factors come from the measured per-SM throughput of each configuration
@@ -28,6 +28,11 @@ fn cost_per_element(variant: &GemmVariant) -> f64 {
         // by the wgmmas, 14 % more pipeline handshakes and 7 epilogue chunks of 32 columns
         // instead of 4 of 64.
         "128x224" => 1.02,
+        // Not yet measured: 12 % fewer operand bytes per output element than 128×256 (it is
+        // the tile cuBLAS picks for the TP=2 stage shapes), but three wgmmas of N = 96 per k16
+        // step instead of one of N = 256 and 9 epilogue chunks of 32 columns. Until measured,
+        // costed above 128×256 so that the rule never prefers it on a tie.
+        "192x192" => 1.03,
         _ => 1.2,
     }
 }
@@ -38,11 +43,11 @@ pub fn estimated_cost(variant: &GemmVariant, m: u64, n: u64, sm_count: u32) -> f
     let c = variant.config;
     let slots = u64::from((sm_count / c.cluster_m) * c.cluster_m).max(1);
     let tiles = m
-        .div_ceil(u64::from(BLOCK_M))
+        .div_ceil(u64::from(c.block_m))
         .next_multiple_of(u64::from(c.cluster_m))
         * n.div_ceil(u64::from(c.block_n));
     let waves = tiles.div_ceil(slots);
-    waves as f64 * f64::from(BLOCK_M * c.block_n) * cost_per_element(variant)
+    waves as f64 * f64::from(c.block_m * c.block_n) * cost_per_element(variant)
 }
 
 /// The configuration the rule picks for an `m × n` output on a GPU with `sm_count` SMs.
@@ -64,9 +69,9 @@ pub fn choose_variant(m: u64, n: u64, sm_count: u32) -> &'static GemmVariant {
 /// by a grid of `resident` clusters (see `kernels_gpu::layout::raster`).
 ///
 /// The grid works on `W = min(resident, cluster tiles)` tiles at once: a patch of `g` cluster
-/// rows by `W / g` tile columns, whose operands — `g · 128 · cluster_m` rows of A and
+/// rows by `W / g` tile columns, whose operands — `g · block_m · cluster_m` rows of A and
 /// `(W / g) · block_n` rows of B, all K columns — come from DRAM once and are then shared
-/// through L2. That footprint is smallest at `g = √(W · block_n / (128 · cluster_m))`:
+/// through L2. That footprint is smallest at `g = √(W · block_n / (block_m · cluster_m))`:
 /// 16 m-tiles for 128×256 tiles on 132 SMs (a 2048 × 2112-row patch, where bands of 8 read
 /// 1024 + 4224 rows: 26 % more DRAM traffic per wave), 11 for 128×128. Rounded, and at most
 /// the problem's cluster rows.
@@ -74,18 +79,19 @@ pub fn choose_variant(m: u64, n: u64, sm_count: u32) -> &'static GemmVariant {
 pub fn raster_group_m(variant: &GemmVariant, m: u64, n: u64, resident: u32) -> u32 {
     let c = variant.config;
     let cluster_rows = m
-        .div_ceil(u64::from(BLOCK_M))
+        .div_ceil(u64::from(c.block_m))
         .div_ceil(u64::from(c.cluster_m));
     let tiles = cluster_rows * n.div_ceil(u64::from(c.block_n));
     let concurrent = tiles.min(u64::from(resident)).max(1) as f64;
-    let tile_rows = f64::from(BLOCK_M * c.cluster_m);
+    let tile_rows = f64::from(c.block_m * c.cluster_m);
     let g = (concurrent * f64::from(c.block_n) / tile_rows)
         .sqrt()
         .round() as u64;
     g.clamp(1, cluster_rows.max(1)) as u32
 }
 
-/// The configuration named `name` (`128x256`, `128x256c2`, `128x224`, `128x128`, `128x128c2`).
+/// The configuration named `name` (`128x256`, `128x256c2`, `192x192`, `128x224`, `128x128`,
+/// `128x128c2`).
 #[must_use]
 pub fn variant_named(name: &str) -> Option<&'static GemmVariant> {
     VARIANTS.iter().find(|v| v.name == name)

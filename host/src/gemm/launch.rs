@@ -168,8 +168,8 @@ impl GemmKernel {
         };
         // A persistent grid: at most one block per SM, whole clusters, no more than the work.
         let cluster = config.cluster_m;
-        let cluster_tiles = params.m.div_ceil(gemm_abi::BLOCK_M).div_ceil(cluster)
-            * params.n.div_ceil(config.block_n);
+        let cluster_tiles =
+            params.m.div_ceil(config.block_m).div_ceil(cluster) * params.n.div_ceil(config.block_n);
         let grid = cluster_tiles.min(compiled.resident_clusters).max(1) * cluster;
         let kernel = match args.dtype {
             Dtype::Bf16 => compiled.bf16.clone(),

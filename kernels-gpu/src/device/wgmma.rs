@@ -98,6 +98,10 @@ seq!(I in 1..32 {
     mma_ss!(mma_m64n64k16_f32_bf16, "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16", 32, 0 #(I)*);
     mma_ss!(mma_m64n64k16_f32_f16, "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16", 32, 0 #(I)*);
 });
+seq!(I in 1..48 {
+    mma_ss!(mma_m64n96k16_f32_bf16, "wgmma.mma_async.sync.aligned.m64n96k16.f32.bf16.bf16", 48, 0 #(I)*);
+    mma_ss!(mma_m64n96k16_f32_f16, "wgmma.mma_async.sync.aligned.m64n96k16.f32.f16.f16", 48, 0 #(I)*);
+});
 seq!(I in 1..64 {
     mma_ss!(mma_m64n128k16_f32_bf16, "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16", 64, 0 #(I)*);
     mma_ss!(mma_m64n128k16_f32_f16, "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16", 64, 0 #(I)*);
@@ -111,6 +115,7 @@ seq!(I in 1..128 {
     mma_ss!(mma_m64n256k16_f32_f16, "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16", 128, 0 #(I)*);
 });
 seq!(I in 0..32 { register_fence!(fence_operands_32, 32, #(I)*); });
+seq!(I in 0..48 { register_fence!(fence_operands_48, 48, #(I)*); });
 seq!(I in 0..64 { register_fence!(fence_operands_64, 64, #(I)*); });
 seq!(I in 0..112 { register_fence!(fence_operands_112, 112, #(I)*); });
 seq!(I in 0..128 { register_fence!(fence_operands_128, 128, #(I)*); });
@@ -119,6 +124,8 @@ seq!(I in 0..128 { register_fence!(fence_operands_128, 128, #(I)*); });
 pub trait InputType {
     /// `m64n64k16`: 32 accumulators per thread.
     unsafe fn mma_n64(acc: &mut [f32; 32], desc_a: u64, desc_b: u64, scale_d: u32);
+    /// `m64n96k16`: 48 accumulators per thread.
+    unsafe fn mma_n96(acc: &mut [f32; 48], desc_a: u64, desc_b: u64, scale_d: u32);
     /// `m64n128k16`: 64 accumulators per thread.
     unsafe fn mma_n128(acc: &mut [f32; 64], desc_a: u64, desc_b: u64, scale_d: u32);
     /// `m64n224k16`: 112 accumulators per thread.
@@ -140,6 +147,10 @@ impl InputType for Bf16 {
     #[inline(always)]
     unsafe fn mma_n64(acc: &mut [f32; 32], a: u64, b: u64, s: u32) {
         unsafe { mma_m64n64k16_f32_bf16(acc, a, b, s) }
+    }
+    #[inline(always)]
+    unsafe fn mma_n96(acc: &mut [f32; 48], a: u64, b: u64, s: u32) {
+        unsafe { mma_m64n96k16_f32_bf16(acc, a, b, s) }
     }
     #[inline(always)]
     unsafe fn mma_n128(acc: &mut [f32; 64], a: u64, b: u64, s: u32) {
@@ -174,6 +185,10 @@ impl InputType for F16 {
     #[inline(always)]
     unsafe fn mma_n64(acc: &mut [f32; 32], a: u64, b: u64, s: u32) {
         unsafe { mma_m64n64k16_f32_f16(acc, a, b, s) }
+    }
+    #[inline(always)]
+    unsafe fn mma_n96(acc: &mut [f32; 48], a: u64, b: u64, s: u32) {
+        unsafe { mma_m64n96k16_f32_f16(acc, a, b, s) }
     }
     #[inline(always)]
     unsafe fn mma_n128(acc: &mut [f32; 64], a: u64, b: u64, s: u32) {

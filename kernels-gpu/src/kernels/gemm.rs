@@ -3,20 +3,21 @@
 //! Structure (one block of 384 threads per SM, persistent over output tiles):
 //! - **warpgroup 0, the producer**: gives registers back (`setmaxnreg.dec 40`); one thread walks
 //!   the block's tiles and, per 64-wide k-block, waits for a free ring slot (`empty` mbarrier),
-//!   announces the stage's bytes on its `full` mbarrier and issues the TMA loads (A 128×64 and
-//!   B `BN`×64, 128-byte swizzle). Loads past the matrix edge are zero-filled by TMA, so ragged
-//!   M, N and K need no special case in the main loop.
-//! - **warpgroups 1 and 2, the consumers** (`setmaxnreg.inc 232`): warpgroup `1 + h` owns rows
-//!   `64h..64h+63` of the tile and keeps its 64×`BN` f32 accumulator in registers. Per k-block
-//!   it waits for the slot to be `full` (a warp-uniform wait, so the slot, parity and wgmma
-//!   descriptors stay in uniform registers), issues four `m64nBNk16` wgmmas (k16 steps at +32 B
-//!   in the swizzled rows), commits them, waits until only this batch is in flight and hands
-//!   the *previous* slot back to the producer, so one batch of tensor-core work always overlaps
-//!   the wait for the next slot. After the last k-block it drains, then runs the epilogue
-//!   (`alpha·acc + beta·C`, rounded) while the producer already streams the next tile's
-//!   operands: chunks of 64 rows × 64 (or 32) columns staged in shared memory with `stmatrix`
-//!   and written by TMA stores, or, when N is not a multiple of 8, bounds-checked stores
-//!   straight from registers.
+//!   announces the stage's bytes on its `full` mbarrier and issues the TMA loads (A `BM`×64
+//!   and B `BN`×64, 128-byte swizzle). Loads past the matrix edge are zero-filled by TMA, so
+//!   ragged M, N and K need no special case in the main loop.
+//! - **warpgroups 1 and 2, the consumers** (`setmaxnreg.inc 232`): warpgroup `1 + h` owns half
+//!   of the tile ([`ConsumerSplit`]): rows `64h..64h+63` of a 128-row tile, or columns
+//!   `96h..96h+95` of a 192×192 one, kept in registers as f32 accumulator *slabs* of 64 rows
+//!   (one, or three). Per k-block it waits for the slot to be `full` (a warp-uniform wait, so
+//!   the slot, parity and wgmma descriptors stay in uniform registers), issues one
+//!   `m64nNk16` wgmma per slab and k16 step (k16 steps at +32 B in the swizzled rows), commits
+//!   them, waits until only this batch is in flight and hands the *previous* slot back to the
+//!   producer, so one batch of tensor-core work always overlaps the wait for the next slot.
+//!   After the last k-block it drains, then runs the epilogue (`alpha·acc + beta·C`, rounded)
+//!   while the producer already streams the next tile's operands: chunks of 64 rows × 64 (or
+//!   32) columns staged in shared memory with `stmatrix` and written by TMA stores, or, when N
+//!   is not a multiple of 8, bounds-checked stores straight from registers.
 //! - **clusters** (`cluster_m == 2`): the two blocks of a cluster compute vertically adjacent
 //!   tiles of the same n-tile. Each loads its own A tile and half of the shared B tile, which
 //!   TMA multicasts into both blocks; a slot is free only when the consumers of *both* blocks
@@ -36,15 +37,21 @@ use seq_macro::seq;
 /// cluster when it is done reading the slot.
 const CONSUMER_WARPS: u32 = 8;
 
-/// A compiled tile configuration: its [`TileConfig`] and the code that depends on the tile
-/// width (accumulator size, wgmma shape, epilogue), generated with literal register indices.
+/// A compiled tile configuration: its [`TileConfig`] and the code that depends on the shape of
+/// a consumer warpgroup's share (accumulator size, wgmma shape, epilogue), generated with
+/// literal register indices.
 trait Config {
     const TILE: TileConfig;
     type Acc;
     fn new_acc() -> Self::Acc;
     fn fence(acc: &mut Self::Acc);
+    /// One k16 step into every slab: `desc_a` addresses the warpgroup's first 64 A rows, each
+    /// further slab's rows start [`SLAB_A_BYTES`] later; all slabs multiply the same B rows.
     unsafe fn mma<T: InputType>(acc: &mut Self::Acc, desc_a: u64, desc_b: u64, scale_d: u32);
+    /// Stores the warpgroup's share from registers; `(row, col)` is its top-left element.
     unsafe fn epilogue<T: InputType>(p: &GemmParams, acc: &Self::Acc, row: u32, col: u32);
+    /// Stores the warpgroup's share through the staging buffers; `(row, col)` is its top-left
+    /// element.
     unsafe fn epilogue_staged<T: InputType>(
         p: &GemmParams,
         acc: &Self::Acc,
@@ -56,50 +63,67 @@ trait Config {
     );
 }
 
-/// Implements [`Config`] for a tile `BN` columns wide: `$regs = BN / 2` accumulators per thread,
-/// `$blocks = BN / 8` column blocks, and an epilogue of `$chunks = BN / W` staged chunks of
-/// `W = TileConfig::epilogue_cols()` columns, each written as `$pairs = W / 16` `stmatrix.x4`
-/// (16 columns each) per warp.
+/// Bytes between the A rows of consecutive 64-row slabs in a stage's A tile (128-byte rows).
+const SLAB_A_BYTES: u32 = SLAB_M * BLOCK_K * 2;
+
+/// Implements [`Config`] for a consumer share of `$slabs` slabs of 64 × `WN` outputs
+/// (`WN = TileConfig::wg_cols()`): `$regs = WN / 2` accumulators per slab and thread,
+/// `$blocks = WN / 8` column blocks, and an epilogue of `$chunks = WN / W` staged chunks per
+/// slab of `W = TileConfig::epilogue_cols()` columns, each written as `$pairs = W / 16`
+/// `stmatrix.x4` (16 columns each) per warp.
 macro_rules! config {
-    ($name:ident, $tile:expr, $regs:literal, $blocks:literal, $chunks:literal, $pairs:literal, $mma:ident, $fence:ident) => {
+    ($name:ident, $tile:expr, $slabs:literal, $regs:literal, $blocks:literal, $chunks:literal, $pairs:literal, $mma:ident, $fence:ident) => {
         struct $name;
         // The literal counts `seq!` needs, checked against the tile they are derived from.
         const _: () = {
             let t = $tile;
-            assert!($regs == t.block_n / 2 && $blocks == t.block_n / 8);
-            assert!($chunks * t.epilogue_cols() == t.block_n && $pairs * 16 == t.epilogue_cols());
+            assert!($slabs == t.slabs() && $regs == t.wg_cols() / 2 && $blocks == t.wg_cols() / 8);
+            assert!($chunks * t.epilogue_cols() == t.wg_cols() && $pairs * 16 == t.epilogue_cols());
         };
         impl Config for $name {
             const TILE: TileConfig = $tile;
-            type Acc = [f32; $regs];
+            type Acc = [[f32; $regs]; $slabs];
             #[inline(always)]
             fn new_acc() -> Self::Acc {
-                [0.0; $regs]
+                [[0.0; $regs]; $slabs]
             }
             #[inline(always)]
             fn fence(acc: &mut Self::Acc) {
-                wgmma::$fence(acc)
+                seq!(S in 0..$slabs {
+                    wgmma::$fence(&mut acc[S]);
+                });
             }
             #[inline(always)]
             unsafe fn mma<T: InputType>(acc: &mut Self::Acc, desc_a: u64, desc_b: u64, scale_d: u32) {
-                unsafe { T::$mma(acc, desc_a, desc_b, scale_d) }
+                seq!(S in 0..$slabs {
+                    unsafe {
+                        T::$mma(
+                            &mut acc[S],
+                            descriptor::advance_atoms(desc_a, S * SLAB_A_BYTES),
+                            desc_b,
+                            scale_d,
+                        )
+                    };
+                });
             }
-            /// Register `4j + {0,1}` holds row `r0`, columns `8j + 2(lane % 4) + {0,1}`;
-            /// `4j + {2,3}` the same columns of row `r0 + 8`, where `r0 = 16·warp + lane / 4`
-            /// (the wgmma accumulator layout).
+            /// Register `4j + {0,1}` of a slab holds its row `r0`, columns
+            /// `8j + 2(lane % 4) + {0,1}`; `4j + {2,3}` the same columns of row `r0 + 8`, where
+            /// `r0 = 16·warp + lane / 4` (the wgmma accumulator layout).
             #[inline(always)]
             unsafe fn epilogue<T: InputType>(p: &GemmParams, acc: &Self::Acc, row: u32, col: u32) {
                 let t = index::thread_in_warpgroup();
-                let r0 = row + 16 * (t / 32) + (t % 32) / 4;
                 let c0 = col + 2 * (t % 4);
-                seq!(J in 0..$blocks {
-                    unsafe {
-                        store_pair::<T>(p, r0, c0 + 8 * J, acc[4 * J], acc[4 * J + 1]);
-                        store_pair::<T>(p, r0 + 8, c0 + 8 * J, acc[4 * J + 2], acc[4 * J + 3]);
-                    }
+                seq!(S in 0..$slabs {
+                    let r0 = row + S * SLAB_M + 16 * (t / 32) + (t % 32) / 4;
+                    seq!(J in 0..$blocks {
+                        unsafe {
+                            store_pair::<T>(p, r0, c0 + 8 * J, acc[S][4 * J], acc[S][4 * J + 1]);
+                            store_pair::<T>(p, r0 + 8, c0 + 8 * J, acc[S][4 * J + 2], acc[S][4 * J + 3]);
+                        }
+                    });
                 });
             }
-            /// Writes the consumer's 64×BN slice as chunks of 64 rows × `W` columns
+            /// Writes the consumer's share slab by slab as chunks of 64 rows × `W` columns
             /// (`W = TileConfig::epilogue_cols()`): `stmatrix` packs each chunk into a staging
             /// buffer with `2W`-byte swizzled rows (the layout the D tensor map's TMA store
             /// reads), then one thread stores it with TMA and goes on. Two buffers alternate, so
@@ -135,61 +159,66 @@ macro_rules! config {
                 let barrier = 1 + half;
                 let a = p.alpha;
                 let with_c = p.beta != 0.0;
-                seq!(CH in 0..$chunks {
-                    let g = chunks_before + CH;
-                    let buffer = ring.staging(half, g % 2);
-                    if leader {
-                        // The store issued two chunks ago read this buffer: wait until it has.
-                        tma::wait_group_read::<1>();
-                    }
-                    if with_c {
-                        let loaded = ring.c_loaded(half, g % 2);
+                seq!(S in 0..$slabs {
+                    let slab_row = (row + S * SLAB_M) as i32;
+                    seq!(CH in 0..$chunks {
+                        let g = chunks_before + S * $chunks + CH;
+                        let chunk_col = (col + CH * W) as i32;
+                        let buffer = ring.staging(half, g % 2);
                         if leader {
-                            unsafe {
-                                loaded.arrive_expect_tx(W * EPILOGUE_CHUNK * 2);
-                                tma::load_2d(buffer, p.map_c, (col + CH * W) as i32, row as i32, loaded.0);
-                            }
+                            // The store issued two chunks ago read this buffer: wait until it has.
+                            tma::wait_group_read::<1>();
                         }
-                        unsafe { loaded.wait_warp((g / 2) & 1) };
-                    } else {
-                        sync::named_sync(barrier, 128);
-                    }
-                    seq!(PR in 0..$pairs {
-                        let scol = 8 * (2 * PR + matrix / 2);
-                        let addr = buffer + swizzle::offset_16bit(ROW_BYTES, srow, scol);
-                        // Column block of this pair's first 8 columns.
-                        let j = CH * $pairs * 2 + 2 * PR;
-                        let mut v = [
-                            (a * acc[4 * j], a * acc[4 * j + 1]),
-                            (a * acc[4 * j + 2], a * acc[4 * j + 3]),
-                            (a * acc[4 * j + 4], a * acc[4 * j + 5]),
-                            (a * acc[4 * j + 6], a * acc[4 * j + 7]),
-                        ];
                         if with_c {
-                            let c = unsafe { stmatrix::load_x4(addr) };
-                            seq!(R in 0..4 {
-                                let (c0, c1) = T::unpack2(c[R]);
-                                v[R].0 += p.beta * c0;
-                                v[R].1 += p.beta * c1;
-                            });
+                            let loaded = ring.c_loaded(half, g % 2);
+                            if leader {
+                                unsafe {
+                                    loaded.arrive_expect_tx(W * EPILOGUE_CHUNK * 2);
+                                    tma::load_2d(buffer, p.map_c, chunk_col, slab_row, loaded.0);
+                                }
+                            }
+                            unsafe { loaded.wait_warp((g / 2) & 1) };
+                        } else {
+                            sync::named_sync(barrier, 128);
                         }
-                        unsafe {
-                            stmatrix::store_x4(
-                                addr,
-                                T::pack2(v[0].0, v[0].1),
-                                T::pack2(v[1].0, v[1].1),
-                                T::pack2(v[2].0, v[2].1),
-                                T::pack2(v[3].0, v[3].1),
-                            )
-                        };
+                        seq!(PR in 0..$pairs {
+                            let scol = 8 * (2 * PR + matrix / 2);
+                            let addr = buffer + swizzle::offset_16bit(ROW_BYTES, srow, scol);
+                            // Column block of this pair's first 8 columns.
+                            let j = CH * $pairs * 2 + 2 * PR;
+                            let x = &acc[S];
+                            let mut v = [
+                                (a * x[4 * j], a * x[4 * j + 1]),
+                                (a * x[4 * j + 2], a * x[4 * j + 3]),
+                                (a * x[4 * j + 4], a * x[4 * j + 5]),
+                                (a * x[4 * j + 6], a * x[4 * j + 7]),
+                            ];
+                            if with_c {
+                                let c = unsafe { stmatrix::load_x4(addr) };
+                                seq!(R in 0..4 {
+                                    let (c0, c1) = T::unpack2(c[R]);
+                                    v[R].0 += p.beta * c0;
+                                    v[R].1 += p.beta * c1;
+                                });
+                            }
+                            unsafe {
+                                stmatrix::store_x4(
+                                    addr,
+                                    T::pack2(v[0].0, v[0].1),
+                                    T::pack2(v[1].0, v[1].1),
+                                    T::pack2(v[2].0, v[2].1),
+                                    T::pack2(v[3].0, v[3].1),
+                                )
+                            };
+                        });
+                        // Generic-proxy writes, read next by the TMA (async proxy).
+                        fence::proxy_async_shared();
+                        sync::named_sync(barrier, 128);
+                        if leader {
+                            unsafe { tma::store_2d(p.map_d, chunk_col, slab_row, buffer) };
+                            tma::commit_group();
+                        }
                     });
-                    // Generic-proxy writes, read next by the TMA (async proxy).
-                    fence::proxy_async_shared();
-                    sync::named_sync(barrier, 128);
-                    if leader {
-                        unsafe { tma::store_2d(p.map_d, (col + CH * W) as i32, row as i32, buffer) };
-                        tma::commit_group();
-                    }
                 });
             }
         }
@@ -199,6 +228,7 @@ macro_rules! config {
 config!(
     Tile128x256,
     TILE_128X256,
+    1,
     128,
     32,
     4,
@@ -209,6 +239,7 @@ config!(
 config!(
     Tile128x256C2,
     TILE_128X256_CLUSTER2,
+    1,
     128,
     32,
     4,
@@ -217,8 +248,20 @@ config!(
     fence_operands_128
 );
 config!(
+    Tile192x192,
+    TILE_192X192,
+    3,
+    48,
+    12,
+    3,
+    2,
+    mma_n96,
+    fence_operands_48
+);
+config!(
     Tile128x224,
     TILE_128X224,
+    1,
     112,
     28,
     7,
@@ -229,6 +272,7 @@ config!(
 config!(
     Tile128x128,
     TILE_128X128,
+    1,
     64,
     16,
     2,
@@ -239,6 +283,7 @@ config!(
 config!(
     Tile128x128C2,
     TILE_128X128_CLUSTER2,
+    1,
     64,
     16,
     2,
@@ -307,7 +352,7 @@ struct Tiles {
 impl Tiles {
     #[inline(always)]
     fn new(p: &GemmParams, tile: TileConfig) -> Self {
-        let num_m = p.m.div_ceil(BLOCK_M).div_ceil(tile.cluster_m);
+        let num_m = p.m.div_ceil(tile.block_m).div_ceil(tile.cluster_m);
         let num_n = p.n.div_ceil(tile.block_n);
         let (first, step, rank) = if tile.cluster_m == 1 {
             (index::block_idx(), index::grid_dim(), 0)
@@ -334,7 +379,7 @@ impl Tiles {
     fn origin(self, t: u32) -> (u32, u32) {
         let (mt, nt) = raster::tile_coord(t, self.num_m, self.num_n, self.group_m);
         (
-            (mt * self.tile.cluster_m + self.rank) * BLOCK_M,
+            (mt * self.tile.cluster_m + self.rank) * self.tile.block_m,
             nt * self.tile.block_n,
         )
     }
@@ -449,6 +494,8 @@ unsafe fn consume<T: InputType, C: Config>(p: &GemmParams, ring: Ring, tiles: Ti
     let mut chunks_staged = 0;
     let mut slot = PipelineState::new(C::TILE.stages);
     let mut acc = C::new_acc();
+    // This warpgroup's share of each tile, and where its operand rows start in a slot.
+    let (wg_row, wg_col) = C::TILE.wg_origin(half);
     let mut t = tiles.first;
     while t < tiles.total {
         let (row, col) = tiles.origin(t);
@@ -457,8 +504,8 @@ unsafe fn consume<T: InputType, C: Config>(p: &GemmParams, ring: Ring, tiles: Ti
             unsafe { ring.full(slot.stage).wait_warp(slot.phase) };
             C::fence(&mut acc);
             wgmma::fence();
-            let a = descriptor::k_major_sw128(ring.a_tile(slot.stage) + half * (64 * 128));
-            let b = descriptor::k_major_sw128(ring.b_tile(slot.stage));
+            let a = descriptor::k_major_sw128(ring.a_tile(slot.stage) + wg_row * BLOCK_K * 2);
+            let b = descriptor::k_major_sw128(ring.b_tile(slot.stage) + wg_col * BLOCK_K * 2);
             seq!(K in 0..4 {
                 unsafe {
                     C::mma::<T>(
@@ -483,13 +530,12 @@ unsafe fn consume<T: InputType, C: Config>(p: &GemmParams, ring: Ring, tiles: Ti
         if k_blocks > 0 {
             unsafe { release(ring, previous) };
         }
+        let (row, col) = (row + wg_row, col + wg_col);
         if staged {
-            unsafe {
-                C::epilogue_staged::<T>(p, &acc, ring, half, row + half * 64, col, chunks_staged)
-            };
-            chunks_staged += C::TILE.block_n / C::TILE.epilogue_cols();
+            unsafe { C::epilogue_staged::<T>(p, &acc, ring, half, row, col, chunks_staged) };
+            chunks_staged += C::TILE.chunks_per_tile();
         } else {
-            unsafe { C::epilogue::<T>(p, &acc, row + half * 64, col) };
+            unsafe { C::epilogue::<T>(p, &acc, row, col) };
         }
         t += tiles.step;
     }
@@ -601,6 +647,7 @@ macro_rules! entries {
 
 entries!(gemm_bf16, gemm_f16, Tile128x256);
 entries!(gemm_bf16_c2, gemm_f16_c2, Tile128x256C2);
+entries!(gemm_bf16_192x192, gemm_f16_192x192, Tile192x192);
 entries!(gemm_bf16_n224, gemm_f16_n224, Tile128x224);
 entries!(gemm_bf16_n128, gemm_f16_n128, Tile128x128);
 entries!(gemm_bf16_n128_c2, gemm_f16_n128_c2, Tile128x128C2);
