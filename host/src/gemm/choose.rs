@@ -28,11 +28,12 @@ fn cost_per_element(variant: &GemmVariant) -> f64 {
         // by the wgmmas, 14 % more pipeline handshakes and 7 epilogue chunks of 32 columns
         // instead of 4 of 64.
         "128x224" => 1.02,
-        // Not yet measured: 12 % fewer operand bytes per output element than 128×256 (it is
-        // the tile cuBLAS picks for the TP=2 stage shapes), but three wgmmas of N = 96 per k16
-        // step instead of one of N = 256 and 9 epilogue chunks of 32 columns. Until measured,
-        // costed above 128×256 so that the rule never prefers it on a tie.
-        "192x192" => 1.03,
+        // Measured 0.97–1.01 (mean 0.993) of 128×256 per output element on the full-wave
+        // shapes (8192³ and the TP=2 stage shapes, bf16 and f16: the measured time ratio over
+        // this model's, benches/results/gemm-2026-11-30-d18f3ea-variants.md): the 12 % fewer
+        // operand bytes per output did not buy speed. Costed equal, it wins only where its
+        // wave count does (2048×13312).
+        "192x192" => 1.0,
         _ => 1.2,
     }
 }
@@ -102,11 +103,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_slightly_better_filled_last_wave_is_worth_the_narrow_tile() {
-        // 2048×13312 (405B fc1, TP=8 stage): 832 wide tiles = 6.3 waves (7), 1664 narrow = 12.6
-        // (13): 13 · 1.06 / 2 = 6.89 < 7. Interleaved runs measured the narrow tile 1.7 %
-        // faster on average (kernels-gpu/NOTES.md step 12).
-        assert_eq!(choose_variant(2048, 13312, 132).config.block_n, 128);
+    fn the_best_filled_last_wave_wins() {
+        // 2048×13312 (405B fc1, TP=8 stage), in units of a 128×256 tile's time: 832 wide tiles
+        // = 6.3 waves → 7; 1664 narrow ones = 12.6 → 13 · 1.06 / 2 = 6.89; 11 · 70 = 770
+        // tiles of 192×192 = 5.8 waves → 6 · 1.125 = 6.75. Measured: 192×192 3–4 % faster
+        // than 128×256 and 6–7 % faster than 128×128 (gemm-2026-11-30-d18f3ea-variants.md).
+        assert_eq!(choose_variant(2048, 13312, 132).name, "192x192");
         // 2048×16384 (405B fc2, TP=8 stage): 8 waves against 16 · 1.06 / 2 = 8.5: wide.
         assert_eq!(choose_variant(2048, 16384, 132).config.block_n, 256);
     }
