@@ -19,9 +19,12 @@
 //! (c)/(d) (how much of the no-communication GEMM speed distgemm keeps); % of 989 TFLOP/s
 //! (dense bf16 peak of H100/H200 SXM); speed-up = (e)/(d) and (f)/(d).
 //!
-//! Method: operands filled with N(0,1)-like values on the GPU (`fill_normal`), warm-up runs,
-//! then ≥ 20 timed repetitions bracketed by CUDA events (per device for the multi-GPU columns;
-//! a repetition's time is the slowest device's), median reported. A family's (b), (c) and its
+//! Method: operands filled with N(0,1)-like values on the GPU (`fill_normal`); every timed
+//! block starts with ≥ 250 ms of untimed runs (`SETTLE_MS`; the estimate is from the FLOPs per
+//! GPU at `PLANNING_TFLOPS`: a power-capped GPU runs at boost clock for its first ~100-250 ms
+//! after idling, and a block timed then reads 2-4 % fast), then ≥ 20 timed repetitions
+//! bracketed by CUDA events (per device for the multi-GPU columns; a repetition's time is the
+//! slowest device's), median reported. A family's (b), (c) and its
 //! two (d) schedules are prepared together and timed in interleaved rounds (order reversed each
 //! round), so the ratios between them are not skewed by clock and power drift between
 //! measurements taken minutes apart. No input rotation: every
@@ -55,10 +58,10 @@ use distgemm::runtime::{CudaStream, DeviceBuffer, Gpu, Module, hopper_gpus};
 use distgemm::schedule::{BufferKind, CSource, GemmStage, ScheduleKind, View};
 use distgemm::testdata::{RandomShard, fill_normal, random_shards};
 use distgemm_benches::distgemm_report::{
-    Options, PLANNING_TFLOPS, Record, SWEEP_TOKENS, Sched, SweepPoint, TABLE_HEADER, TORCH_AG,
-    TorchResults, USAGE, find_peer_script, missing_notes, ms, nccl_kind_of, parse_args,
-    pipelined_of, pipelining_threshold, presets, row_id, run_peer_command, single_stage_of,
-    table_row, timing_for, torch_op_of, verdicts,
+    Options, Record, SWEEP_TOKENS, Sched, SweepPoint, TABLE_HEADER, TORCH_AG, TorchResults, USAGE,
+    find_peer_script, missing_notes, ms, nccl_kind_of, parse_args, pipelined_of,
+    pipelining_threshold, presets, row_id, run_peer_command, single_stage_of, table_row,
+    timing_for, torch_op_of, verdicts,
 };
 use distgemm_benches::{
     BenchError, MIN_TIMED_REPS, Provenance, ROUNDS, Timing, TimingConfig, interleaved, results_dir,
@@ -426,12 +429,9 @@ fn distgemm<T: NcclElement>(
     block(timing)
 }
 
-/// Untimed work at the start of every interleaved block, in milliseconds.
-const SETTLE_MS: f64 = 250.0;
-
 /// (b), (c) and (d) of one schedule family, timed together in interleaved rounds (each round
 /// a block of a third of the repetitions, at least [`MIN_TIMED_REPS`], after
-/// [`SETTLE_MS`] of untimed launches): the ratios
+/// `SETTLE_MS` of untimed launches): the ratios
 /// (b)/(d) and (c)/(d) then compare measurements taken under the same drift of clocks and
 /// power, not minutes apart.
 struct FamilyTimings {
@@ -463,15 +463,13 @@ fn family_timings<T: NcclElement>(
     for kind in [piped, single] {
         prepared.push(distgemm_block::<T>(ctx, kind, problem, tp));
     }
-    // Every block starts with ≥ SETTLE_MS of untimed launches: GPU 1 idles while GPU 0 runs
-    // (b) and (c), and a (d) block timed straight after that caught it waking up (samples up
-    // to 1.4× the median in a first interleaved run).
-    let est_ms = problem.flops() / tp as f64 / (PLANNING_TFLOPS * 1e12) * 1e3;
-    let settle = (SETTLE_MS / est_ms.max(1e-3)).ceil() as usize;
+    // Every block starts with ≥ SETTLE_MS of untimed launches (the warm-up of `timing_for`):
+    // a (d) block timed straight after a GPU had idled caught it waking up (samples up to
+    // 1.4× the median in a first interleaved run).
     let samples = interleaved(prepared.len(), ROUNDS, |c, _round| {
         let (block, timing) = prepared[c].as_mut().map_err(|e| e.clone())?;
         let round_timing = TimingConfig {
-            warmup: settle.max(timing.warmup),
+            warmup: timing.warmup,
             reps: (timing.reps / ROUNDS).max(MIN_TIMED_REPS),
         };
         block(round_timing).map(|t| t.samples_ms)
