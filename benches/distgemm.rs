@@ -9,8 +9,8 @@
 //! | column | what is timed | where |
 //! |---|---|---|
 //! | (a) | the full M×N×K GEMM on one GPU: our kernel and cuBLASLt | GPU 0 |
-//! | (b) | the single-stage GEMM of the schedule's family without communication: the GEMM node(s) of device 0's plan of the `*-single` schedule (e.g. M×N/P×K for `ag-a`), our kernel | GPU 0 |
-//! | (c) | the P stage GEMMs of the family's pipelined plan, back to back with PDL, no communication, our kernel | GPU 0 |
+//! | (b) | the single-stage GEMM of the schedule's family without communication: every device's GEMM node(s) of the `*-single` schedule's plan (e.g. M×N/P×K for `ag-a`) on its own GPU, our kernel; the shape shown is device 0's | all TP GPUs, max over devices |
+//! | (c) | the P stage GEMMs of the family's pipelined plan, back to back with PDL, no communication, our kernel, every device's on its own GPU | all TP GPUs, max over devices |
 //! | (d) | distgemm itself (`host/src/cuda` `DistGemm`, graphs built once): one `run()` per repetition, time = max over devices, `wait()` checked afterwards | all TP GPUs |
 //! | (e) | NCCL collective + cuBLASLt GEMM in sequence on every GPU (all-gather of A for `ag-a*`, of B for `ag-b*`, GEMM then reduce-scatter of row blocks for `rs-*`) | all TP GPUs |
 //! | (f) | PyTorch async TP: `torch.ops.symm_mem.fused_all_gather_matmul` (gathers A) for the all-gather families, `fused_matmul_reduce_scatter` (scatters rows) for the reduce-scatter ones, from `peers/torch_async_tp.py` | all TP GPUs, separate processes |
@@ -121,7 +121,8 @@ fn run_torch(o: &Options, presets: &[Preset], tokens: &[usize], tp: usize) -> To
 struct Ctx {
     gpus: Vec<Gpu>,
     modules: Vec<Arc<Module>>,
-    kernel0: GemmKernel,
+    /// The GEMM kernel on every GPU (`kernels[d]` from `modules[d]`); GPU 0's also runs (a).
+    kernels: Vec<GemmKernel>,
     opts: Options,
     l2_bytes: u64,
 }
@@ -162,8 +163,7 @@ fn single_gpu<T: NcclElement>(ctx: &Ctx, (m, n, k): (u64, u64, u64)) -> PairOfTi
             d.device_ptr(),
             (m, n, k),
         );
-        let ours = ctx
-            .kernel0
+        let ours = ctx.kernels[0]
             .prepare(&stream, &args)
             .map_err(err)
             .and_then(|g| {
@@ -186,9 +186,10 @@ fn single_gpu<T: NcclElement>(ctx: &Ctx, (m, n, k): (u64, u64, u64)) -> PairOfTi
     }
 }
 
-/// Device 0's buffers of a plan, allocated on GPU 0 and filled with random values (inputs and
-/// workspace; the workspace stands in for data a peer would have sent).
+/// Device `dev`'s buffers of a plan, allocated on GPU `dev` and filled with random values
+/// (inputs and workspace; the workspace stands in for data a peer would have sent).
 struct PlanBuffers<T: NcclElement> {
+    dev: usize,
     a: DeviceBuffer<T>,
     b: DeviceBuffer<T>,
     c: DeviceBuffer<T>,
@@ -197,11 +198,12 @@ struct PlanBuffers<T: NcclElement> {
 }
 
 impl<T: NcclElement> PlanBuffers<T> {
-    fn new(ctx: &Ctx, dev: &DevicePlan, stream: &CudaStream) -> Result<Self, String> {
-        let gpu = &ctx.gpus[0];
-        let module = &ctx.modules[0];
-        let alloc = |kind| DeviceBuffer::<T>::alloc(gpu, dev.buffer_elements(kind)).map_err(err);
+    fn new(ctx: &Ctx, dev: usize, plan: &DevicePlan, stream: &CudaStream) -> Result<Self, String> {
+        let gpu = &ctx.gpus[dev];
+        let module = &ctx.modules[dev];
+        let alloc = |kind| DeviceBuffer::<T>::alloc(gpu, plan.buffer_elements(kind)).map_err(err);
         let mut s = PlanBuffers {
+            dev,
             a: alloc(BufferKind::A)?,
             b: alloc(BufferKind::B)?,
             c: alloc(BufferKind::C)?,
@@ -213,7 +215,8 @@ impl<T: NcclElement> PlanBuffers<T> {
             .enumerate()
         {
             if !buf.is_empty() {
-                fill_normal(module, stream, buf, 21 + i as u32).map_err(err)?;
+                let seed = 21 + 8 * dev as u32 + i as u32;
+                fill_normal(module, stream, buf, seed).map_err(err)?;
             }
         }
         Ok(s)
@@ -229,13 +232,15 @@ impl<T: NcclElement> PlanBuffers<T> {
         }
     }
 
-    /// The view on GPU 0's own buffer of the same kind (a peer's buffer has the same layout,
-    /// so a remote operand is replaced by the local one: compute without communication).
+    /// The view on this GPU's own buffer of the same kind (a peer's buffer has the same
+    /// layout, so a remote operand is replaced by the local one: compute without
+    /// communication).
     fn local(&self, v: &View) -> Result<MatrixView, String> {
         let buf = self.buffer(v.buffer);
         if v.end() > buf.len() {
             return Err(format!(
-                "view {v:?} does not fit device 0's {} buffer",
+                "view {v:?} does not fit device {}'s {} buffer",
+                self.dev,
                 v.buffer.name()
             ));
         }
@@ -281,26 +286,44 @@ fn stage_shapes(dev: &DevicePlan) -> String {
 /// A prepared contender: times one block of repetitions (its own state captured).
 type Block<'a> = Box<dyn FnMut(TimingConfig) -> Result<Timing, String> + 'a>;
 
-/// Prepared GEMM launches and the buffers they read and write (dropped after them).
-struct PlanRun<T: NcclElement> {
+/// One device's prepared GEMM launches and the buffers they read and write (dropped after
+/// them).
+struct DeviceGemms<T: NcclElement> {
     gemms: Vec<PreparedGemm>,
     _bufs: PlanBuffers<T>,
 }
 
+/// Every TP device's [`DeviceGemms`] and its stream (`streams[d]` on GPU d).
+struct PlanRun<T: NcclElement> {
+    devices: Vec<DeviceGemms<T>>,
+    streams: Vec<Arc<CudaStream>>,
+}
+
 impl<T: NcclElement> PlanRun<T> {
-    /// Launches the GEMMs back to back, PDL between consecutive ones. A method, so that a
-    /// closure calling it captures the whole struct: one that named only `self.gemms` would
-    /// capture just that field (disjoint closure captures) and free the buffers early.
-    fn launch_all(&self, stream: &CudaStream) -> Result<(), BenchError> {
-        for (i, g) in self.gemms.iter().enumerate() {
-            g.launch(stream, i > 0)?;
+    /// Launches every device's GEMMs on its stream, back to back, PDL between consecutive ones
+    /// of a device.
+    fn launch_all(&self) -> Result<(), BenchError> {
+        for (dev, stream) in self.devices.iter().zip(&self.streams) {
+            for (i, g) in dev.gemms.iter().enumerate() {
+                g.launch(stream, i > 0)?;
+            }
         }
         Ok(())
     }
+
+    /// Times one block of [`Self::launch_all`] on every device's stream (a repetition's time
+    /// is the slowest device's). A method, so that a closure calling it captures the whole
+    /// struct: one that named only `run.devices` or `run.streams` would capture just that
+    /// field (disjoint closure captures) and free the rest early.
+    fn time_block(&self, gpus: &[Gpu], timing: TimingConfig) -> Result<Timing, String> {
+        time_on_streams(gpus, &self.streams, timing, |_| self.launch_all()).map_err(err)
+    }
 }
 
-/// (b)/(c): device 0's GEMM nodes of `kind`'s plan on GPU 0, back to back (PDL between them),
-/// no communication and no flags. Returns the block, its timing and the stage shapes.
+/// (b)/(c): every device's GEMM nodes of `kind`'s plan, each on its own GPU with that GPU's
+/// kernel and buffers, back to back (PDL between them), no communication and no flags; all TP
+/// GPUs at once, a repetition's time the slowest device's, like (d). Returns the block, its
+/// timing and device 0's stage shapes.
 fn plan_gemms_block<'a, T: NcclElement>(
     ctx: &'a Ctx,
     kind: ScheduleKind,
@@ -308,21 +331,38 @@ fn plan_gemms_block<'a, T: NcclElement>(
     tp: usize,
 ) -> Result<(Block<'a>, TimingConfig, String), String> {
     let plan = Plan::build(kind, problem, tp).map_err(|e| format!("{}: {e}", kind.cli_name()))?;
-    let dev = &plan.devices[0];
-    let gpu = &ctx.gpus[0];
-    let stream = gpu.new_stream().map_err(err)?;
-    let bufs = PlanBuffers::<T>::new(ctx, dev, &stream)?;
-    let gemms: Vec<PreparedGemm> = dev
-        .gemms()
-        .map(|g| {
-            let args = bufs.args(g)?;
-            ctx.kernel0.prepare(&stream, &args).map_err(err)
-        })
-        .collect::<Result<_, _>>()?;
-    if gemms.is_empty() {
-        return Err("the plan has no GEMM".into());
+    let gpus = &ctx.gpus[..tp];
+    if plan.devices.len() != tp {
+        return Err(format!(
+            "{}: the plan has {} devices for TP = {tp}",
+            kind.cli_name(),
+            plan.devices.len()
+        ));
     }
-    let flops: f64 = dev.gemms().map(|g| g.shape.flops()).sum();
+    let mut devices = Vec::with_capacity(tp);
+    let mut streams = Vec::with_capacity(tp);
+    for (d, dev) in plan.devices.iter().enumerate() {
+        let stream = ctx.gpus[d].new_stream().map_err(err)?;
+        let bufs = PlanBuffers::<T>::new(ctx, d, dev, &stream)?;
+        let gemms: Vec<PreparedGemm> = dev
+            .gemms()
+            .map(|g| {
+                let args = bufs.args(g)?;
+                ctx.kernels[d].prepare(&stream, &args).map_err(err)
+            })
+            .collect::<Result<_, _>>()?;
+        if gemms.is_empty() {
+            return Err(format!("device {d}'s plan has no GEMM"));
+        }
+        devices.push(DeviceGemms { gemms, _bufs: bufs });
+        streams.push(stream);
+    }
+    let dev0 = &plan.devices[0];
+    let flops = plan
+        .devices
+        .iter()
+        .map(|dev| dev.gemms().map(|g| g.shape.flops()).sum::<f64>())
+        .fold(0.0, f64::max);
     let bytes: usize = [
         BufferKind::A,
         BufferKind::B,
@@ -330,17 +370,15 @@ fn plan_gemms_block<'a, T: NcclElement>(
         BufferKind::Workspace,
     ]
     .iter()
-    .map(|&b| dev.buffer_elements(b) * size_of::<T>())
+    .map(|&b| dev0.buffer_elements(b) * size_of::<T>())
     .sum();
     warn_if_in_l2(ctx, kind.cli_name(), bytes as u64);
-    let run = PlanRun { gemms, _bufs: bufs };
-    let block = move |timing| {
-        time_on_stream(gpu, &stream, timing, |_| run.launch_all(&stream)).map_err(err)
-    };
+    let run = PlanRun { devices, streams };
+    let block = move |timing| run.time_block(gpus, timing);
     Ok((
         Box::new(block),
         timing_for(flops, &ctx.opts),
-        stage_shapes(dev),
+        stage_shapes(dev0),
     ))
 }
 
@@ -928,13 +966,16 @@ fn run(opts: Options) -> Result<(), BenchError> {
         .iter()
         .map(Module::load)
         .collect::<Result<Vec<_>, _>>()?;
-    let kernel0 = GemmKernel::new(&modules[0])?;
+    let kernels = modules
+        .iter()
+        .map(GemmKernel::new)
+        .collect::<Result<Vec<_>, _>>()?;
     let prov = Provenance::collect(&gpus[0]);
     let ctx = Ctx {
         l2_bytes: u64::from(gpus[0].l2_cache_bytes()),
         gpus,
         modules,
-        kernel0,
+        kernels,
         opts,
     };
     println!(
