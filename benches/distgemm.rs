@@ -24,11 +24,12 @@
 //! GPU at `PLANNING_TFLOPS`: a power-capped GPU runs at boost clock for its first ~100-250 ms
 //! after idling, and a block timed then reads 2-4 % fast), then ≥ 20 timed repetitions
 //! bracketed by CUDA events (per device for the multi-GPU columns; a repetition's time is the
-//! slowest device's), median reported. A family's (b), (c) and its
-//! two (d) schedules are prepared together and timed in interleaved rounds (order reversed each
+//! slowest device's), median reported. A family's (b), (c), its two (d) schedules and its (e)
+//! are prepared together and timed in interleaved rounds on all TP GPUs (order reversed each
 //! round), so the ratios between them are not skewed by clock and power drift between
-//! measurements taken minutes apart. No input rotation: every
-//! working set here is several times the 50 MiB L2 (a warning is printed if one is not).
+//! measurements taken minutes apart (the two reduce-scatter families measure the same (e),
+//! each in its own rounds). No input rotation: every working set here is several times the
+//! 50 MiB L2 (a warning is printed if one is not).
 //! A column that cannot be measured is `null` in the JSON with the reason in `missing`.
 //!
 //! Usage (the bundle's runner passes a FILTER and `--bench`):
@@ -382,24 +383,43 @@ fn plan_gemms_block<'a, T: NcclElement>(
     ))
 }
 
-/// (e): NCCL collective + cuBLASLt on the first `tp` GPUs.
-fn nccl_cublas<T: NcclElement>(
-    ctx: &Ctx,
+/// A built NCCL + cuBLASLt baseline (it owns its communicators, streams and buffers).
+struct NcclRun<T: NcclElement> {
+    base: NcclGemmBaseline<T>,
+}
+
+impl<T: NcclElement> NcclRun<T> {
+    /// Times one block of `enqueue()`s on every rank's stream (max over devices per
+    /// repetition), then synchronises. A method, so that the closure calling it owns the
+    /// whole baseline (see [`PlanRun::time_block`]).
+    fn time_block(&self, gpus: &[Gpu], timing: TimingConfig) -> Result<Timing, String> {
+        let streams = self.base.streams();
+        let t = time_on_streams(gpus, &streams, timing, |_| {
+            self.base
+                .enqueue()
+                .map_err(|e| BenchError::Work(e.to_string()))
+        })
+        .map_err(err)?;
+        self.base.synchronize().map_err(err)?;
+        Ok(t)
+    }
+}
+
+/// (e): NCCL collective + cuBLASLt on the first `tp` GPUs, built once; each block is
+/// [`NcclRun::time_block`].
+fn nccl_block<'a, T: NcclElement>(
+    ctx: &'a Ctx,
     kind: NcclGemmKind,
     problem: Problem,
     tp: usize,
-) -> Result<Timing, String> {
+) -> Result<(Block<'a>, TimingConfig), String> {
     let (m, n, k) = (problem.m as u64, problem.n as u64, problem.k as u64);
     let layout = NcclGemmLayout::new(kind, m, n, k, tp as u64)?;
     let base = NcclGemmBaseline::<T>::new(&ctx.modules[..tp], kind, (m, n, k), 31).map_err(err)?;
-    let streams = base.streams();
-    let timing = timing_for(layout.gemm.flops(), &ctx.opts);
-    let t = time_on_streams(&ctx.gpus[..tp], &streams, timing, |_| {
-        base.enqueue().map_err(|e| BenchError::Work(e.to_string()))
-    })
-    .map_err(err)?;
-    base.synchronize().map_err(err)?;
-    Ok(t)
+    let gpus = &ctx.gpus[..tp];
+    let run = NcclRun { base };
+    let block = move |timing| run.time_block(gpus, timing);
+    Ok((Box::new(block), timing_for(layout.gemm.flops(), &ctx.opts)))
 }
 
 /// A built `DistGemm` and the shards it reads and writes (dropped after it).
@@ -456,22 +476,16 @@ fn distgemm_block<'a, T: NcclElement>(
     Ok((Box::new(block), timing_for(flops_per_gpu, &ctx.opts)))
 }
 
-/// (d) on its own: one block of [`distgemm_block`] (the token sweep).
-fn distgemm<T: NcclElement>(
-    ctx: &Ctx,
-    kind: ScheduleKind,
-    problem: Problem,
-    tp: usize,
-) -> Result<Timing, String> {
-    let (mut block, timing) = distgemm_block::<T>(ctx, kind, problem, tp)?;
+/// A prepared contender on its own: one block with its full timing (the token sweep's (d)
+/// and (e)).
+fn one_block((mut block, timing): (Block<'_>, TimingConfig)) -> Result<Timing, String> {
     block(timing)
 }
 
-/// (b), (c) and (d) of one schedule family, timed together in interleaved rounds (each round
-/// a block of a third of the repetitions, at least [`MIN_TIMED_REPS`], after
-/// `SETTLE_MS` of untimed launches): the ratios
-/// (b)/(d) and (c)/(d) then compare measurements taken under the same drift of clocks and
-/// power, not minutes apart.
+/// (b), (c), (d) and (e) of one schedule family, timed together on all TP GPUs in interleaved
+/// rounds (each round a block of a third of the repetitions, at least [`MIN_TIMED_REPS`],
+/// after `SETTLE_MS` of untimed launches): the ratios (b)/(d), (c)/(d) and (e)/(d) then
+/// compare measurements taken under the same drift of clocks and power, not minutes apart.
 struct FamilyTimings {
     /// (b): the single-stage schedule's GEMM without communication, and its shape.
     single_stage_nocomm: Result<(Timing, String), String>,
@@ -479,6 +493,8 @@ struct FamilyTimings {
     pipelined_nocomm: Result<(Timing, String), String>,
     /// (d) of the family's pipelined and single-stage schedules.
     distgemm: HashMap<ScheduleKind, Result<Timing, String>>,
+    /// (e): the family's NCCL collective + cuBLASLt ([`nccl_kind_of`]).
+    nccl_cublas: Result<Timing, String>,
 }
 
 fn family_timings<T: NcclElement>(
@@ -501,6 +517,7 @@ fn family_timings<T: NcclElement>(
     for kind in [piped, single] {
         prepared.push(distgemm_block::<T>(ctx, kind, problem, tp));
     }
+    prepared.push(nccl_block::<T>(ctx, nccl_kind_of(family), problem, tp));
     // Every block starts with ≥ SETTLE_MS of untimed launches (the warm-up of `timing_for`):
     // a (d) block timed straight after a GPU had idled caught it waking up (samples up to
     // 1.4× the median in a first interleaved run).
@@ -515,7 +532,7 @@ fn family_timings<T: NcclElement>(
     let mut timings = samples
         .into_iter()
         .map(|s| s.and_then(|s| Timing::from_samples(s).map_err(err)));
-    let mut next = || timings.next().expect("four contenders");
+    let mut next = || timings.next().expect("five contenders");
     let [b_shape, c_shape] = shapes;
     let b = next().map(|t| (t, b_shape));
     let c = next().map(|t| (t, c_shape));
@@ -524,6 +541,7 @@ fn family_timings<T: NcclElement>(
         single_stage_nocomm: b,
         pipelined_nocomm: c,
         distgemm,
+        nccl_cublas: next(),
     }
 }
 
@@ -572,13 +590,8 @@ fn preset_rows<T: NcclElement>(
     println!("== {} (M={}, TP={tp})", preset.name(), o.tokens);
     let (m, n, k) = (problem.m as u64, problem.n as u64, problem.k as u64);
     let (a_ours, a_cublas) = single_gpu::<T>(ctx, (m, n, k));
-    let mut nccl: HashMap<NcclGemmKind, Result<Timing, String>> = HashMap::new();
-    let mut get_nccl = |kind: NcclGemmKind| {
-        nccl.entry(kind)
-            .or_insert_with(|| nccl_cublas::<T>(ctx, kind, problem, tp))
-            .clone()
-    };
-    // (b), (c) and (d) per family, each family's contenders timed together.
+    // (b), (c), (d) and (e) per family, each family's contenders timed together (rs-a and rs-b
+    // measure the same (e), each in its own family's rounds).
     let mut families: HashMap<ScheduleKind, FamilyTimings> = HashMap::new();
     for family in rows.iter().map(|s| s.family()) {
         families
@@ -646,10 +659,9 @@ fn preset_rows<T: NcclElement>(
             r.pipelined_nocomm_ms = Some(t.median_ms);
             r.pipelined_stage_shapes = Some(s);
         }
-        let nk = nccl_kind_of(kind);
-        r.nccl_cublas_variant = Some(nk.name().into());
+        r.nccl_cublas_variant = Some(nccl_kind_of(sched.family()).name().into());
         r.nccl_cublas_ms = r
-            .set("nccl_cublas_ms", &get_nccl(nk))
+            .set("nccl_cublas_ms", &family.nccl_cublas)
             .map(|t: Timing| t.median_ms);
         let op = torch_op_of(kind);
         r.torch_async_tp_op = Some(op.into());
@@ -805,7 +817,7 @@ fn sweep<T: NcclElement>(ctx: &Ctx, tp: usize, prov: &Provenance) -> Result<(), 
             };
             p.family = family.cli_name().into();
             for kind in ScheduleKind::ALL {
-                match distgemm::<T>(ctx, kind, problem, tp) {
+                match distgemm_block::<T>(ctx, kind, problem, tp).and_then(one_block) {
                     Ok(t) => {
                         p.schedules_ms
                             .insert(kind.cli_name().into(), Some(t.median_ms));
@@ -822,7 +834,7 @@ fn sweep<T: NcclElement>(ctx: &Ctx, tp: usize, prov: &Provenance) -> Result<(), 
                     p.missing.insert("auto".into(), e);
                 }
             }
-            match nccl_cublas::<T>(ctx, natural, problem, tp) {
+            match nccl_block::<T>(ctx, natural, problem, tp).and_then(one_block) {
                 Ok(t) => p.nccl_cublas_ms = Some(t.median_ms),
                 Err(e) => {
                     p.missing.insert("nccl_cublas_ms".into(), e);
