@@ -13,7 +13,7 @@
 //! | (c) | the P stage GEMMs of the family's pipelined plan, back to back with PDL, no communication, our kernel, every device's on its own GPU | all TP GPUs, max over devices |
 //! | (d) | distgemm itself (`host/src/cuda` `DistGemm`, graphs built once): one `run()` per repetition, time = max over devices, `wait()` checked afterwards | all TP GPUs |
 //! | (e) | NCCL collective + cuBLASLt GEMM in sequence on every GPU (all-gather of A for `ag-a*`, of B for `ag-b*`, GEMM then reduce-scatter of row blocks for `rs-*`) | all TP GPUs |
-//! | (f) | PyTorch async TP: `torch.ops.symm_mem.fused_all_gather_matmul` (gathers A) for the all-gather families, `fused_matmul_reduce_scatter` (scatters rows) for the reduce-scatter ones, from `peers/torch_async_tp.py` | all TP GPUs, separate processes |
+//! | (f) | PyTorch async TP: `torch.ops.symm_mem.fused_all_gather_matmul` (gathers A) for the all-gather families, `fused_matmul_reduce_scatter` (scatters rows) for the reduce-scatter ones, from `peers/torch_async_tp.py` (`--settle-ms` = `SETTLE_MS`: it settles like our blocks) | all TP GPUs, separate processes |
 //!
 //! Derived: TFLOP/s per GPU = 2·M·N·K / TP / (d); "% of (b)" = (b)/(d) and "% of (c)" =
 //! (c)/(d) (how much of the no-communication GEMM speed distgemm keeps); % of 989 TFLOP/s
@@ -59,10 +59,10 @@ use distgemm::runtime::{CudaStream, DeviceBuffer, Gpu, Module, hopper_gpus};
 use distgemm::schedule::{BufferKind, CSource, GemmStage, ScheduleKind, View};
 use distgemm::testdata::{RandomShard, fill_normal, random_shards};
 use distgemm_benches::distgemm_report::{
-    Options, Record, SWEEP_TOKENS, Sched, SweepPoint, TABLE_HEADER, TORCH_AG, TorchResults, USAGE,
-    find_peer_script, missing_notes, ms, nccl_kind_of, parse_args, pipelined_of,
-    pipelining_threshold, presets, row_id, run_peer_command, single_stage_of, table_row,
-    timing_for, torch_op_of, verdicts,
+    Options, Record, SETTLE_MS, SWEEP_TOKENS, Sched, SweepPoint, TABLE_HEADER, TORCH_AG,
+    TorchResults, USAGE, find_peer_script, missing_notes, ms, nccl_kind_of, parse_args,
+    pipelined_of, pipelining_threshold, presets, row_id, run_peer_command, single_stage_of,
+    table_row, timing_for, torch_op_of, verdicts,
 };
 use distgemm_benches::{
     BenchError, MIN_TIMED_REPS, Provenance, ROUNDS, Timing, TimingConfig, interleaved, results_dir,
@@ -102,6 +102,8 @@ fn run_torch(o: &Options, presets: &[Preset], tokens: &[usize], tp: usize) -> To
         .arg(o.dtype.name())
         .arg("--reps")
         .arg(o.reps.unwrap_or(20).to_string())
+        .arg("--settle-ms")
+        .arg(SETTLE_MS.to_string())
         .env("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
         .env("NCCL_NVLS_ENABLE", "0")
         .env("NVSHMEM_DISABLE_NVLS", "1")
