@@ -728,10 +728,13 @@ fn table<T: NcclElement>(
          Machine: {} × {tp}, {}. Date: {}. Commit: {}. M = {} tokens, {}, TP = {tp}.\n\
          PyTorch: {}.\n\n\
          (a) full GEMM on one GPU; (b) the family's single-stage local GEMM, no communication; \
-         (c) the family's P pipelined stage GEMMs back to back, no communication; (d) distgemm, \
-         max over devices; (e) NCCL collective + cuBLASLt in sequence; (f) PyTorch symm_mem \
-         fused op. % of (b)/(c) = (b)/(d), (c)/(d); ×(e), ×(f) = speed-up of (d). Medians; \
-         a family's (b), (c) and (d) are timed together in interleaved rounds.\n\n",
+         (c) the family's P pipelined stage GEMMs back to back, no communication; (d) distgemm; \
+         (e) NCCL collective + cuBLASLt in sequence; (f) PyTorch symm_mem fused op. \
+         % of (b)/(c) = (b)/(d), (c)/(d); ×(e), ×(f) = speed-up of (d). Medians; (b)-(f) \
+         run on all TP GPUs, a repetition's time is the slowest device's. Every timed block \
+         starts with ≥ {SETTLE_MS:.0} ms of untimed work (a GPU that idled runs at boost clock \
+         at first); a family's (b), (c), (d) and (e) are timed together in interleaved rounds \
+         on all TP GPUs; PyTorch settles the same way (--settle-ms {SETTLE_MS:.0}).\n\n",
         prov.gpu,
         prov.driver,
         prov.date,
@@ -771,7 +774,8 @@ fn sweep<T: NcclElement>(ctx: &Ctx, tp: usize, prov: &Provenance) -> Result<(), 
     let mut md = format!(
         "# distgemm token sweep: where pipelining stops paying\n\n\
          Machine: {} × {tp}, {}. Date: {}. Commit: {}. {}, TP = {tp}. Times in ms (medians; \
-         max over devices). (e) = NCCL collective + cuBLASLt in sequence.\n\n",
+         max over devices; every timed block starts with ≥ {SETTLE_MS:.0} ms of untimed work). \
+         (e) = NCCL collective + cuBLASLt in sequence.\n\n",
         prov.gpu,
         prov.driver,
         prov.date,
