@@ -9,23 +9,27 @@
 //! | column | what is timed | where |
 //! |---|---|---|
 //! | (a) | the full M×N×K GEMM on one GPU: our kernel and cuBLASLt | GPU 0 |
-//! | (b) | the single-stage GEMM of the schedule's family without communication: the GEMM node(s) of device 0's plan of the `*-single` schedule (e.g. M×N/P×K for `ag-a`), our kernel | GPU 0 |
-//! | (c) | the P stage GEMMs of the family's pipelined plan, back to back with PDL, no communication, our kernel | GPU 0 |
+//! | (b) | the single-stage GEMM of the schedule's family without communication: every device's GEMM node(s) of the `*-single` schedule's plan (e.g. M×N/P×K for `ag-a`) on its own GPU, our kernel; the shape shown is device 0's | all TP GPUs, max over devices |
+//! | (c) | the P stage GEMMs of the family's pipelined plan, back to back with PDL, no communication, our kernel, every device's on its own GPU | all TP GPUs, max over devices |
 //! | (d) | distgemm itself (`host/src/cuda` `DistGemm`, graphs built once): one `run()` per repetition, time = max over devices, `wait()` checked afterwards | all TP GPUs |
 //! | (e) | NCCL collective + cuBLASLt GEMM in sequence on every GPU (all-gather of A for `ag-a*`, of B for `ag-b*`, GEMM then reduce-scatter of row blocks for `rs-*`) | all TP GPUs |
-//! | (f) | PyTorch async TP: `torch.ops.symm_mem.fused_all_gather_matmul` (gathers A) for the all-gather families, `fused_matmul_reduce_scatter` (scatters rows) for the reduce-scatter ones, from `peers/torch_async_tp.py` | all TP GPUs, separate processes |
+//! | (f) | PyTorch async TP: `torch.ops.symm_mem.fused_all_gather_matmul` (gathers A) for the all-gather families, `fused_matmul_reduce_scatter` (scatters rows) for the reduce-scatter ones, from `peers/torch_async_tp.py` (`--settle-ms` = `SETTLE_MS`: it settles like our blocks) | all TP GPUs, separate processes |
 //!
 //! Derived: TFLOP/s per GPU = 2·M·N·K / TP / (d); "% of (b)" = (b)/(d) and "% of (c)" =
 //! (c)/(d) (how much of the no-communication GEMM speed distgemm keeps); % of 989 TFLOP/s
 //! (dense bf16 peak of H100/H200 SXM); speed-up = (e)/(d) and (f)/(d).
 //!
-//! Method: operands filled with N(0,1)-like values on the GPU (`fill_normal`), warm-up runs,
-//! then ≥ 20 timed repetitions bracketed by CUDA events (per device for the multi-GPU columns;
-//! a repetition's time is the slowest device's), median reported. A family's (b), (c) and its
-//! two (d) schedules are prepared together and timed in interleaved rounds (order reversed each
+//! Method: operands filled with N(0,1)-like values on the GPU (`fill_normal`); every timed
+//! block starts with ≥ 250 ms of untimed runs (`SETTLE_MS`; the estimate is from the FLOPs per
+//! GPU at `PLANNING_TFLOPS`: a power-capped GPU runs at boost clock for its first ~100-250 ms
+//! after idling, and a block timed then reads 2-4 % fast), then ≥ 20 timed repetitions
+//! bracketed by CUDA events (per device for the multi-GPU columns; a repetition's time is the
+//! slowest device's), median reported. A family's (b), (c), its two (d) schedules and its (e)
+//! are prepared together and timed in interleaved rounds on all TP GPUs (order reversed each
 //! round), so the ratios between them are not skewed by clock and power drift between
-//! measurements taken minutes apart. No input rotation: every
-//! working set here is several times the 50 MiB L2 (a warning is printed if one is not).
+//! measurements taken minutes apart (the two reduce-scatter families measure the same (e),
+//! each in its own rounds). No input rotation: every working set here is several times the
+//! 50 MiB L2 (a warning is printed if one is not).
 //! A column that cannot be measured is `null` in the JSON with the reason in `missing`.
 //!
 //! Usage (the bundle's runner passes a FILTER and `--bench`):
@@ -55,7 +59,7 @@ use distgemm::runtime::{CudaStream, DeviceBuffer, Gpu, Module, hopper_gpus};
 use distgemm::schedule::{BufferKind, CSource, GemmStage, ScheduleKind, View};
 use distgemm::testdata::{RandomShard, fill_normal, random_shards};
 use distgemm_benches::distgemm_report::{
-    Options, PLANNING_TFLOPS, Record, SWEEP_TOKENS, Sched, SweepPoint, TABLE_HEADER, TORCH_AG,
+    Options, Record, SETTLE_MS, SWEEP_TOKENS, Sched, SweepPoint, TABLE_HEADER, TORCH_AG,
     TorchResults, USAGE, find_peer_script, missing_notes, ms, nccl_kind_of, parse_args,
     pipelined_of, pipelining_threshold, presets, row_id, run_peer_command, single_stage_of,
     table_row, timing_for, torch_op_of, verdicts,
@@ -98,6 +102,8 @@ fn run_torch(o: &Options, presets: &[Preset], tokens: &[usize], tp: usize) -> To
         .arg(o.dtype.name())
         .arg("--reps")
         .arg(o.reps.unwrap_or(20).to_string())
+        .arg("--settle-ms")
+        .arg(SETTLE_MS.to_string())
         .env("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
         .env("NCCL_NVLS_ENABLE", "0")
         .env("NVSHMEM_DISABLE_NVLS", "1")
@@ -118,7 +124,8 @@ fn run_torch(o: &Options, presets: &[Preset], tokens: &[usize], tp: usize) -> To
 struct Ctx {
     gpus: Vec<Gpu>,
     modules: Vec<Arc<Module>>,
-    kernel0: GemmKernel,
+    /// The GEMM kernel on every GPU (`kernels[d]` from `modules[d]`); GPU 0's also runs (a).
+    kernels: Vec<GemmKernel>,
     opts: Options,
     l2_bytes: u64,
 }
@@ -159,8 +166,7 @@ fn single_gpu<T: NcclElement>(ctx: &Ctx, (m, n, k): (u64, u64, u64)) -> PairOfTi
             d.device_ptr(),
             (m, n, k),
         );
-        let ours = ctx
-            .kernel0
+        let ours = ctx.kernels[0]
             .prepare(&stream, &args)
             .map_err(err)
             .and_then(|g| {
@@ -183,9 +189,10 @@ fn single_gpu<T: NcclElement>(ctx: &Ctx, (m, n, k): (u64, u64, u64)) -> PairOfTi
     }
 }
 
-/// Device 0's buffers of a plan, allocated on GPU 0 and filled with random values (inputs and
-/// workspace; the workspace stands in for data a peer would have sent).
+/// Device `dev`'s buffers of a plan, allocated on GPU `dev` and filled with random values
+/// (inputs and workspace; the workspace stands in for data a peer would have sent).
 struct PlanBuffers<T: NcclElement> {
+    dev: usize,
     a: DeviceBuffer<T>,
     b: DeviceBuffer<T>,
     c: DeviceBuffer<T>,
@@ -194,11 +201,12 @@ struct PlanBuffers<T: NcclElement> {
 }
 
 impl<T: NcclElement> PlanBuffers<T> {
-    fn new(ctx: &Ctx, dev: &DevicePlan, stream: &CudaStream) -> Result<Self, String> {
-        let gpu = &ctx.gpus[0];
-        let module = &ctx.modules[0];
-        let alloc = |kind| DeviceBuffer::<T>::alloc(gpu, dev.buffer_elements(kind)).map_err(err);
+    fn new(ctx: &Ctx, dev: usize, plan: &DevicePlan, stream: &CudaStream) -> Result<Self, String> {
+        let gpu = &ctx.gpus[dev];
+        let module = &ctx.modules[dev];
+        let alloc = |kind| DeviceBuffer::<T>::alloc(gpu, plan.buffer_elements(kind)).map_err(err);
         let mut s = PlanBuffers {
+            dev,
             a: alloc(BufferKind::A)?,
             b: alloc(BufferKind::B)?,
             c: alloc(BufferKind::C)?,
@@ -210,7 +218,8 @@ impl<T: NcclElement> PlanBuffers<T> {
             .enumerate()
         {
             if !buf.is_empty() {
-                fill_normal(module, stream, buf, 21 + i as u32).map_err(err)?;
+                let seed = 21 + 8 * dev as u32 + i as u32;
+                fill_normal(module, stream, buf, seed).map_err(err)?;
             }
         }
         Ok(s)
@@ -226,13 +235,15 @@ impl<T: NcclElement> PlanBuffers<T> {
         }
     }
 
-    /// The view on GPU 0's own buffer of the same kind (a peer's buffer has the same layout,
-    /// so a remote operand is replaced by the local one: compute without communication).
+    /// The view on this GPU's own buffer of the same kind (a peer's buffer has the same
+    /// layout, so a remote operand is replaced by the local one: compute without
+    /// communication).
     fn local(&self, v: &View) -> Result<MatrixView, String> {
         let buf = self.buffer(v.buffer);
         if v.end() > buf.len() {
             return Err(format!(
-                "view {v:?} does not fit device 0's {} buffer",
+                "view {v:?} does not fit device {}'s {} buffer",
+                self.dev,
                 v.buffer.name()
             ));
         }
@@ -278,26 +289,44 @@ fn stage_shapes(dev: &DevicePlan) -> String {
 /// A prepared contender: times one block of repetitions (its own state captured).
 type Block<'a> = Box<dyn FnMut(TimingConfig) -> Result<Timing, String> + 'a>;
 
-/// Prepared GEMM launches and the buffers they read and write (dropped after them).
-struct PlanRun<T: NcclElement> {
+/// One device's prepared GEMM launches and the buffers they read and write (dropped after
+/// them).
+struct DeviceGemms<T: NcclElement> {
     gemms: Vec<PreparedGemm>,
     _bufs: PlanBuffers<T>,
 }
 
+/// Every TP device's [`DeviceGemms`] and its stream (`streams[d]` on GPU d).
+struct PlanRun<T: NcclElement> {
+    devices: Vec<DeviceGemms<T>>,
+    streams: Vec<Arc<CudaStream>>,
+}
+
 impl<T: NcclElement> PlanRun<T> {
-    /// Launches the GEMMs back to back, PDL between consecutive ones. A method, so that a
-    /// closure calling it captures the whole struct: one that named only `self.gemms` would
-    /// capture just that field (disjoint closure captures) and free the buffers early.
-    fn launch_all(&self, stream: &CudaStream) -> Result<(), BenchError> {
-        for (i, g) in self.gemms.iter().enumerate() {
-            g.launch(stream, i > 0)?;
+    /// Launches every device's GEMMs on its stream, back to back, PDL between consecutive ones
+    /// of a device.
+    fn launch_all(&self) -> Result<(), BenchError> {
+        for (dev, stream) in self.devices.iter().zip(&self.streams) {
+            for (i, g) in dev.gemms.iter().enumerate() {
+                g.launch(stream, i > 0)?;
+            }
         }
         Ok(())
     }
+
+    /// Times one block of [`Self::launch_all`] on every device's stream (a repetition's time
+    /// is the slowest device's). A method, so that a closure calling it captures the whole
+    /// struct: one that named only `run.devices` or `run.streams` would capture just that
+    /// field (disjoint closure captures) and free the rest early.
+    fn time_block(&self, gpus: &[Gpu], timing: TimingConfig) -> Result<Timing, String> {
+        time_on_streams(gpus, &self.streams, timing, |_| self.launch_all()).map_err(err)
+    }
 }
 
-/// (b)/(c): device 0's GEMM nodes of `kind`'s plan on GPU 0, back to back (PDL between them),
-/// no communication and no flags. Returns the block, its timing and the stage shapes.
+/// (b)/(c): every device's GEMM nodes of `kind`'s plan, each on its own GPU with that GPU's
+/// kernel and buffers, back to back (PDL between them), no communication and no flags; all TP
+/// GPUs at once, a repetition's time the slowest device's, like (d). Returns the block, its
+/// timing and device 0's stage shapes.
 fn plan_gemms_block<'a, T: NcclElement>(
     ctx: &'a Ctx,
     kind: ScheduleKind,
@@ -305,21 +334,38 @@ fn plan_gemms_block<'a, T: NcclElement>(
     tp: usize,
 ) -> Result<(Block<'a>, TimingConfig, String), String> {
     let plan = Plan::build(kind, problem, tp).map_err(|e| format!("{}: {e}", kind.cli_name()))?;
-    let dev = &plan.devices[0];
-    let gpu = &ctx.gpus[0];
-    let stream = gpu.new_stream().map_err(err)?;
-    let bufs = PlanBuffers::<T>::new(ctx, dev, &stream)?;
-    let gemms: Vec<PreparedGemm> = dev
-        .gemms()
-        .map(|g| {
-            let args = bufs.args(g)?;
-            ctx.kernel0.prepare(&stream, &args).map_err(err)
-        })
-        .collect::<Result<_, _>>()?;
-    if gemms.is_empty() {
-        return Err("the plan has no GEMM".into());
+    let gpus = &ctx.gpus[..tp];
+    if plan.devices.len() != tp {
+        return Err(format!(
+            "{}: the plan has {} devices for TP = {tp}",
+            kind.cli_name(),
+            plan.devices.len()
+        ));
     }
-    let flops: f64 = dev.gemms().map(|g| g.shape.flops()).sum();
+    let mut devices = Vec::with_capacity(tp);
+    let mut streams = Vec::with_capacity(tp);
+    for (d, dev) in plan.devices.iter().enumerate() {
+        let stream = ctx.gpus[d].new_stream().map_err(err)?;
+        let bufs = PlanBuffers::<T>::new(ctx, d, dev, &stream)?;
+        let gemms: Vec<PreparedGemm> = dev
+            .gemms()
+            .map(|g| {
+                let args = bufs.args(g)?;
+                ctx.kernels[d].prepare(&stream, &args).map_err(err)
+            })
+            .collect::<Result<_, _>>()?;
+        if gemms.is_empty() {
+            return Err(format!("device {d}'s plan has no GEMM"));
+        }
+        devices.push(DeviceGemms { gemms, _bufs: bufs });
+        streams.push(stream);
+    }
+    let dev0 = &plan.devices[0];
+    let flops = plan
+        .devices
+        .iter()
+        .map(|dev| dev.gemms().map(|g| g.shape.flops()).sum::<f64>())
+        .fold(0.0, f64::max);
     let bytes: usize = [
         BufferKind::A,
         BufferKind::B,
@@ -327,38 +373,55 @@ fn plan_gemms_block<'a, T: NcclElement>(
         BufferKind::Workspace,
     ]
     .iter()
-    .map(|&b| dev.buffer_elements(b) * size_of::<T>())
+    .map(|&b| dev0.buffer_elements(b) * size_of::<T>())
     .sum();
     warn_if_in_l2(ctx, kind.cli_name(), bytes as u64);
-    let run = PlanRun { gemms, _bufs: bufs };
-    let block = move |timing| {
-        time_on_stream(gpu, &stream, timing, |_| run.launch_all(&stream)).map_err(err)
-    };
+    let run = PlanRun { devices, streams };
+    let block = move |timing| run.time_block(gpus, timing);
     Ok((
         Box::new(block),
         timing_for(flops, &ctx.opts),
-        stage_shapes(dev),
+        stage_shapes(dev0),
     ))
 }
 
-/// (e): NCCL collective + cuBLASLt on the first `tp` GPUs.
-fn nccl_cublas<T: NcclElement>(
-    ctx: &Ctx,
+/// A built NCCL + cuBLASLt baseline (it owns its communicators, streams and buffers).
+struct NcclRun<T: NcclElement> {
+    base: NcclGemmBaseline<T>,
+}
+
+impl<T: NcclElement> NcclRun<T> {
+    /// Times one block of `enqueue()`s on every rank's stream (max over devices per
+    /// repetition), then synchronises. A method, so that the closure calling it owns the
+    /// whole baseline (see [`PlanRun::time_block`]).
+    fn time_block(&self, gpus: &[Gpu], timing: TimingConfig) -> Result<Timing, String> {
+        let streams = self.base.streams();
+        let t = time_on_streams(gpus, &streams, timing, |_| {
+            self.base
+                .enqueue()
+                .map_err(|e| BenchError::Work(e.to_string()))
+        })
+        .map_err(err)?;
+        self.base.synchronize().map_err(err)?;
+        Ok(t)
+    }
+}
+
+/// (e): NCCL collective + cuBLASLt on the first `tp` GPUs, built once; each block is
+/// [`NcclRun::time_block`].
+fn nccl_block<'a, T: NcclElement>(
+    ctx: &'a Ctx,
     kind: NcclGemmKind,
     problem: Problem,
     tp: usize,
-) -> Result<Timing, String> {
+) -> Result<(Block<'a>, TimingConfig), String> {
     let (m, n, k) = (problem.m as u64, problem.n as u64, problem.k as u64);
     let layout = NcclGemmLayout::new(kind, m, n, k, tp as u64)?;
     let base = NcclGemmBaseline::<T>::new(&ctx.modules[..tp], kind, (m, n, k), 31).map_err(err)?;
-    let streams = base.streams();
-    let timing = timing_for(layout.gemm.flops(), &ctx.opts);
-    let t = time_on_streams(&ctx.gpus[..tp], &streams, timing, |_| {
-        base.enqueue().map_err(|e| BenchError::Work(e.to_string()))
-    })
-    .map_err(err)?;
-    base.synchronize().map_err(err)?;
-    Ok(t)
+    let gpus = &ctx.gpus[..tp];
+    let run = NcclRun { base };
+    let block = move |timing| run.time_block(gpus, timing);
+    Ok((Box::new(block), timing_for(layout.gemm.flops(), &ctx.opts)))
 }
 
 /// A built `DistGemm` and the shards it reads and writes (dropped after it).
@@ -415,25 +478,16 @@ fn distgemm_block<'a, T: NcclElement>(
     Ok((Box::new(block), timing_for(flops_per_gpu, &ctx.opts)))
 }
 
-/// (d) on its own: one block of [`distgemm_block`] (the token sweep).
-fn distgemm<T: NcclElement>(
-    ctx: &Ctx,
-    kind: ScheduleKind,
-    problem: Problem,
-    tp: usize,
-) -> Result<Timing, String> {
-    let (mut block, timing) = distgemm_block::<T>(ctx, kind, problem, tp)?;
+/// A prepared contender on its own: one block with its full timing (the token sweep's (d)
+/// and (e)).
+fn one_block((mut block, timing): (Block<'_>, TimingConfig)) -> Result<Timing, String> {
     block(timing)
 }
 
-/// Untimed work at the start of every interleaved block, in milliseconds.
-const SETTLE_MS: f64 = 250.0;
-
-/// (b), (c) and (d) of one schedule family, timed together in interleaved rounds (each round
-/// a block of a third of the repetitions, at least [`MIN_TIMED_REPS`], after
-/// [`SETTLE_MS`] of untimed launches): the ratios
-/// (b)/(d) and (c)/(d) then compare measurements taken under the same drift of clocks and
-/// power, not minutes apart.
+/// (b), (c), (d) and (e) of one schedule family, timed together on all TP GPUs in interleaved
+/// rounds (each round a block of a third of the repetitions, at least [`MIN_TIMED_REPS`],
+/// after `SETTLE_MS` of untimed launches): the ratios (b)/(d), (c)/(d) and (e)/(d) then
+/// compare measurements taken under the same drift of clocks and power, not minutes apart.
 struct FamilyTimings {
     /// (b): the single-stage schedule's GEMM without communication, and its shape.
     single_stage_nocomm: Result<(Timing, String), String>,
@@ -441,6 +495,8 @@ struct FamilyTimings {
     pipelined_nocomm: Result<(Timing, String), String>,
     /// (d) of the family's pipelined and single-stage schedules.
     distgemm: HashMap<ScheduleKind, Result<Timing, String>>,
+    /// (e): the family's NCCL collective + cuBLASLt ([`nccl_kind_of`]).
+    nccl_cublas: Result<Timing, String>,
 }
 
 fn family_timings<T: NcclElement>(
@@ -463,15 +519,14 @@ fn family_timings<T: NcclElement>(
     for kind in [piped, single] {
         prepared.push(distgemm_block::<T>(ctx, kind, problem, tp));
     }
-    // Every block starts with ≥ SETTLE_MS of untimed launches: GPU 1 idles while GPU 0 runs
-    // (b) and (c), and a (d) block timed straight after that caught it waking up (samples up
-    // to 1.4× the median in a first interleaved run).
-    let est_ms = problem.flops() / tp as f64 / (PLANNING_TFLOPS * 1e12) * 1e3;
-    let settle = (SETTLE_MS / est_ms.max(1e-3)).ceil() as usize;
+    prepared.push(nccl_block::<T>(ctx, nccl_kind_of(family), problem, tp));
+    // Every block starts with ≥ SETTLE_MS of untimed launches (the warm-up of `timing_for`):
+    // a (d) block timed straight after a GPU had idled caught it waking up (samples up to
+    // 1.4× the median in a first interleaved run).
     let samples = interleaved(prepared.len(), ROUNDS, |c, _round| {
         let (block, timing) = prepared[c].as_mut().map_err(|e| e.clone())?;
         let round_timing = TimingConfig {
-            warmup: settle.max(timing.warmup),
+            warmup: timing.warmup,
             reps: (timing.reps / ROUNDS).max(MIN_TIMED_REPS),
         };
         block(round_timing).map(|t| t.samples_ms)
@@ -479,7 +534,7 @@ fn family_timings<T: NcclElement>(
     let mut timings = samples
         .into_iter()
         .map(|s| s.and_then(|s| Timing::from_samples(s).map_err(err)));
-    let mut next = || timings.next().expect("four contenders");
+    let mut next = || timings.next().expect("five contenders");
     let [b_shape, c_shape] = shapes;
     let b = next().map(|t| (t, b_shape));
     let c = next().map(|t| (t, c_shape));
@@ -488,6 +543,7 @@ fn family_timings<T: NcclElement>(
         single_stage_nocomm: b,
         pipelined_nocomm: c,
         distgemm,
+        nccl_cublas: next(),
     }
 }
 
@@ -536,13 +592,8 @@ fn preset_rows<T: NcclElement>(
     println!("== {} (M={}, TP={tp})", preset.name(), o.tokens);
     let (m, n, k) = (problem.m as u64, problem.n as u64, problem.k as u64);
     let (a_ours, a_cublas) = single_gpu::<T>(ctx, (m, n, k));
-    let mut nccl: HashMap<NcclGemmKind, Result<Timing, String>> = HashMap::new();
-    let mut get_nccl = |kind: NcclGemmKind| {
-        nccl.entry(kind)
-            .or_insert_with(|| nccl_cublas::<T>(ctx, kind, problem, tp))
-            .clone()
-    };
-    // (b), (c) and (d) per family, each family's contenders timed together.
+    // (b), (c), (d) and (e) per family, each family's contenders timed together (rs-a and rs-b
+    // measure the same (e), each in its own family's rounds).
     let mut families: HashMap<ScheduleKind, FamilyTimings> = HashMap::new();
     for family in rows.iter().map(|s| s.family()) {
         families
@@ -610,10 +661,9 @@ fn preset_rows<T: NcclElement>(
             r.pipelined_nocomm_ms = Some(t.median_ms);
             r.pipelined_stage_shapes = Some(s);
         }
-        let nk = nccl_kind_of(kind);
-        r.nccl_cublas_variant = Some(nk.name().into());
+        r.nccl_cublas_variant = Some(nccl_kind_of(sched.family()).name().into());
         r.nccl_cublas_ms = r
-            .set("nccl_cublas_ms", &get_nccl(nk))
+            .set("nccl_cublas_ms", &family.nccl_cublas)
             .map(|t: Timing| t.median_ms);
         let op = torch_op_of(kind);
         r.torch_async_tp_op = Some(op.into());
@@ -678,10 +728,13 @@ fn table<T: NcclElement>(
          Machine: {} × {tp}, {}. Date: {}. Commit: {}. M = {} tokens, {}, TP = {tp}.\n\
          PyTorch: {}.\n\n\
          (a) full GEMM on one GPU; (b) the family's single-stage local GEMM, no communication; \
-         (c) the family's P pipelined stage GEMMs back to back, no communication; (d) distgemm, \
-         max over devices; (e) NCCL collective + cuBLASLt in sequence; (f) PyTorch symm_mem \
-         fused op. % of (b)/(c) = (b)/(d), (c)/(d); ×(e), ×(f) = speed-up of (d). Medians; \
-         a family's (b), (c) and (d) are timed together in interleaved rounds.\n\n",
+         (c) the family's P pipelined stage GEMMs back to back, no communication; (d) distgemm; \
+         (e) NCCL collective + cuBLASLt in sequence; (f) PyTorch symm_mem fused op. \
+         % of (b)/(c) = (b)/(d), (c)/(d); ×(e), ×(f) = speed-up of (d). Medians; (b)-(f) \
+         run on all TP GPUs, a repetition's time is the slowest device's. Every timed block \
+         starts with ≥ {SETTLE_MS:.0} ms of untimed work (a GPU that idled runs at boost clock \
+         at first); a family's (b), (c), (d) and (e) are timed together in interleaved rounds \
+         on all TP GPUs; PyTorch settles the same way (--settle-ms {SETTLE_MS:.0}).\n\n",
         prov.gpu,
         prov.driver,
         prov.date,
@@ -721,7 +774,8 @@ fn sweep<T: NcclElement>(ctx: &Ctx, tp: usize, prov: &Provenance) -> Result<(), 
     let mut md = format!(
         "# distgemm token sweep: where pipelining stops paying\n\n\
          Machine: {} × {tp}, {}. Date: {}. Commit: {}. {}, TP = {tp}. Times in ms (medians; \
-         max over devices). (e) = NCCL collective + cuBLASLt in sequence.\n\n",
+         max over devices; every timed block starts with ≥ {SETTLE_MS:.0} ms of untimed work). \
+         (e) = NCCL collective + cuBLASLt in sequence.\n\n",
         prov.gpu,
         prov.driver,
         prov.date,
@@ -769,7 +823,7 @@ fn sweep<T: NcclElement>(ctx: &Ctx, tp: usize, prov: &Provenance) -> Result<(), 
             };
             p.family = family.cli_name().into();
             for kind in ScheduleKind::ALL {
-                match distgemm::<T>(ctx, kind, problem, tp) {
+                match distgemm_block::<T>(ctx, kind, problem, tp).and_then(one_block) {
                     Ok(t) => {
                         p.schedules_ms
                             .insert(kind.cli_name().into(), Some(t.median_ms));
@@ -786,7 +840,7 @@ fn sweep<T: NcclElement>(ctx: &Ctx, tp: usize, prov: &Provenance) -> Result<(), 
                     p.missing.insert("auto".into(), e);
                 }
             }
-            match nccl_cublas::<T>(ctx, natural, problem, tp) {
+            match nccl_block::<T>(ctx, natural, problem, tp).and_then(one_block) {
                 Ok(t) => p.nccl_cublas_ms = Some(t.median_ms),
                 Err(e) => {
                     p.missing.insert("nccl_cublas_ms".into(), e);
@@ -930,13 +984,16 @@ fn run(opts: Options) -> Result<(), BenchError> {
         .iter()
         .map(Module::load)
         .collect::<Result<Vec<_>, _>>()?;
-    let kernel0 = GemmKernel::new(&modules[0])?;
+    let kernels = modules
+        .iter()
+        .map(GemmKernel::new)
+        .collect::<Result<Vec<_>, _>>()?;
     let prov = Provenance::collect(&gpus[0]);
     let ctx = Ctx {
         l2_bytes: u64::from(gpus[0].l2_cache_bytes()),
         gpus,
         modules,
-        kernel0,
+        kernels,
         opts,
     };
     println!(

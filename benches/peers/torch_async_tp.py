@@ -14,8 +14,14 @@ token count and collective it measures, with CUDA events on the current stream o
     matmul+nccl_reduce_scatter  torch.mm(A, B) ; dist.reduce_scatter_tensor(out, partial)
     matmul_rs_local             torch.mm(A, B) alone (M x N x K/P, no communication)
 
-Each measurement: warm-up calls, then --reps timed calls, each bracketed by CUDA events; per
-call the time is the maximum over ranks, and the reported "ms" is the median of those.
+Each measurement: --warmup calls, then untimed calls until at least --settle-ms of GPU work
+has run (the GPUs are power-capped and run at boost clock for the first ~100-250 ms after
+idling, so a block timed straight away reads fast; distgemm's bench settles every block the
+same way): one call is timed on the wall clock between two synchronizes, and
+ceil(settle_ms / t) more calls follow, t being the fastest rank's time so that every rank makes
+the same number of calls (the collectives need that) and each at least --settle-ms of work;
+then --reps timed calls, each bracketed by CUDA events; per call the time is the maximum over
+ranks, and the reported "ms" is the median of those.
 Rank 0 prints one JSON object per measurement on stdout:
   {"preset","tp","m","n","k","dtype","op","collective","ms","min_ms","max_ms","reps"}
 or, when an op is unavailable or fails, the same keys with "error" instead of the times.
@@ -23,7 +29,8 @@ A first line {"op": "info", ...} gives the PyTorch / NCCL / GPU versions. Diagno
 stderr. Standard library + torch only.
 
 Usage: torch_async_tp.py [--presets a,b] [--tokens 16384[,8192,...]] [--tp N] [--dtype bf16]
-                         [--reps 20] [--warmup 3] [--collectives ag,rs] [--ops async,nccl,local]
+                         [--reps 20] [--warmup 3] [--settle-ms 250] [--collectives ag,rs]
+                         [--ops async,nccl,local]
 """
 
 import os
@@ -35,8 +42,10 @@ os.environ["NVSHMEM_DISABLE_NVLS"] = "1"
 
 import argparse  # noqa: E402
 import json  # noqa: E402
+import math  # noqa: E402
 import socket  # noqa: E402
 import sys  # noqa: E402
+import time  # noqa: E402
 import traceback  # noqa: E402
 import warnings  # noqa: E402
 
@@ -78,6 +87,12 @@ def parse_args(argv=None):
     p.add_argument("--dtype", default="bf16", choices=["bf16", "f16"])
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=3)
+    p.add_argument(
+        "--settle-ms",
+        type=float,
+        default=250.0,
+        help="untimed GPU work after the warm-up, before the timed calls (0: none)",
+    )
     p.add_argument("--collectives", default="ag,rs")
     p.add_argument("--ops", default="async,nccl,local")
     p.add_argument("--timeout-s", type=int, default=300, help="process-group timeout")
@@ -97,6 +112,8 @@ def parse_args(argv=None):
         p.error(f"unknown op kind(s) {bad}; known: async, nccl, local")
     if a.reps < 1 or a.warmup < 0:
         p.error("--reps must be >= 1 and --warmup >= 0")
+    if not math.isfinite(a.settle_ms) or a.settle_ms < 0:
+        p.error("--settle-ms must be a finite number >= 0")
     return a
 
 
@@ -187,11 +204,30 @@ def worker(rank, args, port):
         symm.rendezvous(t, group_name)
         return t
 
+    def settle(fn):
+        """Untimed calls of fn until at least --settle-ms of GPU work has run on every rank.
+
+        One call is timed on the wall clock between two synchronizes; the fastest rank's time
+        t sets ceil(settle_ms / t) more calls, the same count on every rank (collective ops
+        must be called equally often everywhere), at least settle_ms of work on each.
+        """
+        if args.settle_ms <= 0:
+            return
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        t_ms = torch.tensor([(time.perf_counter() - start) * 1e3], device=device)
+        dist.all_reduce(t_ms, op=dist.ReduceOp.MIN)
+        for _ in range(math.ceil(args.settle_ms / max(t_ms.item(), 1e-6))):
+            fn()
+
     def timed(fn):
-        """Warm-up, then per-call event times; returns the per-call max over ranks."""
+        """Warm-up and settle, then per-call event times; returns the per-call max over ranks."""
         stream = torch.cuda.current_stream()
         for _ in range(args.warmup):
             fn()
+        settle(fn)
         torch.cuda.synchronize()
         dist.barrier()
         events = [

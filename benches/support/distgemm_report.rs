@@ -227,17 +227,36 @@ pub fn presets(quick: bool) -> Vec<Preset> {
         .collect()
 }
 
+/// Untimed work at the start of every timed block, in milliseconds. The GPUs are power-capped:
+/// for the first ~100-250 ms after idling one runs at boost clock, so a short block timed
+/// right after idle reads 2-4 % fast.
+pub const SETTLE_MS: f64 = 250.0;
+
+/// Estimated time of one repetition of `flops_per_gpu` at [`PLANNING_TFLOPS`], in ms (at
+/// least 1 µs).
+fn estimated_ms(flops_per_gpu: f64) -> f64 {
+    (flops_per_gpu / (PLANNING_TFLOPS * 1e12) * 1e3).max(1e-3)
+}
+
+/// Untimed repetitions of `flops_per_gpu` that make at least [`SETTLE_MS`] of GPU work:
+/// ceil(`SETTLE_MS` / estimated ms).
+pub fn settle_warmup(flops_per_gpu: f64) -> usize {
+    (SETTLE_MS / estimated_ms(flops_per_gpu)).ceil() as usize
+}
+
 /// Warm-up and repetitions for work of `flops_per_gpu`: about 1.5 s of timed work, between 20
-/// and 50 repetitions (20 with `--quick`), unless `--reps` says otherwise.
+/// and 50 repetitions (20 with `--quick`), unless `--reps` says otherwise; the warm-up is
+/// max(2 or 5, [`settle_warmup`]), so every block starts with ≥ [`SETTLE_MS`] of untimed work.
 pub fn timing_for(flops_per_gpu: f64, o: &Options) -> TimingConfig {
-    let est_ms = (flops_per_gpu / (PLANNING_TFLOPS * 1e12) * 1e3).max(1e-3);
+    let est_ms = estimated_ms(flops_per_gpu);
     let reps = o.reps.unwrap_or(if o.quick {
         20
     } else {
         ((1500.0 / est_ms) as usize).clamp(20, 50)
     });
+    let warmup = if est_ms > 20.0 { 2 } else { 5 };
     TimingConfig {
-        warmup: if est_ms > 20.0 { 2 } else { 5 },
+        warmup: warmup.max(settle_warmup(flops_per_gpu)),
         reps,
     }
 }
@@ -760,12 +779,21 @@ mod tests {
     #[test]
     fn repetitions_stay_within_bounds() {
         let o = Options::default();
-        // 405B fc1 full: ~57 TFLOP → 20 reps, 2 warm-ups.
+        // 405B fc1 full: ~57 TFLOP ≈ 88 ms → 20 reps; 3 warm-ups make ≥ 250 ms.
         let t = timing_for(2.0 * 16384.0 * 106496.0 * 16384.0, &o);
-        assert_eq!((t.warmup, t.reps), (2, 20));
-        // A tiny GEMM: capped at 50.
+        assert_eq!((t.warmup, t.reps), (3, 20));
+        // 405B fc1 at TP = 8: ≈ 11 ms → 23 warm-ups make ≥ 250 ms, 50 reps.
+        let t = timing_for(2.0 * 16384.0 * 106496.0 * 16384.0 / 8.0, &o);
+        assert_eq!((t.warmup, t.reps), (23, 50));
+        // A tiny GEMM (1 GFLOP ≈ 1.5 µs): capped at 50 reps; just enough warm-ups for 250 ms.
         let t = timing_for(1e9, &o);
-        assert_eq!((t.warmup, t.reps), (5, 50));
+        let est_ms = estimated_ms(1e9);
+        assert_eq!(t.reps, 50);
+        assert!(t.warmup as f64 * est_ms >= SETTLE_MS);
+        assert!((t.warmup - 1) as f64 * est_ms < SETTLE_MS);
+        // Work estimated above 250 ms: the plain minimum of 2 warm-ups.
+        assert_eq!(settle_warmup(400e-3 * PLANNING_TFLOPS * 1e12), 1);
+        assert_eq!(timing_for(400e-3 * PLANNING_TFLOPS * 1e12, &o).warmup, 2);
         let quick = Options {
             quick: true,
             ..Options::default()
