@@ -68,7 +68,7 @@ fi
 
 step gemm-variants 150 "$HERE/benches/gemm" --quick --variants --reps 20
 step gemm-all 300 "$HERE/benches/gemm" --reps 20 "${quick[@]+"${quick[@]}"}"
-step distgemm 300 "$HERE/benches/distgemm" ${tp:+--tp "$tp"} "${quick[@]+"${quick[@]}"}"
+step distgemm 480 "$HERE/benches/distgemm" ${tp:+--tp "$tp"} "${quick[@]+"${quick[@]}"}"
 step distgemm-sweep 120 "$HERE/benches/distgemm" ${tp:+--tp "$tp"} --sweep --no-torch
 
 [ -n "$dmon_pid" ] && kill "$dmon_pid" 2>/dev/null
