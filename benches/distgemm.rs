@@ -15,11 +15,6 @@
 //! | (e) | NCCL collective + cuBLASLt GEMM in sequence on every GPU (all-gather of A for `ag-a*`, of B for `ag-b*`, GEMM then reduce-scatter of row blocks for `rs-*`) | all TP GPUs |
 //! | (f) | PyTorch async TP: `torch.ops.symm_mem.fused_all_gather_matmul` (gathers A) for the all-gather families, `fused_matmul_reduce_scatter` (scatters rows) for the reduce-scatter ones, from `peers/torch_async_tp.py` (`--settle-ms` = `SETTLE_MS`: it settles like our blocks) | all TP GPUs, separate processes |
 //!
-//! Also, for the pipelined all-gather schedules, whose stages overlap (each starts on the SMs
-//! its predecessor's last wave leaves idle): (d) once more with every stage waiting for its
-//! predecessor (`overlap_stages(false)`), in the same rounds — `distgemm_serial_stages_ms` and
-//! the "Stage overlap A/B" section.
-//!
 //! Derived: TFLOP/s per GPU = 2·M·N·K / TP / (d); "% of (b)" = (b)/(d) and "% of (c)" =
 //! (c)/(d) (how much of the no-communication GEMM speed distgemm keeps); % of 989 TFLOP/s
 //! (dense bf16 peak of H100/H200 SXM); speed-up = (e)/(d) and (f)/(d).
@@ -58,14 +53,14 @@ use distgemm::baseline::{
 use distgemm::cuda::DistGemm;
 use distgemm::dtype::Dtype;
 use distgemm::gemm::{GemmArgs, GemmKernel, MatrixView, PreparedGemm};
-use distgemm::plan::{DevicePlan, EdgeKind, Plan};
+use distgemm::plan::{DevicePlan, Plan};
 use distgemm::problem::{Preset, Problem};
 use distgemm::runtime::{CudaStream, DeviceBuffer, Gpu, Module, hopper_gpus};
 use distgemm::schedule::{BufferKind, CSource, GemmStage, ScheduleKind, View};
 use distgemm::testdata::{RandomShard, fill_normal, random_shards};
 use distgemm_benches::distgemm_report::{
     Options, Record, SETTLE_MS, SWEEP_TOKENS, Sched, SweepPoint, TABLE_HEADER, TORCH_AG,
-    TorchResults, USAGE, find_peer_script, missing_notes, ms, nccl_kind_of, overlap_ab, parse_args,
+    TorchResults, USAGE, find_peer_script, missing_notes, ms, nccl_kind_of, parse_args,
     pipelined_of, pipelining_threshold, presets, row_id, run_peer_command, single_stage_of,
     table_row, timing_for, torch_op_of, verdicts,
 };
@@ -461,7 +456,6 @@ fn distgemm_block<'a, T: NcclElement>(
     kind: ScheduleKind,
     problem: Problem,
     tp: usize,
-    overlap: bool,
 ) -> Result<(Block<'a>, TimingConfig), String> {
     let gpus = &ctx.gpus[..tp];
     let builder = DistGemm::builder()
@@ -470,7 +464,6 @@ fn distgemm_block<'a, T: NcclElement>(
         .schedule(kind)
         .problem(problem)
         .dtype(T::DTYPE)
-        .overlap_stages(overlap)
         .modules(ctx.modules[..tp].to_vec());
     let plan = builder.plan().map_err(err)?;
     let shards = random_shards::<T>(&plan, gpus, &ctx.modules[..tp], 41).map_err(err)?;
@@ -504,9 +497,6 @@ struct FamilyTimings {
     distgemm: HashMap<ScheduleKind, Result<Timing, String>>,
     /// (e): the family's NCCL collective + cuBLASLt ([`nccl_kind_of`]).
     nccl_cublas: Result<Timing, String>,
-    /// (d) of the pipelined schedule with every stage waiting for its predecessor
-    /// (`DistGemmBuilder::overlap_stages(false)`), where its plan overlaps stages.
-    serial_stages: Option<Result<Timing, String>>,
 }
 
 fn family_timings<T: NcclElement>(
@@ -527,20 +517,9 @@ fn family_timings<T: NcclElement>(
         ));
     }
     for kind in [piped, single] {
-        prepared.push(distgemm_block::<T>(ctx, kind, problem, tp, true));
+        prepared.push(distgemm_block::<T>(ctx, kind, problem, tp));
     }
     prepared.push(nccl_block::<T>(ctx, nccl_kind_of(family), problem, tp));
-    // A/B of the stage overlap: the pipelined schedule once more with every stage waiting for
-    // its predecessor, where the plan has overlapping stages (the all-gather families).
-    let has_overlap = Plan::build(piped, problem, tp).is_ok_and(|p| {
-        p.devices
-            .iter()
-            .flat_map(|d| &d.edges)
-            .any(|e| e.kind == EdgeKind::Overlap)
-    });
-    if has_overlap {
-        prepared.push(distgemm_block::<T>(ctx, piped, problem, tp, false));
-    }
     // Every block starts with ≥ SETTLE_MS of untimed launches (the warm-up of `timing_for`):
     // a (d) block timed straight after a GPU had idled caught it waking up (samples up to
     // 1.4× the median in a first interleaved run).
@@ -555,7 +534,7 @@ fn family_timings<T: NcclElement>(
     let mut timings = samples
         .into_iter()
         .map(|s| s.and_then(|s| Timing::from_samples(s).map_err(err)));
-    let mut next = || timings.next().expect("five or six contenders");
+    let mut next = || timings.next().expect("five contenders");
     let [b_shape, c_shape] = shapes;
     let b = next().map(|t| (t, b_shape));
     let c = next().map(|t| (t, c_shape));
@@ -565,7 +544,6 @@ fn family_timings<T: NcclElement>(
         pipelined_nocomm: c,
         distgemm,
         nccl_cublas: next(),
-        serial_stages: has_overlap.then(next),
     }
 }
 
@@ -700,13 +678,6 @@ fn preset_rows<T: NcclElement>(
         };
         r.torch_nccl_matmul_ms = torch.get(preset.name(), problem.m, nccl_op).ok();
         r.torch_matmul_local_ms = torch.get(preset.name(), problem.m, local_op).ok();
-        if kind == pipelined_of(kind)
-            && let Some(serial) = &family.serial_stages
-        {
-            r.distgemm_serial_stages_ms = r
-                .set("distgemm_serial_stages_ms", serial)
-                .map(|t: Timing| t.median_ms);
-        }
         r.derive();
         print!("{}", table_row(&r));
         out.push(r);
@@ -780,11 +751,6 @@ fn table<T: NcclElement>(
         md.push_str(&table_row(r));
     }
     md.push_str(&format!("\n## Verdicts (issue 6)\n\n{verdict}"));
-    let overlap = overlap_ab(&records);
-    if !overlap.is_empty() {
-        println!("\n{overlap}");
-        md.push_str(&format!("\n## Stage overlap A/B\n\n{overlap}"));
-    }
     if !notes.is_empty() {
         md.push_str(&format!("\n## Missing columns\n\n{notes}"));
     }
@@ -857,7 +823,7 @@ fn sweep<T: NcclElement>(ctx: &Ctx, tp: usize, prov: &Provenance) -> Result<(), 
             };
             p.family = family.cli_name().into();
             for kind in ScheduleKind::ALL {
-                match distgemm_block::<T>(ctx, kind, problem, tp, true).and_then(one_block) {
+                match distgemm_block::<T>(ctx, kind, problem, tp).and_then(one_block) {
                     Ok(t) => {
                         p.schedules_ms
                             .insert(kind.cli_name().into(), Some(t.median_ms));

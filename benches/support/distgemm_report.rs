@@ -293,9 +293,6 @@ pub struct Record {
     pub distgemm_min_ms: Option<f64>,
     pub distgemm_max_ms: Option<f64>,
     pub distgemm_reps: Option<usize>,
-    /// (d) with every stage waiting for its predecessor (pipelined all-gather rows only: the
-    /// A/B of the stage overlap, timed in the same rounds).
-    pub distgemm_serial_stages_ms: Option<f64>,
     /// (e)
     pub nccl_cublas_variant: Option<String>,
     pub nccl_cublas_ms: Option<f64>,
@@ -388,24 +385,6 @@ pub fn table_row(r: &Record) -> String {
         times(r.speedup_vs_nccl_cublas),
         times(r.speedup_vs_torch_async_tp),
     )
-}
-
-/// One line per row with both (d) and its serial-stage twin: what overlapping the stages saved.
-pub fn overlap_ab(records: &[Record]) -> String {
-    records
-        .iter()
-        .filter(|r| r.auto_choice.is_none())
-        .filter_map(|r| {
-            let (d, serial) = (r.distgemm_ms?, r.distgemm_serial_stages_ms?);
-            Some(format!(
-                "- {} {}: overlapping stages {d:.3} ms, serial stages {serial:.3} ms: \
-                 overlap saves {:+.1} %\n",
-                r.preset,
-                r.schedule,
-                (serial - d) / serial * 100.0
-            ))
-        })
-        .collect()
 }
 
 /// Per preset: the fastest schedule and the issue's three conditions on it.
@@ -764,29 +743,6 @@ mod tests {
         assert!(parse_args(&args("--tokens")).is_err());
         assert!(parse_args(&args("--frobnicate")).is_err());
         assert!(parse_args(&args("a b")).is_err());
-    }
-
-    #[test]
-    fn overlap_ab_lists_rows_with_both_timings() {
-        let row = |schedule: &str, d: f64, serial: Option<f64>| Record {
-            preset: "p".into(),
-            schedule: schedule.into(),
-            distgemm_ms: Some(d),
-            distgemm_serial_stages_ms: serial,
-            ..Default::default()
-        };
-        let text = overlap_ab(&[
-            row("ag-a", 9.9, Some(10.0)),
-            row("rs-a", 12.0, None),
-            Record {
-                auto_choice: Some("ag-a".into()),
-                ..row("auto(ag-a)", 9.9, Some(10.0))
-            },
-        ]);
-        assert_eq!(
-            text,
-            "- p ag-a: overlapping stages 9.900 ms, serial stages 10.000 ms: overlap saves +1.0 %\n"
-        );
     }
 
     #[test]

@@ -134,7 +134,6 @@ pub struct DistGemmBuilder {
     args: Option<Vec<DeviceArgs>>,
     modules: Vec<Arc<Module>>,
     share_gpus: bool,
-    serial_stages: bool,
     missing_signals: Vec<FlagRef>,
 }
 
@@ -222,16 +221,6 @@ impl DistGemmBuilder {
         }
     }
 
-    /// Whether a pipelined all-gather stage may start on the SMs its predecessor's last wave
-    /// leaves idle (the default, `true`), or waits for it to complete
-    /// ([`Plan::without_overlap`]).
-    pub fn overlap_stages(self, overlap: bool) -> Self {
-        DistGemmBuilder {
-            serial_stages: !overlap,
-            ..self
-        }
-    }
-
     /// Fault injection for tests: no node stores into `flag`, so its waiter times out.
     pub fn inject_missing_signal(mut self, flag: FlagRef) -> Self {
         self.missing_signals.push(flag);
@@ -274,12 +263,11 @@ impl DistGemmBuilder {
         if tp == 0 {
             return Err(DistGemmError::Missing("at least one device"));
         }
-        let plan = Plan::build(self.resolved_schedule()?, self.resolved_problem()?, tp)?;
-        Ok(if self.serial_stages {
-            plan.without_overlap()
-        } else {
-            plan
-        })
+        Ok(Plan::build(
+            self.resolved_schedule()?,
+            self.resolved_problem()?,
+            tp,
+        )?)
     }
 
     /// Validates everything, allocates, builds and instantiates the graphs.

@@ -165,19 +165,6 @@ impl Plan {
         Ok(plan)
     }
 
-    /// The same plan with every [`EdgeKind::Overlap`] made [`EdgeKind::Programmatic`]: each
-    /// stage GEMM waits for the one before it to complete (to measure what the overlap buys,
-    /// or to rule it out when chasing a problem).
-    #[must_use]
-    pub fn without_overlap(mut self) -> Plan {
-        for e in self.devices.iter_mut().flat_map(|d| d.edges.iter_mut()) {
-            if e.kind == EdgeKind::Overlap {
-                e.kind = EdgeKind::Programmatic;
-            }
-        }
-        self
-    }
-
     /// Checks that every view and region lies inside its buffer, that offsets and leading
     /// dimensions are multiples of 8 elements, and that flags exist.
     pub fn validate(&self) -> Result<(), PlanError> {
@@ -418,27 +405,6 @@ mod tests {
                 }
             }
         }
-    }
-
-    #[test]
-    fn without_overlap_every_stage_waits() {
-        let plan = Plan::build(
-            ScheduleKind::AllGatherRotatingB,
-            Problem::new(128, 128, 128),
-            4,
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
-        let overlaps = |p: &Plan| {
-            p.devices
-                .iter()
-                .flat_map(|d| &d.edges)
-                .filter(|e| e.kind == EdgeKind::Overlap)
-                .count()
-        };
-        assert_eq!(overlaps(&plan), 4 * 3);
-        let serial = plan.clone().without_overlap();
-        assert_eq!(overlaps(&serial), 0);
-        assert_eq!(serial.devices[0].edges.len(), plan.devices[0].edges.len());
     }
 
     #[test]
