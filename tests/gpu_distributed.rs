@@ -382,7 +382,7 @@ fn check_edges(what: &str, dist: &DistGemm) {
                 .find(|g| (g.from, g.to) == (e.from, e.to))
                 .unwrap_or_else(|| panic!("{what}: device {rank}: edge {e:?} missing"));
             match e.kind {
-                EdgeKind::Programmatic | EdgeKind::Overlap => {
+                EdgeKind::Programmatic => {
                     assert_eq!(got.kind, DependencyKind::Programmatic, "{what}: {e:?}");
                     assert_eq!((got.from_port, got.to_port), (1, 0), "{what}: {e:?}");
                 }
@@ -396,7 +396,7 @@ fn check_edges(what: &str, dist: &DistGemm) {
             .edges
             .iter()
             .filter(|e| {
-                e.kind.is_programmatic()
+                e.kind == EdgeKind::Programmatic
                     && dev.nodes[e.from].name() == "gemm"
                     && dev.nodes[e.to].name() == "gemm"
             })

@@ -279,14 +279,9 @@ const _: () = {
     }
 };
 
-/// [`StageHook::flags`] bit: skip the PDL `griddepcontrol.wait`. Only for a stage whose data
-/// is disjoint from its programmatic predecessor's and that signals nothing (the plan's
-/// `Overlap` edges): it then computes beside the predecessor's last wave.
-pub const HOOK_SKIP_PDL_WAIT: u32 = 1;
-
 /// The distributed prologue hook: what a stage kernel does before its main loop, beyond the
-/// PDL `griddepcontrol.wait` it executes unless [`HOOK_SKIP_PDL_WAIT`] is set. All-zero means
-/// "nothing", and costs one predictable branch.
+/// PDL `griddepcontrol.wait` it always executes. All-zero means "nothing", and costs one
+/// predictable branch.
 ///
 /// Order (thread 0 of each block): if `signal_flag != 0` and this is block 0, release-store
 /// `signal_value` to it at system scope (after a system-scope fence, so everything the previous
@@ -311,8 +306,7 @@ pub struct StageHook {
     pub wait_value: u32,
     /// Value stored to `*error_word` on timeout.
     pub error_code: u32,
-    /// Bit set of `HOOK_*` options.
-    pub flags: u32,
+    pub reserved: u32,
 }
 
 /// The GEMM kernels' single by-value parameter.

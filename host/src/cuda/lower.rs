@@ -23,7 +23,7 @@
 use std::time::Duration;
 
 use kernels_gpu::collective_abi::{BarrierParams, MAX_PEERS, REDUCE_VECTOR, ReduceParams};
-use kernels_gpu::gemm_abi::{HOOK_SKIP_PDL_WAIT, StageHook};
+use kernels_gpu::gemm_abi::StageHook;
 
 use super::error::{DistGemmError, TimeoutSite, WaitingNode, encode_timeout};
 use crate::gemm::{GemmArgs, MatrixView};
@@ -242,8 +242,7 @@ pub fn lower_device(
     let nodes = dev
         .nodes
         .iter()
-        .enumerate()
-        .map(|(index, node)| -> Result<LoweredNode, DistGemmError> {
+        .map(|node| -> Result<LoweredNode, DistGemmError> {
             Ok(match node {
                 Node::Barrier(b) => {
                     let reset: Vec<u64> = b
@@ -312,14 +311,7 @@ pub fn lower_device(
                             stage: g.stage,
                             flag: g.waits,
                         }),
-                        flags: if dev
-                            .predecessors(index)
-                            .any(|(_, kind)| kind == EdgeKind::Overlap)
-                        {
-                            HOOK_SKIP_PDL_WAIT
-                        } else {
-                            0
-                        },
+                        reserved: 0,
                     };
                     LoweredNode::Gemm {
                         stage: g.stage,
@@ -415,7 +407,7 @@ pub fn lower_device(
         .map(|e| {
             let kind = match e.kind {
                 EdgeKind::Full => DependencyKind::Default,
-                EdgeKind::Programmatic | EdgeKind::Overlap => DependencyKind::Programmatic,
+                EdgeKind::Programmatic => DependencyKind::Programmatic,
             };
             let endpoints_are_kernels = nodes.get(e.from).is_some_and(LoweredNode::is_kernel)
                 && nodes.get(e.to).is_some_and(LoweredNode::is_kernel);
@@ -498,7 +490,7 @@ mod tests {
                         assert_eq!((e.from, e.to), (pe.from, pe.to));
                         assert_eq!(
                             e.kind == DependencyKind::Programmatic,
-                            pe.kind.is_programmatic()
+                            pe.kind == EdgeKind::Programmatic
                         );
                     }
                 }
@@ -566,13 +558,6 @@ mod tests {
         );
         // Stage 1 computes row block 1 of D (mb = 64 rows of nb = 64 columns).
         assert_eq!(args.d.ptr, addr[0].d + 2 * 64 * 64);
-        // ... from data disjoint from stage 0's, so it skips the PDL wait; stage 0 waits for
-        // the barrier kernel.
-        assert_eq!(hook.flags, HOOK_SKIP_PDL_WAIT);
-        let LoweredNode::Gemm { hook: first, .. } = &g.nodes[3] else {
-            panic!("node 3 is not a gemm")
-        };
-        assert_eq!(first.flags, 0);
     }
 
     #[test]
@@ -592,8 +577,6 @@ mod tests {
             addr[1].exclusive + plan.exclusive.flag_offset(1) as u64
         );
         assert_eq!(g.edges[1].kind, DependencyKind::Programmatic);
-        // It signals that stage 0 is complete: it must wait for it.
-        assert_eq!(hook.flags, 0);
     }
 
     #[test]

@@ -5,10 +5,7 @@
 //!
 //! ```text
 //! pipelined all-gather:   Barrier ─full→ Copy1 → Flag1 → Copy2 → Flag2 … Copy(P−1) → Flag(P−1)
-//!                            └─pdl→ Gemm0 ─overlap→ Gemm1 ─overlap→ … Gemm(P−1)
-//!                            (Gemm t>0 waits flag t; `overlap`: PDL without the wait, the
-//!                            stages touch disjoint data, so each starts on the SMs its
-//!                            predecessor's last wave leaves idle)
+//!                            └─pdl→ Gemm0 ─pdl→ Gemm1 ─pdl→ … Gemm(P−1)   (Gemm t>0 waits flag t)
 //! pipelined reduce-scatter: Barrier ─pdl→ Gemm0 ─pdl→ … Gemm(P−1)
 //!                            (Gemm t>0 signals right's flag t, then waits own flag t)
 //! single-stage all-gather:  Barrier ─full→ Copy(d) → Copy(d+1) … → Copy(d−1) ─full→ Gemm
@@ -45,7 +42,7 @@ pub use shard::{DeviceInputs, GlobalInputs, random_normal};
 
 use crate::problem::Problem;
 use crate::schedule::{
-    BufferKind, Collective, DeviceProgram, FlagRef, GemmStage, Region, ScheduleError, ScheduleKind,
+    BufferKind, Collective, DeviceProgram, FlagRef, Region, ScheduleError, ScheduleKind,
     ShardLayout, View, WorkspaceLayout, can_implement, device_program,
 };
 
@@ -259,26 +256,6 @@ fn node_regions(node: &Node) -> Vec<Region> {
     }
 }
 
-/// Whether stage GEMM `next` may run beside `prev` (the GEMM launched before it) instead of
-/// waiting for it to complete: `next` reads nothing `prev` writes, writes nothing `prev` reads
-/// or writes, and signals no flag (a signal tells a peer that everything before it on this
-/// device is complete). True for the pipelined all-gather stages (each writes its own block of
-/// D from its own operands); false for reduce-scatter, whose stages signal.
-fn runs_beside(prev: &GemmStage, next: &GemmStage) -> bool {
-    let reads = |g: &GemmStage| -> Vec<View> {
-        [Some(g.a), Some(g.b), g.epilogue.source.view().copied()]
-            .into_iter()
-            .flatten()
-            .collect()
-    };
-    next.signals.is_none()
-        && !reads(next).iter().any(|v| v.overlaps(&prev.d))
-        && !reads(prev)
-            .iter()
-            .chain([&prev.d])
-            .any(|v| v.overlaps(&next.d))
-}
-
 /// Turns a device program into nodes and edges (see the module documentation for the shapes).
 fn wire(kind: ScheduleKind, problem: &Problem, tp: usize, program: DeviceProgram) -> DevicePlan {
     let d = program.device;
@@ -320,23 +297,16 @@ fn wire(kind: ScheduleKind, problem: &Problem, tp: usize, program: DeviceProgram
     }
 
     // The kernel chain: PDL edges, except that a single-stage all-gather's GEMM needs the
-    // whole gathered operand, so it follows the copy chain with a full edge. A stage GEMM that
-    // `runs_beside` the one before it does not wait for it.
+    // whole gathered operand, so it follows the copy chain with a full edge.
     let gated_by_copies = !kind.is_pipelined() && kind.collective() == Collective::AllGather;
-    let (mut tail, first_edge) = if gated_by_copies {
+    let (mut tail, mut edge) = if gated_by_copies {
         (copy_tail, EdgeKind::Full)
     } else {
         (0, EdgeKind::Programmatic)
     };
-    let mut previous: Option<GemmStage> = None;
     for gemm in program.gemms {
-        let edge = match &previous {
-            None => first_edge,
-            Some(p) if runs_beside(p, &gemm) => EdgeKind::Overlap,
-            Some(_) => EdgeKind::Programmatic,
-        };
-        previous = Some(gemm);
         tail = push(&mut nodes, Node::Gemm(gemm), tail, edge);
+        edge = EdgeKind::Programmatic;
     }
     if let Some(reduce) = program.reduce {
         push(
@@ -379,57 +349,6 @@ mod tests {
                 }
             }
         }
-    }
-
-    #[test]
-    fn only_all_gather_stages_run_beside_their_predecessor() {
-        let problem = Problem::new(64 * 8, 64 * 8, 64 * 8);
-        for kind in ScheduleKind::ALL {
-            for tp in [1, 2, 4, 8] {
-                let plan = Plan::build(kind, problem, tp).unwrap_or_else(|e| panic!("{e}"));
-                for dev in &plan.devices {
-                    for e in &dev.edges {
-                        let gemm_to_gemm = matches!(
-                            (&dev.nodes[e.from], &dev.nodes[e.to]),
-                            (Node::Gemm(_), Node::Gemm(_))
-                        );
-                        let expected = gemm_to_gemm
-                            && kind.is_pipelined()
-                            && kind.collective() == Collective::AllGather;
-                        assert_eq!(
-                            e.kind == EdgeKind::Overlap,
-                            expected,
-                            "{kind} TP={tp} {e:?}"
-                        );
-                    }
-                }
-            }
-        }
-    }
-
-    #[test]
-    fn a_stage_that_touches_its_predecessors_output_waits() {
-        let plan = Plan::build(
-            ScheduleKind::AllGatherRotatingA,
-            Problem::new(128, 128, 128),
-            2,
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
-        let gemms: Vec<&GemmStage> = plan.devices[0].gemms().collect();
-        assert!(runs_beside(gemms[0], gemms[1]));
-        // Reading the predecessor's output, writing over it, or signalling: no overlap.
-        let mut reads_d = *gemms[1];
-        reads_d.a = gemms[0].d;
-        assert!(!runs_beside(gemms[0], &reads_d));
-        let mut writes_d = *gemms[1];
-        writes_d.d = gemms[0].d;
-        assert!(!runs_beside(gemms[0], &writes_d));
-        let mut signals = *gemms[1];
-        signals.signals = Some(FlagRef {
-            device: 1,
-            index: 1,
-        });
-        assert!(!runs_beside(gemms[0], &signals));
     }
 
     #[test]

@@ -135,21 +135,6 @@ pub enum EdgeKind {
     /// `griddepcontrol.wait` blocks until the predecessor has completed and flushed. Since every
     /// kernel of a plan waits before touching memory, the CPU executor treats it like `Full`.
     Programmatic,
-    /// Programmatic dependent launch whose successor skips `griddepcontrol.wait`: it reads
-    /// nothing the predecessor writes, writes nothing the predecessor touches and signals no
-    /// flag (see `runs_beside` in the plan module), so its blocks start computing on the SMs
-    /// the predecessor's last wave leaves idle. Launch order is still the predecessor's: its
-    /// blocks are all resident before the successor launches. The CPU executor, running nodes
-    /// one after another, treats it like `Full`.
-    Overlap,
-}
-
-impl EdgeKind {
-    /// Whether the edge is a programmatic (PDL) graph edge.
-    #[must_use]
-    pub fn is_programmatic(self) -> bool {
-        matches!(self, EdgeKind::Programmatic | EdgeKind::Overlap)
-    }
 }
 
 /// `nodes[from] → nodes[to]`, both indices into the same device's node list.

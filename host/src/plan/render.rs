@@ -134,7 +134,6 @@ impl Plan {
                 let style = match e.kind {
                     super::EdgeKind::Full => "solid",
                     super::EdgeKind::Programmatic => "dashed, label=\"pdl\"",
-                    super::EdgeKind::Overlap => "dashed, label=\"pdl, no wait\"",
                 };
                 let _ = writeln!(out, "    d{d}n{} -> d{d}n{} [style={style}];", e.from, e.to);
             }

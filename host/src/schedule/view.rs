@@ -72,32 +72,6 @@ impl View {
     pub fn elements(&self) -> usize {
         self.rows * self.cols
     }
-
-    /// Whether the two views share an element. Views of one buffer with the same leading
-    /// dimension are rectangles of the same row-major matrix (column blocks of D interleave in
-    /// memory without sharing an element); otherwise the spans `offset..end()` are compared,
-    /// which may report an overlap that is not there, never miss one.
-    #[must_use]
-    pub fn overlaps(&self, other: &View) -> bool {
-        if self.device != other.device
-            || self.buffer != other.buffer
-            || self.elements() == 0
-            || other.elements() == 0
-        {
-            return false;
-        }
-        let rect = |v: &View| {
-            let (row, col) = (v.offset / v.ld, v.offset % v.ld);
-            (col + v.cols <= v.ld).then_some((row, row + v.rows, col, col + v.cols))
-        };
-        if self.ld == other.ld
-            && self.ld > 0
-            && let (Some(a), Some(b)) = (rect(self), rect(other))
-        {
-            return a.0 < b.1 && b.0 < a.1 && a.2 < b.3 && b.2 < a.3;
-        }
-        self.offset < other.end() && other.offset < self.end()
-    }
 }
 
 /// A contiguous run of elements of one device's buffer (what a peer copy moves).
@@ -275,42 +249,6 @@ mod tests {
         block.insert(&shard, &mut back, 5);
         assert_eq!(back[12], 12);
         assert_eq!(back[11], 0);
-    }
-
-    #[test]
-    fn views_overlap_only_in_the_same_buffer_and_span() {
-        let v = View {
-            device: 0,
-            buffer: BufferKind::D,
-            offset: 0,
-            rows: 4,
-            cols: 8,
-            ld: 8,
-        };
-        // Rows 0..4 end at element 32: the next block starts there.
-        let next = View { offset: 32, ..v };
-        assert!(!v.overlaps(&next) && !next.overlaps(&v));
-        let shifted = View { offset: 31, ..v };
-        assert!(v.overlaps(&shifted) && shifted.overlaps(&v));
-        assert!(!v.overlaps(&View { device: 1, ..v }));
-        assert!(!v.overlaps(&View {
-            buffer: BufferKind::Workspace,
-            ..v
-        }));
-        assert!(!v.overlaps(&View { rows: 0, ..v }));
-        // Column blocks of one matrix interleave in memory but share nothing.
-        let left = View {
-            offset: 0,
-            rows: 4,
-            cols: 4,
-            ld: 8,
-            ..v
-        };
-        let right = View { offset: 4, ..left };
-        assert!(!left.overlaps(&right) && !right.overlaps(&left));
-        assert!(left.overlaps(&View { offset: 3, ..left }));
-        // Different leading dimensions: the spans decide.
-        assert!(left.overlaps(&View { ld: 4, ..right }));
     }
 
     #[test]

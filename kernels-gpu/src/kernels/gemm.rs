@@ -22,8 +22,7 @@
 //!   tiles of the same n-tile. Each loads its own A tile and half of the shared B tile, which
 //!   TMA multicasts into both blocks; a slot is free only when the consumers of *both* blocks
 //!   have released it, so consumers arrive on the `empty` barrier of every block in the cluster.
-//! - **prologue hook**: every thread executes `griddepcontrol.wait` (PDL) after the barrier set-up
-//!   (unless [`HOOK_SKIP_PDL_WAIT`] says the stage's data is disjoint from its predecessor's);
+//! - **prologue hook**: every thread executes `griddepcontrol.wait` (PDL) after the barrier set-up;
 //!   thread 0 then signals/waits on cross-GPU flags as [`StageHook`] says. The producer issues
 //!   `griddepcontrol.launch_dependents` after its last load.
 use crate::device::flags::{self, WaitOutcome};
@@ -606,11 +605,8 @@ unsafe fn gemm<T: InputType, C: Config>(p: &GemmParams) {
         fence::mbarrier_init();
     }
     // Everything above touched only this block's shared memory; from here on we read
-    // what earlier grids wrote (and may write what they read) — unless the host says this
-    // stage touches nothing its predecessor does.
-    if p.hook.flags & HOOK_SKIP_PDL_WAIT == 0 {
-        gdc::wait_for_prerequisites();
-    }
+    // what earlier grids wrote (and may write what they read).
+    gdc::wait_for_prerequisites();
     if !unsafe { prologue_hook(&p.hook, ring) } {
         return;
     }
