@@ -9,9 +9,9 @@
 //! | column | what is timed | where |
 //! |---|---|---|
 //! | (a) | the full M×N×K GEMM on one GPU: our kernel and cuBLASLt | GPU 0 |
-//! | (b) | the single-stage GEMM of the schedule's family without communication: every device's GEMM node(s) of the `*-single` schedule's plan (e.g. M×N/P×K for `ag-a`) on its own GPU, our kernel; the shape shown is device 0's | all TP GPUs, max over devices |
-//! | (c) | the P stage GEMMs of the family's pipelined plan, back to back with PDL, no communication, our kernel, every device's on its own GPU | all TP GPUs, max over devices |
-//! | (d) | distgemm itself (`host/src/cuda` `DistGemm`, graphs built once): one `run()` per repetition, time = max over devices, `wait()` checked afterwards | all TP GPUs |
+//! | (b) | the single-stage GEMM of the schedule's family without communication: every device's GEMM node(s) of the `*-single` schedule's plan (e.g. M×N/P×K for `ag-a`) on its own GPU, our kernel; the shape shown is device 0's | all TP GPUs |
+//! | (c) | the P stage GEMMs of the family's pipelined plan, back to back with PDL, no communication, our kernel, every device's on its own GPU | all TP GPUs |
+//! | (d) | distgemm itself (`host/src/cuda` `DistGemm`, graphs built once): one `run()` per repetition, `wait()` checked afterwards | all TP GPUs |
 //! | (e) | NCCL collective + cuBLASLt GEMM in sequence on every GPU (all-gather of A for `ag-a*`, of B for `ag-b*`, GEMM then reduce-scatter of row blocks for `rs-*`) | all TP GPUs |
 //! | (f) | PyTorch async TP: `torch.ops.symm_mem.fused_all_gather_matmul` (gathers A) for the all-gather families, `fused_matmul_reduce_scatter` (scatters rows) for the reduce-scatter ones, from `peers/torch_async_tp.py` (`--settle-ms` = `SETTLE_MS`: it settles like our blocks) | all TP GPUs, separate processes |
 //!
@@ -23,8 +23,9 @@
 //! block starts with ≥ 250 ms of untimed runs (`SETTLE_MS`; the estimate is from the FLOPs per
 //! GPU at `PLANNING_TFLOPS`: a power-capped GPU runs at boost clock for its first ~100-250 ms
 //! after idling, and a block timed then reads 2-4 % fast), then ≥ 20 timed repetitions
-//! bracketed by CUDA events (per device for the multi-GPU columns; a repetition's time is the
-//! slowest device's), median reported. A family's (b), (c), its two (d) schedules and its (e)
+//! bracketed by CUDA events (per device for the multi-GPU columns); the slowest device's median
+//! repetition is reported (`distgemm::timing` explains why not the median of each
+//! repetition's slowest device, which the JSON keeps for (d) as `distgemm_per_rep_max_ms`). A family's (b), (c), its two (d) schedules and its (e)
 //! are prepared together and timed in interleaved rounds on all TP GPUs (order reversed each
 //! round), so the ratios between them are not skewed by clock and power drift between
 //! measurements taken minutes apart (the two reduce-scatter families measure the same (e),
@@ -314,8 +315,7 @@ impl<T: NcclElement> PlanRun<T> {
         Ok(())
     }
 
-    /// Times one block of [`Self::launch_all`] on every device's stream (a repetition's time
-    /// is the slowest device's). A method, so that a closure calling it captures the whole
+    /// Times one block of [`Self::launch_all`] on every device's stream. A method, so that a closure calling it captures the whole
     /// struct: one that named only `run.devices` or `run.streams` would capture just that
     /// field (disjoint closure captures) and free the rest early.
     fn time_block(&self, gpus: &[Gpu], timing: TimingConfig) -> Result<Timing, String> {
@@ -325,7 +325,7 @@ impl<T: NcclElement> PlanRun<T> {
 
 /// (b)/(c): every device's GEMM nodes of `kind`'s plan, each on its own GPU with that GPU's
 /// kernel and buffers, back to back (PDL between them), no communication and no flags; all TP
-/// GPUs at once, a repetition's time the slowest device's, like (d). Returns the block, its
+/// GPUs at once, timed like (d). Returns the block, its
 /// timing and device 0's stage shapes.
 fn plan_gemms_block<'a, T: NcclElement>(
     ctx: &'a Ctx,
@@ -391,8 +391,7 @@ struct NcclRun<T: NcclElement> {
 }
 
 impl<T: NcclElement> NcclRun<T> {
-    /// Times one block of `enqueue()`s on every rank's stream (max over devices per
-    /// repetition), then synchronises. A method, so that the closure calling it owns the
+    /// Times one block of `enqueue()`s on every rank's stream, then synchronises. A method, so that the closure calling it owns the
     /// whole baseline (see [`PlanRun::time_block`]).
     fn time_block(&self, gpus: &[Gpu], timing: TimingConfig) -> Result<Timing, String> {
         let streams = self.base.streams();
@@ -450,7 +449,7 @@ impl<T: NcclElement> DistRun<T> {
 
 /// (d): distgemm (`host/src/cuda`) running `kind` on the first `tp` GPUs: per-device shards
 /// sized by the plan and filled on their GPUs, one `DistGemm` built (graphs instantiated
-/// once); each block is [`DistRun::time_block`] (max over devices per repetition).
+/// once); each block is [`DistRun::time_block`].
 fn distgemm_block<'a, T: NcclElement>(
     ctx: &'a Ctx,
     kind: ScheduleKind,
@@ -529,11 +528,11 @@ fn family_timings<T: NcclElement>(
             warmup: timing.warmup,
             reps: (timing.reps / ROUNDS).max(MIN_TIMED_REPS),
         };
-        block(round_timing).map(|t| t.samples_ms)
+        block(round_timing).map(|t| t.per_device_ms)
     });
     let mut timings = samples
         .into_iter()
-        .map(|s| s.and_then(|s| Timing::from_samples(s).map_err(err)));
+        .map(|s| s.and_then(|s| Timing::from_devices(s).map_err(err)));
     let mut next = || timings.next().expect("five contenders");
     let [b_shape, c_shape] = shapes;
     let b = next().map(|t| (t, b_shape));
@@ -650,6 +649,7 @@ fn preset_rows<T: NcclElement>(
             r.distgemm_min_ms = Some(t.min_ms);
             r.distgemm_max_ms = Some(t.max_ms);
             r.distgemm_reps = Some(t.samples_ms.len());
+            r.distgemm_per_rep_max_ms = Some(t.per_rep_max_median_ms);
         }
         // (b), (c), (e), (f) of the family (the chosen schedule's, which is in the family).
         let kind = chosen.unwrap_or(sched.family());
@@ -730,8 +730,11 @@ fn table<T: NcclElement>(
          (a) full GEMM on one GPU; (b) the family's single-stage local GEMM, no communication; \
          (c) the family's P pipelined stage GEMMs back to back, no communication; (d) distgemm; \
          (e) NCCL collective + cuBLASLt in sequence; (f) PyTorch symm_mem fused op. \
-         % of (b)/(c) = (b)/(d), (c)/(d); ×(e), ×(f) = speed-up of (d). Medians; (b)-(f) \
-         run on all TP GPUs, a repetition's time is the slowest device's. Every timed block \
+         % of (b)/(c) = (b)/(d), (c)/(d); ×(e), ×(f) = speed-up of (d). (b)-(f) run on all TP \
+         GPUs; a time is the slowest device's median repetition (distgemm::timing: devices \
+         that meet at a barrier every run make each other wait, so the median of each \
+         repetition's slowest device counts a slow device's excess twice; that statistic is \
+         `distgemm_per_rep_max_ms` in the JSON, and PyTorch's `ms_per_call_max`). Every timed block \
          starts with ≥ {SETTLE_MS:.0} ms of untimed work (a GPU that idled runs at boost clock \
          at first); a family's (b), (c), (d) and (e) are timed together in interleaved rounds \
          on all TP GPUs; PyTorch settles the same way (--settle-ms {SETTLE_MS:.0}).\n\n",
@@ -773,8 +776,8 @@ fn sweep<T: NcclElement>(ctx: &Ctx, tp: usize, prov: &Provenance) -> Result<(), 
     let mut points = Vec::new();
     let mut md = format!(
         "# distgemm token sweep: where pipelining stops paying\n\n\
-         Machine: {} × {tp}, {}. Date: {}. Commit: {}. {}, TP = {tp}. Times in ms (medians; \
-         max over devices; every timed block starts with ≥ {SETTLE_MS:.0} ms of untimed work). \
+         Machine: {} × {tp}, {}. Date: {}. Commit: {}. {}, TP = {tp}. Times in ms (the slowest \
+         device's median; every timed block starts with ≥ {SETTLE_MS:.0} ms of untimed work). \
          (e) = NCCL collective + cuBLASLt in sequence.\n\n",
         prov.gpu,
         prov.driver,

@@ -205,7 +205,7 @@ fn bench_shape<T: Element + CublasLtElement + DeviceCopy>(
             )),
             _ => None,
         };
-        Ok::<_, BenchError>(t.samples_ms)
+        Ok::<_, BenchError>(t.per_device_ms)
     })
     .into_iter()
     .collect::<Result<Vec<_>, _>>()?;
@@ -225,7 +225,7 @@ fn bench_shape<T: Element + CublasLtElement + DeviceCopy>(
             };
             Ok(Measured {
                 name,
-                timing: Timing::from_samples(samples)?,
+                timing: Timing::from_devices(samples)?,
                 mj_per_gemm: per_gemm(c),
             })
         })

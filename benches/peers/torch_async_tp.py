@@ -20,10 +20,14 @@ idling, so a block timed straight away reads fast; distgemm's bench settles ever
 same way): one call is timed on the wall clock between two synchronizes, and
 ceil(settle_ms / t) more calls follow, t being the fastest rank's time so that every rank makes
 the same number of calls (the collectives need that) and each at least --settle-ms of work;
-then --reps timed calls, each bracketed by CUDA events; per call the time is the maximum over
-ranks, and the reported "ms" is the median of those.
+then --reps timed calls, each bracketed by CUDA events. The reported "ms" is the slowest
+rank's median call, as distgemm's bench reports every contender (distgemm::timing: ranks that
+meet in a collective every call make each other wait, so the per-call maximum counts a slow
+rank's excess twice); "ms_per_call_max" is the median of the per-call maxima, and
+"min_ms"/"max_ms" the extremes of those.
 Rank 0 prints one JSON object per measurement on stdout:
-  {"preset","tp","m","n","k","dtype","op","collective","ms","min_ms","max_ms","reps"}
+  {"preset","tp","m","n","k","dtype","op","collective","ms","ms_per_call_max","min_ms","max_ms",
+   "reps"}
 or, when an op is unavailable or fails, the same keys with "error" instead of the times.
 A first line {"op": "info", ...} gives the PyTorch / NCCL / GPU versions. Diagnostics go to
 stderr. Standard library + torch only.
@@ -223,7 +227,7 @@ def worker(rank, args, port):
             fn()
 
     def timed(fn):
-        """Warm-up and settle, then per-call event times; returns the per-call max over ranks."""
+        """Warm-up and settle, then per-call event times; returns every rank's times."""
         stream = torch.cuda.current_stream()
         for _ in range(args.warmup):
             fn()
@@ -240,8 +244,9 @@ def worker(rank, args, port):
             end.record(stream)
         torch.cuda.synchronize()
         times = torch.tensor([s.elapsed_time(e) for s, e in events], device=device)
-        dist.all_reduce(times, op=dist.ReduceOp.MAX)
-        return times.tolist()
+        gathered = [torch.empty_like(times) for _ in range(args.tp)]
+        dist.all_gather(gathered, times)
+        return [g.tolist() for g in gathered]
 
     for preset in args.presets:
         n, k = PRESETS[preset]
@@ -294,15 +299,17 @@ def worker(rank, args, port):
                             a_symm.copy_(a)
                             fn = make_op(coll, kind, a_symm, b, out, big, group, group_name)
                             samples = timed(fn)
+                        per_call_max = [max(call) for call in zip(*samples)]
                         if lead:
                             emit(
                                 {
                                     **base,
                                     "op": op,
-                                    "ms": median(samples),
-                                    "min_ms": min(samples),
-                                    "max_ms": max(samples),
-                                    "reps": len(samples),
+                                    "ms": max(median(r) for r in samples),
+                                    "ms_per_call_max": median(per_call_max),
+                                    "min_ms": min(per_call_max),
+                                    "max_ms": max(per_call_max),
+                                    "reps": len(per_call_max),
                                 }
                             )
                     except Exception as e:  # noqa: BLE001 - one failing op must not end the run

@@ -293,6 +293,9 @@ pub struct Record {
     pub distgemm_min_ms: Option<f64>,
     pub distgemm_max_ms: Option<f64>,
     pub distgemm_reps: Option<usize>,
+    /// (d) as the median of every repetition's slowest device (the statistic before
+    /// `distgemm::timing` reported the slowest device's median; see there why it overstates).
+    pub distgemm_per_rep_max_ms: Option<f64>,
     /// (e)
     pub nccl_cublas_variant: Option<String>,
     pub nccl_cublas_ms: Option<f64>,

@@ -104,17 +104,18 @@ where
 pub const ROUNDS: usize = 3;
 
 /// Times `contenders` contenders in `rounds` interleaved rounds: `block(c, round)` times one
-/// block of contender `c` and returns its samples. The order is reversed every round
-/// (A B C, C B A, …), so that drift over the measurement — the GPU heating up and settling at
-/// its power cap, neighbours coming and going — hits every contender alike instead of
-/// favouring whoever runs first. Returns every contender's samples of all rounds, or its first
-/// error (a contender that failed sits out the later rounds).
+/// block of contender `c` and returns its samples per device (`Timing::per_device_ms`). The
+/// order is reversed every round (A B C, C B A, …), so that drift over the measurement — the
+/// GPU heating up and settling at its power cap, neighbours coming and going — hits every
+/// contender alike instead of favouring whoever runs first. Returns every contender's samples
+/// of all rounds, per device, or its first error (a contender that failed sits out the later
+/// rounds).
 pub fn interleaved<E>(
     contenders: usize,
     rounds: usize,
-    mut block: impl FnMut(usize, usize) -> Result<Vec<f64>, E>,
-) -> Vec<Result<Vec<f64>, E>> {
-    let mut out: Vec<Result<Vec<f64>, E>> = (0..contenders).map(|_| Ok(Vec::new())).collect();
+    mut block: impl FnMut(usize, usize) -> Result<Vec<Vec<f64>>, E>,
+) -> Vec<Result<Vec<Vec<f64>>, E>> {
+    let mut out: Vec<Result<Vec<Vec<f64>>, E>> = (0..contenders).map(|_| Ok(Vec::new())).collect();
     for round in 0..rounds {
         for j in 0..contenders {
             let c = if round % 2 == 0 {
@@ -128,7 +129,10 @@ pub fn interleaved<E>(
             match block(c, round) {
                 Ok(samples) => {
                     if let Ok(all) = &mut out[c] {
-                        all.extend(samples);
+                        all.resize_with(all.len().max(samples.len()), Vec::new);
+                        for (device, s) in all.iter_mut().zip(samples) {
+                            device.extend(s);
+                        }
                     }
                 }
                 Err(e) => out[c] = Err(e),
@@ -412,14 +416,22 @@ mod tests {
             if c == 1 && round == 1 {
                 Err(format!("contender {c} failed"))
             } else {
-                Ok(vec![(10 * round + c) as f64])
+                // Two devices, the second 0.5 ms slower.
+                let t = (10 * round + c) as f64;
+                Ok(vec![vec![t], vec![t + 0.5]])
             }
         });
         // Round 0 forward, round 1 reversed (1 fails there), round 2 forward without 1.
         assert_eq!(order, [0, 1, 2, 2, 1, 0, 0, 2]);
-        assert_eq!(out[0], Ok(vec![0.0, 10.0, 20.0]));
+        assert_eq!(
+            out[0],
+            Ok(vec![vec![0.0, 10.0, 20.0], vec![0.5, 10.5, 20.5]])
+        );
         assert_eq!(out[1], Err("contender 1 failed".to_owned()));
-        assert_eq!(out[2], Ok(vec![2.0, 12.0, 22.0]));
+        assert_eq!(
+            out[2],
+            Ok(vec![vec![2.0, 12.0, 22.0], vec![2.5, 12.5, 22.5]])
+        );
     }
 
     use super::*;

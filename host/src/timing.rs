@@ -3,10 +3,17 @@
 //!
 //! Method: `warmup` untimed repetitions, then `reps` repetitions, each bracketed by a pair of
 //! timing events recorded on **every** stream of the work. The host does not wait between
-//! repetitions, so launch overhead overlaps with GPU work as in a real pipeline. A
-//! repetition's time is the **slowest device's** start-to-end time (the convention of
-//! CUTLASS's distributed GEMM benchmark: a device that starts early and waits for a peer counts
-//! that wait). The median is reported with min and max ([`Timing`]).
+//! repetitions, so launch overhead overlaps with GPU work as in a real pipeline, and a device
+//! that starts early and waits for a peer counts that wait.
+//!
+//! The reported time ([`Timing::median_ms`]) is the **slowest device's median** repetition.
+//! Not the median of each repetition's slowest device (CUTLASS's convention, kept as
+//! [`Timing::per_rep_max_median_ms`]): when the devices meet at a barrier every run, the
+//! device that was slower in run r makes the others wait at the start of run r + 1, so its
+//! excess appears twice — in its own run r and in the others' run r + 1 — and the per-run
+//! maximum overstates the period of back-to-back runs by about the typical imbalance between
+//! devices. Each device's own times add up to the true period (its waits included), so their
+//! median does not (see the test `coupled_runs_are_not_double_counted`).
 
 use std::sync::Arc;
 
@@ -57,36 +64,57 @@ pub struct TimingConfig {
 /// Statistics of the timed repetitions, in milliseconds.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Timing {
-    /// Median.
+    /// The slowest device's median repetition (see the module documentation).
     pub median_ms: f64,
-    /// Fastest repetition.
+    /// Median over repetitions of each repetition's slowest device (equal to `median_ms` on
+    /// one device; larger when devices wait for each other).
+    pub per_rep_max_median_ms: f64,
+    /// Fastest repetition (slowest device of that repetition).
     pub min_ms: f64,
     /// Slowest repetition.
     pub max_ms: f64,
-    /// Every repetition, in launch order.
+    /// Every repetition's slowest device, in launch order.
     pub samples_ms: Vec<f64>,
+    /// Every device's repetitions, in launch order: `per_device_ms[device][rep]`.
+    pub per_device_ms: Vec<Vec<f64>>,
+}
+
+/// Median of a non-empty sample set (an even count's is the mean of the two middle samples).
+fn median(samples: &[f64]) -> f64 {
+    let mut sorted = samples.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let mid = sorted.len() / 2;
+    if sorted.len() % 2 == 1 {
+        sorted[mid]
+    } else {
+        (sorted[mid - 1] + sorted[mid]) / 2.0
+    }
 }
 
 impl Timing {
-    /// Statistics of `samples_ms` (must be non-empty; an even count's median is the mean of
-    /// the two middle samples).
+    /// Statistics of one device's `samples_ms` (must be non-empty).
     pub fn from_samples(samples_ms: Vec<f64>) -> Result<Self, TimingError> {
+        Self::from_devices(vec![samples_ms])
+    }
+
+    /// Statistics of every device's samples, `per_device_ms[device][rep]` (at least one device,
+    /// all with the same non-zero number of samples).
+    pub fn from_devices(per_device_ms: Vec<Vec<f64>>) -> Result<Self, TimingError> {
+        let samples_ms = max_over_devices(&per_device_ms)?;
         if samples_ms.is_empty() {
             return Err(TimingError::NoSamples);
         }
-        let mut sorted = samples_ms.clone();
-        sorted.sort_by(f64::total_cmp);
-        let mid = sorted.len() / 2;
-        let median_ms = if sorted.len() % 2 == 1 {
-            sorted[mid]
-        } else {
-            (sorted[mid - 1] + sorted[mid]) / 2.0
-        };
+        let median_ms = per_device_ms
+            .iter()
+            .map(|d| median(d))
+            .fold(f64::NEG_INFINITY, f64::max);
         Ok(Timing {
             median_ms,
-            min_ms: sorted[0],
-            max_ms: sorted[sorted.len() - 1],
+            per_rep_max_median_ms: median(&samples_ms),
+            min_ms: samples_ms.iter().copied().fold(f64::INFINITY, f64::min),
+            max_ms: samples_ms.iter().copied().fold(f64::NEG_INFINITY, f64::max),
             samples_ms,
+            per_device_ms,
         })
     }
 }
@@ -97,7 +125,7 @@ impl Timing {
 /// start event on every stream, calls `enqueue(warmup + rep)` (which puts one repetition's work
 /// on all streams; the index lets a caller rotate input sets), and records an end event on
 /// every stream. The host never waits between repetitions; it synchronises every stream once
-/// at the end. A repetition's time is the maximum over devices of its start-to-end time.
+/// at the end. Statistics as [`Timing::from_devices`] of every device's start-to-end times.
 ///
 /// Errors from `enqueue` are returned as they are; parameter and driver errors arrive as
 /// [`TimingError`] converted into `E`.
@@ -156,7 +184,7 @@ where
         })
         .collect::<Result<Vec<_>, _>>()
         .map_err(driver)?;
-    Ok(Timing::from_samples(max_over_devices(&per_device)?)?)
+    Ok(Timing::from_devices(per_device)?)
 }
 
 /// Per repetition, the slowest device: `per_device[d][rep]` → `out[rep] = max_d`. There must
@@ -201,6 +229,48 @@ mod tests {
             Timing::from_samples(vec![]),
             Err(TimingError::NoSamples)
         ));
+    }
+
+    #[test]
+    fn the_slowest_devices_median_is_reported() {
+        let t = Timing::from_devices(vec![vec![1.0, 3.0, 2.0], vec![2.5, 1.0, 2.4]]).unwrap();
+        assert_eq!(t.median_ms, 2.4);
+        assert_eq!(t.samples_ms, vec![2.5, 3.0, 2.4]);
+        assert_eq!(t.per_rep_max_median_ms, 2.5);
+        assert_eq!((t.min_ms, t.max_ms), (2.4, 3.0));
+        assert!(matches!(
+            Timing::from_devices(vec![vec![], vec![]]),
+            Err(TimingError::NoSamples)
+        ));
+    }
+
+    /// Two devices meet at a barrier at the start of every run, back to back. Device 1
+    /// alternates 10 and 11 ms of work, device 0 always takes 10, so runs take 10.5 ms on
+    /// average. Each device's start-to-end times (waits included) have that mean; the
+    /// per-run maximum reads 11 every run.
+    #[test]
+    fn coupled_runs_are_not_double_counted() {
+        let work = |d: usize, r: usize| if d == 1 && r % 2 == 1 { 11.0 } else { 10.0 };
+        let runs = 40;
+        let mut end = [0.0f64; 2];
+        let mut per_device = vec![Vec::new(), Vec::new()];
+        for r in 0..runs {
+            let start = end;
+            let barrier = start[0].max(start[1]);
+            for d in 0..2 {
+                end[d] = barrier + work(d, r);
+                per_device[d].push(end[d] - start[d]);
+            }
+        }
+        let period = end[0].max(end[1]) / runs as f64;
+        let t = Timing::from_devices(per_device).unwrap();
+        assert!((period - 10.5).abs() < 1e-9);
+        let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
+        for d in &t.per_device_ms {
+            assert!((mean(d) - period).abs() < 0.05, "{d:?}");
+        }
+        assert!((t.median_ms - period).abs() <= 0.5, "{}", t.median_ms);
+        assert_eq!(t.per_rep_max_median_ms, 11.0);
     }
 
     #[test]

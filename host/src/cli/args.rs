@@ -25,8 +25,8 @@ pub(crate) enum Command {
     /// Time the plan on the GPUs (CUDA backend): median/min/max ms and TFLOP/s per GPU.
     ///
     /// Builds one DistGemm (graphs instantiated once) on GPU-generated random shards, runs it
-    /// --warmup times untimed, then --reps times, each timed with CUDA events on every GPU (a
-    /// repetition's time is the slowest GPU's; the host does not wait between repetitions),
+    /// --warmup times untimed, then --reps times, each timed with CUDA events on every GPU (the
+    /// slowest GPU's median is reported; the host does not wait between repetitions),
     /// and waits at the end (a timed-out GPU wait is an error, not a number). Prints the
     /// schedule that ran, TP, problem, median/min/max ms, TFLOP/s per GPU (2·M·N·K / TP /
     /// median) and workspace bytes per GPU: two lines of text, or one JSON object (--json).

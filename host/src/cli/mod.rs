@@ -7,7 +7,7 @@
 //! `--warmup N` (default 5), `--reps N` (default 20, 1..=10000), `--timeout-ms` (default
 //! 10000) and `--json`. It fills per-device shards on the GPUs (`fill_normal`; D poisoned
 //! once), builds one `DistGemm`, times `run()` per repetition with CUDA events on every GPU
-//! ([`crate::timing::time_on_streams`]: a repetition's time is the slowest GPU's), then
+//! ([`crate::timing::time_on_streams`]: the slowest GPU's median repetition), then
 //! `wait()`s, which turns a timed-out GPU wait into an error. It reports the schedule that
 //! ran, TP, problem, median/min/max ms, TFLOP/s per GPU (2·M·N·K / TP / median) and the
 //! workspace bytes per GPU: two text lines, or one JSON object with `--json`.
