@@ -12,20 +12,25 @@
 //!    could hide at most that much, which is of the order of its own per-stage overheads, so
 //!    take the single-stage variant.
 //! 3. Otherwise compare two estimates and pipeline only if that is strictly faster:
-//!    - a GEMM of m×n×k takes `2mnk / (F · e)` where `e = tiles / (waves · SMs)` is the wave
-//!      efficiency of 128×256 output tiles: stage GEMMs that leave SMs idle pay for it;
+//!    - a GEMM of m×n×k takes the time of the waves of output tiles that the GEMM's own rule
+//!      (`crate::gemm::choose_variant`) runs it with, at `F` FLOP/s on full waves: stage
+//!      GEMMs that leave SMs idle pay for it, and a narrower tile that fills the waves better
+//!      is credited as the launch will use it;
 //!    - moving `b` bytes between two GPUs takes `b / BW`;
 //!    - pipelined (P stages, per-stage GEMM `g`, per-stage communication `c`): stage 0 runs
 //!      uncovered, every later stage takes `max(g, c)` — distgemm-design.md §6's overlap
-//!      condition `g ≥ c` decides whether the communication is hidden — plus a fixed
-//!      `stage_overhead` per hand-off (kernel boundary and cross-GPU flag):
-//!      `g + (P−1)·(max(g, c) + stage_overhead)`;
+//!      condition `g ≥ c` decides whether the communication is hidden — plus a fixed cost per
+//!      hand-off `h`: `g + (P−1)·(max(g, c) + h)`. `h` depends on the collective: an
+//!      all-gather stage waits only for a copy that ran long before; a reduce-scatter stage
+//!      waits for the left neighbour's previous stage to finish (any skew between the devices
+//!      is exposed) and reads its partial over NVLink in the epilogue;
 //!    - single-stage: one GEMM of the local shape `G` plus all communication, unhidden:
 //!      `G + (P−1)·c`.
 //!
 //! Ties go to the single-stage variant, so a small problem never runs slower than the plain
 //! "collective then GEMM" approach by the model's account.
 
+use crate::gemm::{choose_variant, estimated_cost};
 use crate::problem::Problem;
 use crate::schedule::{Collective, ScheduleKind};
 
@@ -38,34 +43,53 @@ pub struct MachineModel {
     pub peer_bandwidth: f64,
     /// SMs.
     pub sm_count: u32,
-    /// Fixed cost of one pipelined stage hand-off (kernel boundary + cross-GPU flag), seconds.
-    pub stage_overhead: f64,
+    /// Fixed cost of one all-gather stage hand-off (kernel boundary + copy flag), seconds.
+    pub gather_stage_overhead: f64,
+    /// Fixed cost of one reduce-scatter stage hand-off (kernel boundary, the wait for the
+    /// left neighbour's previous stage, the partial read remotely in the epilogue), seconds.
+    pub scatter_stage_overhead: f64,
     /// Local GEMMs faster than this are never pipelined, seconds.
     pub tiny_seconds: f64,
 }
 
 impl MachineModel {
     /// H200 (machine.md): 650 TFLOP/s stage GEMMs, 390 GB/s peer copies, 132 SMs; a 30 µs
-    /// "tiny" threshold (an estimate) and 30 µs per stage hand-off, fitted to the 2×H200 token
-    /// sweep (benches/results/distgemm-sweep-2026-11-30-b3588aa.md): with it the rule picks the
-    /// faster of ag-a and ag-a-single at all seven token counts (256..16384, 70B fc1), where
-    /// the first estimate, 6 µs, pipelined at 512 tokens and lost 4.6 %.
+    /// "tiny" threshold (an estimate). Hand-offs fitted to the 2×H200 token sweeps:
+    /// - all-gather 30 µs (distgemm-sweep-2026-11-30-b3588aa.md, 70B fc1: the faster of ag-a
+    ///   and ag-a-single at all seven token counts, where 6 µs pipelined at 512 tokens and lost
+    ///   4.6 %; the later sweeps 47abde6 and afb4f73 found pipelining 3–10 % faster at 1024
+    ///   tokens too, which no single constant reconciles with 512);
+    /// - reduce-scatter 120 µs (sweeps 47abde6 and afb4f73, 70B fc2: rs-a-single was faster at
+    ///   2048 and 4096 tokens in both, by 0.4–14 %, rs-a at 8192 by 3–5 %; with the
+    ///   all-gather's 30 µs the rule pipelined from 2048 on). Any value between the partial
+    ///   copy time at 4096 tokens (86 µs) and at 8192 (172 µs) separates the two.
     pub const H200: MachineModel = MachineModel {
         gemm_flops: 650e12,
         peer_bandwidth: 390e9,
         sm_count: 132,
-        stage_overhead: 30e-6,
+        gather_stage_overhead: 30e-6,
+        scatter_stage_overhead: 120e-6,
         tiny_seconds: 30e-6,
     };
 
-    /// Seconds for an m×n×k GEMM.
+    /// Seconds for an m×n×k GEMM: the waves of the tile configuration the GEMM rule picks
+    /// ([`estimated_cost`], in 128×256-tile-equivalent output elements per SM), each element
+    /// `2k` FLOP at `gemm_flops / sm_count` per SM.
     #[must_use]
     pub fn gemm_seconds(&self, m: usize, n: usize, k: usize) -> f64 {
-        let tiles = m.div_ceil(128) * n.div_ceil(256);
-        let sms = self.sm_count.max(1) as usize;
-        let waves = tiles.div_ceil(sms).max(1);
-        let efficiency = tiles as f64 / (waves * sms) as f64;
-        2.0 * m as f64 * n as f64 * k as f64 / (self.gemm_flops * efficiency.max(1e-9))
+        let sms = self.sm_count.max(1);
+        let (m, n) = (m as u64, n as u64);
+        let elements_per_sm = estimated_cost(choose_variant(m, n, sms), m, n, sms);
+        elements_per_sm * 2.0 * k as f64 * f64::from(sms) / self.gemm_flops
+    }
+
+    /// Fixed cost of one stage hand-off of a `collective` schedule.
+    #[must_use]
+    pub fn stage_overhead(&self, collective: Collective) -> f64 {
+        match collective {
+            Collective::AllGather => self.gather_stage_overhead,
+            Collective::ReduceScatter => self.scatter_stage_overhead,
+        }
     }
 
     /// Seconds to move `bytes` between two GPUs.
@@ -135,7 +159,7 @@ pub fn choose_schedule(
     let c = model.copy_seconds(stage_bytes);
     let local_gemm = model.gemm_seconds(local.0, local.1, local.2);
     let hops = (p - 1) as f64;
-    let pipelined_seconds = g + hops * (g.max(c) + model.stage_overhead);
+    let pipelined_seconds = g + hops * (g.max(c) + model.stage_overhead(kind.collective()));
     let single_stage_seconds = local_gemm + hops * c;
     let schedule = if p == 1 {
         pipelined
@@ -204,6 +228,35 @@ mod tests {
     }
 
     #[test]
+    fn follows_the_measured_token_sweeps_of_the_reduce_scatter_family() {
+        // 2×H200, 70B fc2, rs-a vs rs-a-single (distgemm-sweep-2026-11-30-{47abde6,afb4f73}.md):
+        // single-stage faster up to 4096 tokens in both sweeps, pipelined at 8192 in both; at
+        // 16384 one sweep each way (1 % and 3.6 %).
+        for (tokens, pipelined) in [
+            (256, false),
+            (512, false),
+            (1024, false),
+            (2048, false),
+            (4096, false),
+            (8192, true),
+            (16384, true),
+        ] {
+            let problem = Preset::Llama3_70bFc2.problem(tokens);
+            let choice = choose_schedule(
+                ScheduleKind::ReduceScatterTilingA,
+                &problem,
+                2,
+                &MachineModel::H200,
+            );
+            assert_eq!(
+                choice.schedule.is_pipelined(),
+                pipelined,
+                "{tokens} tokens: {choice:?}"
+            );
+        }
+    }
+
+    #[test]
     fn tiny_problems_take_the_single_stage_variant() {
         let problem = Problem::new(64, 256, 256);
         for kind in ScheduleKind::ALL {
@@ -243,7 +296,7 @@ mod tests {
         };
         assert_eq!(choice.schedule, expected);
         let no_overhead = MachineModel {
-            stage_overhead: 0.0,
+            gather_stage_overhead: 0.0,
             ..MachineModel::H200
         };
         let free = choose_schedule(ScheduleKind::AllGatherRotatingA, &problem, 8, &no_overhead);
@@ -263,11 +316,19 @@ mod tests {
     }
 
     #[test]
-    fn wave_efficiency_penalises_a_partial_wave() {
+    fn wave_efficiency_follows_the_tile_the_gemm_runs_with() {
         let m = MachineModel::H200;
-        // 133 tiles need two waves: almost twice the time of 132 tiles.
+        // 132 tiles of 128×256 are one wave at the full rate.
         let full = m.gemm_seconds(128 * 132, 256, 4096);
+        let rate = 2.0 * (128.0 * 132.0) * 256.0 * 4096.0 / full;
+        assert!((rate / m.gemm_flops - 1.0).abs() < 1e-9, "{rate}");
+        // 133 such tiles would need two waves, but the rule runs them as 266 tiles of 128×128
+        // (three waves of half the area, at 1.06 per element): 1.59×, not 2×.
         let spill = m.gemm_seconds(128 * 133, 256, 4096);
-        assert!(spill > 1.9 * full);
+        assert!(
+            (spill / full - 3.0 * 1.06 / 2.0).abs() < 1e-9,
+            "{}",
+            spill / full
+        );
     }
 }
