@@ -15,6 +15,11 @@
 //! | (e) | NCCL collective + cuBLASLt GEMM in sequence on every GPU (all-gather of A for `ag-a*`, of B for `ag-b*`, GEMM then reduce-scatter of row blocks for `rs-*`) | all TP GPUs |
 //! | (f) | PyTorch async TP: `torch.ops.symm_mem.fused_all_gather_matmul` (gathers A) for the all-gather families, `fused_matmul_reduce_scatter` (scatters rows) for the reduce-scatter ones, from `peers/torch_async_tp.py` (`--settle-ms` = `SETTLE_MS`: it settles like our blocks) | all TP GPUs, separate processes |
 //!
+//! Also, for the pipelined all-gather schedules: (d) once more with every peer copy cut to
+//! `COPY_CAP` bytes (`copy_at_most_for_timing`; D is wrong), in the same rounds —
+//! `distgemm_copies_capped_ms` and the section "Where the overhead over (c) goes": how much of
+//! distgemm's time over the no-communication stage GEMMs is data movement.
+//!
 //! Derived: TFLOP/s per GPU = 2·M·N·K / TP / (d); "% of (b)" = (b)/(d) and "% of (c)" =
 //! (c)/(d) (how much of the no-communication GEMM speed distgemm keeps); % of 989 TFLOP/s
 //! (dense bf16 peak of H100/H200 SXM); speed-up = (e)/(d) and (f)/(d).
@@ -57,13 +62,13 @@ use distgemm::gemm::{GemmArgs, GemmKernel, MatrixView, PreparedGemm};
 use distgemm::plan::{DevicePlan, Plan};
 use distgemm::problem::{Preset, Problem};
 use distgemm::runtime::{CudaStream, DeviceBuffer, Gpu, Module, hopper_gpus};
-use distgemm::schedule::{BufferKind, CSource, GemmStage, ScheduleKind, View};
+use distgemm::schedule::{BufferKind, CSource, Collective, GemmStage, ScheduleKind, View};
 use distgemm::testdata::{RandomShard, fill_normal, random_shards};
 use distgemm_benches::distgemm_report::{
     Options, Record, SETTLE_MS, SWEEP_TOKENS, Sched, SweepPoint, TABLE_HEADER, TORCH_AG,
-    TorchResults, USAGE, find_peer_script, missing_notes, ms, nccl_kind_of, parse_args,
-    pipelined_of, pipelining_threshold, presets, row_id, run_peer_command, single_stage_of,
-    table_row, timing_for, torch_op_of, verdicts,
+    TorchResults, USAGE, find_peer_script, missing_notes, ms, nccl_kind_of, overhead_split,
+    parse_args, pipelined_of, pipelining_threshold, presets, row_id, run_peer_command,
+    single_stage_of, table_row, timing_for, torch_op_of, verdicts,
 };
 use distgemm_benches::{
     BenchError, MIN_TIMED_REPS, Provenance, ROUNDS, Timing, TimingConfig, interleaved, results_dir,
@@ -455,15 +460,19 @@ fn distgemm_block<'a, T: NcclElement>(
     kind: ScheduleKind,
     problem: Problem,
     tp: usize,
+    copy_limit: Option<usize>,
 ) -> Result<(Block<'a>, TimingConfig), String> {
     let gpus = &ctx.gpus[..tp];
-    let builder = DistGemm::builder()
+    let mut builder = DistGemm::builder()
         .devices(gpus.to_vec())
         .tp(tp)
         .schedule(kind)
         .problem(problem)
         .dtype(T::DTYPE)
         .modules(ctx.modules[..tp].to_vec());
+    if let Some(bytes) = copy_limit {
+        builder = builder.copy_at_most_for_timing(bytes);
+    }
     let plan = builder.plan().map_err(err)?;
     let shards = random_shards::<T>(&plan, gpus, &ctx.modules[..tp], 41).map_err(err)?;
     let args = shards.iter().map(RandomShard::device_args).collect();
@@ -496,7 +505,13 @@ struct FamilyTimings {
     distgemm: HashMap<ScheduleKind, Result<Timing, String>>,
     /// (e): the family's NCCL collective + cuBLASLt ([`nccl_kind_of`]).
     nccl_cublas: Result<Timing, String>,
+    /// All-gather families: (d) of the pipelined schedule with every copy cut to
+    /// [`COPY_CAP`] bytes.
+    copies_capped: Option<Result<Timing, String>>,
 }
+
+/// Bytes every copy of the diagnostic (d) moves (`copy_at_most_for_timing`).
+const COPY_CAP: usize = 4096;
 
 fn family_timings<T: NcclElement>(
     ctx: &Ctx,
@@ -516,9 +531,16 @@ fn family_timings<T: NcclElement>(
         ));
     }
     for kind in [piped, single] {
-        prepared.push(distgemm_block::<T>(ctx, kind, problem, tp));
+        prepared.push(distgemm_block::<T>(ctx, kind, problem, tp, None));
     }
     prepared.push(nccl_block::<T>(ctx, nccl_kind_of(family), problem, tp));
+    // The all-gather families move their data with copies: the pipelined schedule once more
+    // with every copy cut to COPY_CAP bytes splits its overhead over (c) into data movement and
+    // the rest (barrier, flags, kernel boundaries).
+    let gathers = family.collective() == Collective::AllGather;
+    if gathers {
+        prepared.push(distgemm_block::<T>(ctx, piped, problem, tp, Some(COPY_CAP)));
+    }
     // Every block starts with ≥ SETTLE_MS of untimed launches (the warm-up of `timing_for`):
     // a (d) block timed straight after a GPU had idled caught it waking up (samples up to
     // 1.4× the median in a first interleaved run).
@@ -533,7 +555,7 @@ fn family_timings<T: NcclElement>(
     let mut timings = samples
         .into_iter()
         .map(|s| s.and_then(|s| Timing::from_devices(s).map_err(err)));
-    let mut next = || timings.next().expect("five contenders");
+    let mut next = || timings.next().expect("five or six contenders");
     let [b_shape, c_shape] = shapes;
     let b = next().map(|t| (t, b_shape));
     let c = next().map(|t| (t, c_shape));
@@ -543,6 +565,7 @@ fn family_timings<T: NcclElement>(
         pipelined_nocomm: c,
         distgemm,
         nccl_cublas: next(),
+        copies_capped: gathers.then(next),
     }
 }
 
@@ -678,6 +701,13 @@ fn preset_rows<T: NcclElement>(
         };
         r.torch_nccl_matmul_ms = torch.get(preset.name(), problem.m, nccl_op).ok();
         r.torch_matmul_local_ms = torch.get(preset.name(), problem.m, local_op).ok();
+        if kind.is_pipelined()
+            && let Some(capped) = &family.copies_capped
+        {
+            r.distgemm_copies_capped_ms = r
+                .set("distgemm_copies_capped_ms", capped)
+                .map(|t: Timing| t.median_ms);
+        }
         r.derive();
         print!("{}", table_row(&r));
         out.push(r);
@@ -754,6 +784,13 @@ fn table<T: NcclElement>(
         md.push_str(&table_row(r));
     }
     md.push_str(&format!("\n## Verdicts (issue 6)\n\n{verdict}"));
+    let split = overhead_split(&records);
+    if !split.is_empty() {
+        println!("\n{split}");
+        md.push_str(&format!(
+            "\n## Where the overhead over (c) goes (all-gather, copies cut to {COPY_CAP} B)\n\n{split}"
+        ));
+    }
     if !notes.is_empty() {
         md.push_str(&format!("\n## Missing columns\n\n{notes}"));
     }
@@ -826,7 +863,7 @@ fn sweep<T: NcclElement>(ctx: &Ctx, tp: usize, prov: &Provenance) -> Result<(), 
             };
             p.family = family.cli_name().into();
             for kind in ScheduleKind::ALL {
-                match distgemm_block::<T>(ctx, kind, problem, tp).and_then(one_block) {
+                match distgemm_block::<T>(ctx, kind, problem, tp, None).and_then(one_block) {
                     Ok(t) => {
                         p.schedules_ms
                             .insert(kind.cli_name().into(), Some(t.median_ms));

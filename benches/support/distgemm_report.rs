@@ -296,6 +296,9 @@ pub struct Record {
     /// (d) as the median of every repetition's slowest device (the statistic before
     /// `distgemm::timing` reported the slowest device's median; see there why it overstates).
     pub distgemm_per_rep_max_ms: Option<f64>,
+    /// Pipelined all-gather rows: (d) with every peer copy cut to a few KiB (a diagnostic in
+    /// the same rounds; D is wrong): what is left of the overhead without the data movement.
+    pub distgemm_copies_capped_ms: Option<f64>,
     /// (e)
     pub nccl_cublas_variant: Option<String>,
     pub nccl_cublas_ms: Option<f64>,
@@ -388,6 +391,31 @@ pub fn table_row(r: &Record) -> String {
         times(r.speedup_vs_nccl_cublas),
         times(r.speedup_vs_torch_async_tp),
     )
+}
+
+/// One line per row with (c), (d) and the copies-cut (d): how much of distgemm's time over the
+/// no-communication stage GEMMs is data movement and how much the rest.
+pub fn overhead_split(records: &[Record]) -> String {
+    records
+        .iter()
+        .filter(|r| r.auto_choice.is_none())
+        .filter_map(|r| {
+            let (c, d, capped) = (
+                r.pipelined_nocomm_ms?,
+                r.distgemm_ms?,
+                r.distgemm_copies_capped_ms?,
+            );
+            let pct = |x: f64| (x - c) / c * 100.0;
+            Some(format!(
+                "- {} {}: (c) {c:.3} ms, (d) without the data {capped:.3} ms ({:+.1} %), \
+                 (d) {d:.3} ms ({:+.1} %)\n",
+                r.preset,
+                r.schedule,
+                pct(capped),
+                pct(d)
+            ))
+        })
+        .collect()
 }
 
 /// Per preset: the fastest schedule and the issue's three conditions on it.
@@ -746,6 +774,22 @@ mod tests {
         assert!(parse_args(&args("--tokens")).is_err());
         assert!(parse_args(&args("--frobnicate")).is_err());
         assert!(parse_args(&args("a b")).is_err());
+    }
+
+    #[test]
+    fn overhead_split_lists_rows_with_all_three_timings() {
+        let row = |schedule: &str, capped: Option<f64>| Record {
+            preset: "p".into(),
+            schedule: schedule.into(),
+            pipelined_nocomm_ms: Some(10.0),
+            distgemm_ms: Some(10.3),
+            distgemm_copies_capped_ms: capped,
+            ..Default::default()
+        };
+        assert_eq!(
+            overhead_split(&[row("ag-a", Some(10.1)), row("rs-a", None)]),
+            "- p ag-a: (c) 10.000 ms, (d) without the data 10.100 ms (+1.0 %), (d) 10.300 ms (+3.0 %)\n"
+        );
     }
 
     #[test]

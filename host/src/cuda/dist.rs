@@ -135,6 +135,7 @@ pub struct DistGemmBuilder {
     modules: Vec<Arc<Module>>,
     share_gpus: bool,
     missing_signals: Vec<FlagRef>,
+    copy_limit: Option<usize>,
 }
 
 impl DistGemmBuilder {
@@ -217,6 +218,17 @@ impl DistGemmBuilder {
     pub fn ranks_may_share_gpus(self, allow: bool) -> Self {
         DistGemmBuilder {
             share_gpus: allow,
+            ..self
+        }
+    }
+
+    /// Diagnostic for benchmarks: every peer copy moves at most `bytes` (the graphs keep their
+    /// nodes, edges and flags, so the kernels and the synchronisation run as usual on whatever
+    /// the workspace holds; D is wrong). Timed against a normal build, it splits distgemm's
+    /// time over the no-communication GEMMs into data movement and the rest.
+    pub fn copy_at_most_for_timing(self, bytes: usize) -> Self {
+        DistGemmBuilder {
+            copy_limit: Some(bytes),
             ..self
         }
     }
@@ -309,6 +321,7 @@ impl DistGemmBuilder {
             options: LowerOptions {
                 timeout: self.timeout.unwrap_or(DEFAULT_TIMEOUT),
                 missing_signals: self.missing_signals,
+                copy_limit: self.copy_limit,
             },
             share_limits: Vec::new(),
             in_flight: false,

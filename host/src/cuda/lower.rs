@@ -70,6 +70,9 @@ pub struct LowerOptions {
     /// Flags whose stores are left out (fault injection for tests: the nodes stay, a kernel
     /// skips the store, a flag-set node stores 0), so the waiter times out.
     pub missing_signals: Vec<FlagRef>,
+    /// Diagnostic for benchmarks: every peer copy moves at most this many bytes (the graph
+    /// keeps its nodes, edges and flags; D is wrong). `None` for real runs.
+    pub copy_limit: Option<usize>,
 }
 
 /// One graph node, fully resolved to addresses.
@@ -274,7 +277,9 @@ pub fn lower_device(
                 Node::PeerCopy(c) => LoweredNode::Copy {
                     dst: r.region(&c.dst)?,
                     src: r.region(&c.src)?,
-                    bytes: c.bytes,
+                    bytes: options
+                        .copy_limit
+                        .map_or(c.bytes, |limit| c.bytes.min(limit)),
                 },
                 Node::FlagSet(f) => LoweredNode::FlagSet {
                     dst: r.flag(&f.flag)?,
@@ -463,6 +468,7 @@ mod tests {
         LowerOptions {
             timeout: Duration::from_millis(1500),
             missing_signals: Vec::new(),
+            copy_limit: None,
         }
     }
 
@@ -626,6 +632,40 @@ mod tests {
             .unwrap_or_else(|e| panic!("{e}"));
         let g = lower_device(&plan, 0, &addresses(2), &opts).unwrap_or_else(|e| panic!("{e}"));
         assert!(matches!(g.nodes[2], LoweredNode::FlagSet { value: 0, .. }));
+    }
+
+    #[test]
+    fn a_copy_limit_shortens_the_copies_and_keeps_the_graph() {
+        let problem = Problem::new(256, 256, 256);
+        let plan = Plan::build(ScheduleKind::AllGatherRotatingA, problem, 4)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let full = lower_device(&plan, 1, &addresses(4), &options()).unwrap();
+        let opts = LowerOptions {
+            copy_limit: Some(4096),
+            ..options()
+        };
+        let capped = lower_device(&plan, 1, &addresses(4), &opts).unwrap();
+        assert_eq!(full.edges, capped.edges);
+        let mut copies = 0;
+        for (f, c) in full.nodes.iter().zip(&capped.nodes) {
+            match (f, c) {
+                (
+                    LoweredNode::Copy { dst, src, bytes },
+                    LoweredNode::Copy {
+                        dst: d2,
+                        src: s2,
+                        bytes: b2,
+                    },
+                ) => {
+                    copies += 1;
+                    assert_eq!((dst, src), (d2, s2));
+                    assert!(*bytes > 4096);
+                    assert_eq!(*b2, 4096);
+                }
+                _ => assert_eq!(f, c),
+            }
+        }
+        assert_eq!(copies, 3);
     }
 
     #[test]
