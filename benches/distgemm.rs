@@ -30,9 +30,9 @@
 //! after idling, and a block timed then reads 2-4 % fast), then ≥ 20 timed repetitions
 //! bracketed by CUDA events (per device for the multi-GPU columns); the slowest device's median
 //! repetition is reported (`distgemm::timing` explains why not the median of each
-//! repetition's slowest device, which the JSON keeps for (d) as `distgemm_per_rep_max_ms`). A family's (b), (c), its two (d) schedules and its (e)
-//! are prepared together and timed in interleaved rounds on all TP GPUs (order reversed each
-//! round), so the ratios between them are not skewed by clock and power drift between
+//! repetition's slowest device, which the JSON keeps for (d) as `distgemm_per_rep_max_ms`).
+//! A family's (b), (c), its two (d) schedules and its (e) are prepared together and timed in
+//! interleaved rounds on all TP GPUs (order reversed each round), so the ratios between them are not skewed by clock and power drift between
 //! measurements taken minutes apart (the two reduce-scatter families measure the same (e),
 //! each in its own rounds). No input rotation: every working set here is several times the
 //! 50 MiB L2 (a warning is printed if one is not).
@@ -320,9 +320,10 @@ impl<T: NcclElement> PlanRun<T> {
         Ok(())
     }
 
-    /// Times one block of [`Self::launch_all`] on every device's stream. A method, so that a closure calling it captures the whole
-    /// struct: one that named only `run.devices` or `run.streams` would capture just that
-    /// field (disjoint closure captures) and free the rest early.
+    /// Times one block of [`Self::launch_all`] on every device's stream. A method, so that a
+    /// closure calling it captures the whole struct: one that named only `run.devices` or
+    /// `run.streams` would capture just that field (disjoint closure captures) and free the
+    /// rest early.
     fn time_block(&self, gpus: &[Gpu], timing: TimingConfig) -> Result<Timing, String> {
         time_on_streams(gpus, &self.streams, timing, |_| self.launch_all()).map_err(err)
     }
@@ -330,8 +331,7 @@ impl<T: NcclElement> PlanRun<T> {
 
 /// (b)/(c): every device's GEMM nodes of `kind`'s plan, each on its own GPU with that GPU's
 /// kernel and buffers, back to back (PDL between them), no communication and no flags; all TP
-/// GPUs at once, timed like (d). Returns the block, its
-/// timing and device 0's stage shapes.
+/// GPUs at once, timed like (d). Returns the block, its timing and device 0's stage shapes.
 fn plan_gemms_block<'a, T: NcclElement>(
     ctx: &'a Ctx,
     kind: ScheduleKind,
@@ -396,8 +396,8 @@ struct NcclRun<T: NcclElement> {
 }
 
 impl<T: NcclElement> NcclRun<T> {
-    /// Times one block of `enqueue()`s on every rank's stream, then synchronises. A method, so that the closure calling it owns the
-    /// whole baseline (see [`PlanRun::time_block`]).
+    /// Times one block of `enqueue()`s on every rank's stream, then synchronises. A method, so
+    /// that the closure calling it owns the whole baseline (see [`PlanRun::time_block`]).
     fn time_block(&self, gpus: &[Gpu], timing: TimingConfig) -> Result<Timing, String> {
         let streams = self.base.streams();
         let t = time_on_streams(gpus, &streams, timing, |_| {
