@@ -189,8 +189,9 @@ pub const TILE_128X256_CLUSTER2: TileConfig = TileConfig {
     ..TILE_128X256
 };
 /// 192×192 tiles, 4 stages of 48 KiB: 12 % fewer operand bytes per output element than
-/// 128×256 (384 rows of operands per 36 864 outputs instead of per 32 768). Each consumer
-/// warpgroup computes a 192×96 half as three `m64n96k16` slabs.
+/// 128×256 (384 rows of operands per 36 864 outputs instead of per 32 768), though measured no
+/// cheaper per element (kernels-gpu/NOTES.md step 16); it pays where its tile count fills the
+/// waves best. Each consumer warpgroup computes a 192×96 half as three `m64n96k16` slabs.
 pub const TILE_192X192: TileConfig = TileConfig {
     block_m: 192,
     block_n: 192,
