@@ -16,7 +16,8 @@
 //! | (f) | PyTorch async TP: `torch.ops.symm_mem.fused_all_gather_matmul` (gathers A) for the all-gather families, `fused_matmul_reduce_scatter` (scatters rows) for the reduce-scatter ones, from `peers/torch_async_tp.py` (`--settle-ms` = `SETTLE_MS`: it settles like our blocks) | all TP GPUs, separate processes |
 //!
 //! Also, for the pipelined all-gather schedules: (d) once more with every peer copy cut to
-//! `COPY_CAP` bytes (`copy_at_most_for_timing`; D is wrong), in the same rounds —
+//! `COPY_CAP` bytes after one full run (`cap_copies_for_timing`: the workspace keeps real
+//! data, since zeros would draw less power and run faster; D is wrong), in the same rounds —
 //! `distgemm_copies_capped_ms` and the section "Where the overhead over (c) goes": how much of
 //! distgemm's time over the no-communication stage GEMMs is data movement.
 //!
@@ -463,20 +464,24 @@ fn distgemm_block<'a, T: NcclElement>(
     copy_limit: Option<usize>,
 ) -> Result<(Block<'a>, TimingConfig), String> {
     let gpus = &ctx.gpus[..tp];
-    let mut builder = DistGemm::builder()
+    let builder = DistGemm::builder()
         .devices(gpus.to_vec())
         .tp(tp)
         .schedule(kind)
         .problem(problem)
         .dtype(T::DTYPE)
         .modules(ctx.modules[..tp].to_vec());
-    if let Some(bytes) = copy_limit {
-        builder = builder.copy_at_most_for_timing(bytes);
-    }
     let plan = builder.plan().map_err(err)?;
     let shards = random_shards::<T>(&plan, gpus, &ctx.modules[..tp], 41).map_err(err)?;
     let args = shards.iter().map(RandomShard::device_args).collect();
-    let dist = builder.args(args).build().map_err(err)?;
+    let mut dist = builder.args(args).build().map_err(err)?;
+    if copy_limit.is_some() {
+        // One full run first: the capped runs then multiply the real data left in the
+        // workspace.
+        dist.run().map_err(err)?;
+        dist.wait().map_err(err)?;
+        dist.cap_copies_for_timing(copy_limit).map_err(err)?;
+    }
     let mut run = DistRun {
         dist,
         _shards: shards,
@@ -510,7 +515,7 @@ struct FamilyTimings {
     copies_capped: Option<Result<Timing, String>>,
 }
 
-/// Bytes every copy of the diagnostic (d) moves (`copy_at_most_for_timing`).
+/// Bytes every copy of the diagnostic (d) moves (`cap_copies_for_timing`).
 const COPY_CAP: usize = 4096;
 
 fn family_timings<T: NcclElement>(
@@ -673,15 +678,18 @@ fn preset_rows<T: NcclElement>(
             r.distgemm_max_ms = Some(t.max_ms);
             r.distgemm_reps = Some(t.samples_ms.len());
             r.distgemm_per_rep_max_ms = Some(t.per_rep_max_median_ms);
+            r.device_medians_ms.distgemm = t.device_medians_ms;
         }
         // (b), (c), (e), (f) of the family (the chosen schedule's, which is in the family).
         let kind = chosen.unwrap_or(sched.family());
         if let Some((t, s)) = r.set("single_stage_nocomm_ms", &family.single_stage_nocomm) {
             r.single_stage_nocomm_ms = Some(t.median_ms);
+            r.device_medians_ms.single_stage_nocomm = t.device_medians_ms;
             r.single_stage_shape = Some(s);
         }
         if let Some((t, s)) = r.set("pipelined_nocomm_ms", &family.pipelined_nocomm) {
             r.pipelined_nocomm_ms = Some(t.median_ms);
+            r.device_medians_ms.pipelined_nocomm = t.device_medians_ms;
             r.pipelined_stage_shapes = Some(s);
         }
         r.nccl_cublas_variant = Some(nccl_kind_of(sched.family()).name().into());
@@ -703,10 +711,10 @@ fn preset_rows<T: NcclElement>(
         r.torch_matmul_local_ms = torch.get(preset.name(), problem.m, local_op).ok();
         if kind.is_pipelined()
             && let Some(capped) = &family.copies_capped
+            && let Some(t) = r.set("distgemm_copies_capped_ms", capped)
         {
-            r.distgemm_copies_capped_ms = r
-                .set("distgemm_copies_capped_ms", capped)
-                .map(|t: Timing| t.median_ms);
+            r.distgemm_copies_capped_ms = Some(t.median_ms);
+            r.device_medians_ms.distgemm_copies_capped = t.device_medians_ms;
         }
         r.derive();
         print!("{}", table_row(&r));

@@ -10,6 +10,8 @@
 //!   reference (it counts the schedule's roundings);
 //! - 1,000 consecutive runs of one graph, then the result and the barrier counters;
 //! - new inputs and outputs through the pointer-update path (`DistGemm::set_args`);
+//! - the benchmarks' diagnostic `cap_copies_for_timing`: capped copies move only their first
+//!   bytes (NaN outputs over a poisoned workspace) and uncapping restores the result;
 //! - graph edges read back from the driver (programmatic type and port where the plan says so);
 //! - a stuck peer (never launched) and a missing signal: errors naming device, stage and flag
 //!   within the configured timeout, not hangs.
@@ -357,6 +359,51 @@ fn pointer_updates_without_rebuilding() {
             }
         }
         visible_line(&format!("{test}: {kind}: ok"));
+    }
+}
+
+#[test]
+fn capped_copies_keep_the_workspace_and_uncap() {
+    let test = "gpu_distributed::capped_copies_keep_the_workspace_and_uncap";
+    let Some(session) = gpu::peer_hopper_gpus(test, 2) else {
+        return;
+    };
+    let modules = session.modules().expect("modules");
+    let problem = Problem::new(1024, 1024, 1024);
+    for kind in [
+        ScheduleKind::AllGatherRotatingA,
+        ScheduleKind::AllGatherRotatingB,
+    ] {
+        let plan = Plan::build(kind, problem, 2).expect("plan");
+        let inputs = GlobalInputs::<half::bf16>::random(&problem, 5);
+        let shards = upload(&session.gpus, &plan, &inputs);
+        let want = single_gpu_reference(&session.gpus[0], &modules[0], &problem, &inputs);
+        let mut dist = build(&session.gpus, &modules, kind, problem, &shards, false);
+        let run = |dist: &mut DistGemm| {
+            dist.run().expect("run");
+            dist.wait().unwrap_or_else(|e| panic!("{kind}: {e}"));
+            gather(&plan, &shards)
+        };
+        assert_bit_identical(&format!("{kind}: full copies"), &run(&mut dist), &want);
+        // Capped after a full run: the workspace still holds the peer's data.
+        dist.cap_copies_for_timing(Some(4096)).expect("cap");
+        assert_bit_identical(&format!("{kind}: capped, kept"), &run(&mut dist), &want);
+        // Capped over a poisoned workspace: only 4 KiB of the peer's shard arrive, so the
+        // peer stage's outputs are NaN.
+        dist.poison_workspaces(0xFF).expect("poison");
+        let nan = run(&mut dist)
+            .iter()
+            .filter(|x| x.to_f32().is_nan())
+            .count();
+        assert!(
+            nan >= problem.m * problem.n / 4,
+            "{kind}: capped copies over a NaN workspace left only {nan} NaN outputs"
+        );
+        dist.cap_copies_for_timing(None).expect("uncap");
+        assert_bit_identical(&format!("{kind}: uncapped"), &run(&mut dist), &want);
+        visible_line(&format!(
+            "{test}: {kind}: ok ({nan} NaN outputs while capped)"
+        ));
     }
 }
 

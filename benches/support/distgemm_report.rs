@@ -288,6 +288,9 @@ pub struct Record {
     /// (c) stage shapes and time.
     pub pipelined_stage_shapes: Option<String>,
     pub pipelined_nocomm_ms: Option<f64>,
+    /// Every device's median of (b), (c) and (d) (the columns above are the largest): shows
+    /// whether one GPU is slower than the other and what coupling them costs.
+    pub device_medians_ms: DeviceMedians,
     /// (d)
     pub distgemm_ms: Option<f64>,
     pub distgemm_min_ms: Option<f64>,
@@ -321,6 +324,15 @@ pub struct Record {
     pub driver: String,
     pub commit: String,
     pub date: String,
+}
+
+/// Every device's median of the family's timings ([`Record::device_medians_ms`]).
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct DeviceMedians {
+    pub single_stage_nocomm: Vec<f64>,
+    pub pipelined_nocomm: Vec<f64>,
+    pub distgemm: Vec<f64>,
+    pub distgemm_copies_capped: Vec<f64>,
 }
 
 impl Record {
@@ -406,13 +418,23 @@ pub fn overhead_split(records: &[Record]) -> String {
                 r.distgemm_copies_capped_ms?,
             );
             let pct = |x: f64| (x - c) / c * 100.0;
+            let per_device = |v: &[f64]| {
+                v.iter()
+                    .map(|x| format!("{x:.3}"))
+                    .collect::<Vec<_>>()
+                    .join("/")
+            };
+            let m = &r.device_medians_ms;
             Some(format!(
                 "- {} {}: (c) {c:.3} ms, (d) without the data {capped:.3} ms ({:+.1} %), \
-                 (d) {d:.3} ms ({:+.1} %)\n",
+                 (d) {d:.3} ms ({:+.1} %); per device: (c) {}, without the data {}, (d) {}\n",
                 r.preset,
                 r.schedule,
                 pct(capped),
-                pct(d)
+                pct(d),
+                per_device(&m.pipelined_nocomm),
+                per_device(&m.distgemm_copies_capped),
+                per_device(&m.distgemm),
             ))
         })
         .collect()
@@ -784,11 +806,19 @@ mod tests {
             pipelined_nocomm_ms: Some(10.0),
             distgemm_ms: Some(10.3),
             distgemm_copies_capped_ms: capped,
+            device_medians_ms: DeviceMedians {
+                single_stage_nocomm: vec![9.9, 10.0],
+                pipelined_nocomm: vec![9.95, 10.0],
+                distgemm: vec![10.3, 10.29],
+                distgemm_copies_capped: capped.map_or(vec![], |c| vec![c, c - 0.05]),
+            },
             ..Default::default()
         };
         assert_eq!(
             overhead_split(&[row("ag-a", Some(10.1)), row("rs-a", None)]),
-            "- p ag-a: (c) 10.000 ms, (d) without the data 10.100 ms (+1.0 %), (d) 10.300 ms (+3.0 %)\n"
+            "- p ag-a: (c) 10.000 ms, (d) without the data 10.100 ms (+1.0 %), (d) 10.300 ms \
+             (+3.0 %); per device: (c) 9.950/10.000, without the data 10.100/10.050, (d) \
+             10.300/10.290\n"
         );
     }
 

@@ -70,8 +70,9 @@ pub struct LowerOptions {
     /// Flags whose stores are left out (fault injection for tests: the nodes stay, a kernel
     /// skips the store, a flag-set node stores 0), so the waiter times out.
     pub missing_signals: Vec<FlagRef>,
-    /// Diagnostic for benchmarks: every peer copy moves at most this many bytes (the graph
-    /// keeps its nodes, edges and flags; D is wrong). `None` for real runs.
+    /// Diagnostic for benchmarks (`DistGemm::cap_copies_for_timing`): every peer copy moves
+    /// at most this many bytes (the graph keeps its nodes, edges and flags; D is wrong).
+    /// `None` for real runs.
     pub copy_limit: Option<usize>,
 }
 
