@@ -19,7 +19,8 @@
 //! `COPY_CAP` bytes after one full run (`cap_copies_for_timing`: the workspace keeps real
 //! data, since zeros would draw less power and run faster; D is wrong), in the same rounds —
 //! `distgemm_copies_capped_ms` and the section "Where the overhead over (c) goes": how much of
-//! distgemm's time over the no-communication stage GEMMs is data movement.
+//! distgemm's time over the no-communication stage GEMMs is data movement; and (c) launched
+//! as one CUDA graph per device (`pipelined_nocomm_graphs_ms`): what graph launches cost.
 //!
 //! Derived: TFLOP/s per GPU = 2·M·N·K / TP / (d); "% of (b)" = (b)/(d) and "% of (c)" =
 //! (c)/(d) (how much of the no-communication GEMM speed distgemm keeps); % of 989 TFLOP/s
@@ -62,7 +63,8 @@ use distgemm::dtype::Dtype;
 use distgemm::gemm::{GemmArgs, GemmKernel, MatrixView, PreparedGemm};
 use distgemm::plan::{DevicePlan, Plan};
 use distgemm::problem::{Preset, Problem};
-use distgemm::runtime::{CudaStream, DeviceBuffer, Gpu, Module, hopper_gpus};
+use distgemm::runtime::stream::DependencyKind;
+use distgemm::runtime::{CudaStream, DeviceBuffer, Gpu, Graph, GraphExec, Module, hopper_gpus};
 use distgemm::schedule::{BufferKind, CSource, Collective, GemmStage, ScheduleKind, View};
 use distgemm::testdata::{RandomShard, fill_normal, random_shards};
 use distgemm_benches::distgemm_report::{
@@ -303,22 +305,57 @@ struct DeviceGemms<T: NcclElement> {
     _bufs: PlanBuffers<T>,
 }
 
-/// Every TP device's [`DeviceGemms`] and its stream (`streams[d]` on GPU d).
+/// Every TP device's [`DeviceGemms`] and its stream (`streams[d]` on GPU d); with `graphs`,
+/// each device's GEMMs as one CUDA graph (kernel nodes, programmatic edges between consecutive
+/// ones: (d)'s GEMM nodes without its barrier, copies and flags).
 struct PlanRun<T: NcclElement> {
     devices: Vec<DeviceGemms<T>>,
     streams: Vec<Arc<CudaStream>>,
+    graphs: Vec<(Graph, GraphExec)>,
 }
 
 impl<T: NcclElement> PlanRun<T> {
     /// Launches every device's GEMMs on its stream, back to back, PDL between consecutive ones
-    /// of a device.
+    /// of a device: as stream launches, or as the device's graph.
     fn launch_all(&self) -> Result<(), BenchError> {
+        if !self.graphs.is_empty() {
+            for ((_, exec), stream) in self.graphs.iter().zip(&self.streams) {
+                exec.launch(stream)?;
+            }
+            return Ok(());
+        }
         for (dev, stream) in self.devices.iter().zip(&self.streams) {
             for (i, g) in dev.gemms.iter().enumerate() {
                 g.launch(stream, i > 0)?;
             }
         }
         Ok(())
+    }
+
+    /// Builds every device's graph of its GEMMs (see [`PlanRun`]).
+    fn into_graphs(mut self, gpus: &[Gpu]) -> Result<Self, String> {
+        for (dev, gpu) in self.devices.iter().zip(gpus) {
+            let mut graph = Graph::new(gpu).map_err(err)?;
+            let mut previous = None;
+            for g in &dev.gemms {
+                let mut args = g.kernel_args();
+                // SAFETY: the parameter block is the prepared GEMM's own (its tensor maps are
+                // owned by `g`, the operands by `dev`); both outlive the graph (`self`).
+                let node = unsafe {
+                    graph.add_kernel_node(g.kernel(), &g.launch_config(false), &mut args)
+                }
+                .map_err(err)?;
+                if let Some(p) = previous {
+                    graph
+                        .add_dependency(p, node, DependencyKind::Programmatic)
+                        .map_err(err)?;
+                }
+                previous = Some(node);
+            }
+            let exec = graph.instantiate().map_err(err)?;
+            self.graphs.push((graph, exec));
+        }
+        Ok(self)
     }
 
     /// Times one block of [`Self::launch_all`] on every device's stream. A method, so that a
@@ -338,6 +375,7 @@ fn plan_gemms_block<'a, T: NcclElement>(
     kind: ScheduleKind,
     problem: Problem,
     tp: usize,
+    as_graphs: bool,
 ) -> Result<(Block<'a>, TimingConfig, String), String> {
     let plan = Plan::build(kind, problem, tp).map_err(|e| format!("{}: {e}", kind.cli_name()))?;
     let gpus = &ctx.gpus[..tp];
@@ -382,7 +420,14 @@ fn plan_gemms_block<'a, T: NcclElement>(
     .map(|&b| dev0.buffer_elements(b) * size_of::<T>())
     .sum();
     warn_if_in_l2(ctx, kind.cli_name(), bytes as u64);
-    let run = PlanRun { devices, streams };
+    let mut run = PlanRun {
+        devices,
+        streams,
+        graphs: Vec::new(),
+    };
+    if as_graphs {
+        run = run.into_graphs(gpus)?;
+    }
     let block = move |timing| run.time_block(gpus, timing);
     Ok((
         Box::new(block),
@@ -513,6 +558,8 @@ struct FamilyTimings {
     /// All-gather families: (d) of the pipelined schedule with every copy cut to
     /// [`COPY_CAP`] bytes.
     copies_capped: Option<Result<Timing, String>>,
+    /// All-gather families: (c) launched as one graph per device.
+    pipelined_nocomm_graphs: Option<Result<Timing, String>>,
 }
 
 /// Bytes every copy of the diagnostic (d) moves (`cap_copies_for_timing`).
@@ -528,7 +575,7 @@ fn family_timings<T: NcclElement>(
     let mut shapes = [String::new(), String::new()];
     let mut prepared: Vec<Result<(Block<'_>, TimingConfig), String>> = Vec::new();
     for (i, kind) in [single, piped].into_iter().enumerate() {
-        prepared.push(plan_gemms_block::<T>(ctx, kind, problem, tp).map(
+        prepared.push(plan_gemms_block::<T>(ctx, kind, problem, tp, false).map(
             |(block, timing, shape)| {
                 shapes[i] = shape;
                 (block, timing)
@@ -541,10 +588,15 @@ fn family_timings<T: NcclElement>(
     prepared.push(nccl_block::<T>(ctx, nccl_kind_of(family), problem, tp));
     // The all-gather families move their data with copies: the pipelined schedule once more
     // with every copy cut to COPY_CAP bytes splits its overhead over (c) into data movement and
-    // the rest (barrier, flags, kernel boundaries).
+    // the rest; (c) launched as graphs splits the rest into graph launch and (d)'s barrier,
+    // copy and flag nodes.
     let gathers = family.collective() == Collective::AllGather;
     if gathers {
         prepared.push(distgemm_block::<T>(ctx, piped, problem, tp, Some(COPY_CAP)));
+        prepared.push(
+            plan_gemms_block::<T>(ctx, piped, problem, tp, true)
+                .map(|(block, timing, _)| (block, timing)),
+        );
     }
     // Every block starts with ≥ SETTLE_MS of untimed launches (the warm-up of `timing_for`):
     // a (d) block timed straight after a GPU had idled caught it waking up (samples up to
@@ -560,7 +612,7 @@ fn family_timings<T: NcclElement>(
     let mut timings = samples
         .into_iter()
         .map(|s| s.and_then(|s| Timing::from_devices(s).map_err(err)));
-    let mut next = || timings.next().expect("five or six contenders");
+    let mut next = || timings.next().expect("five or seven contenders");
     let [b_shape, c_shape] = shapes;
     let b = next().map(|t| (t, b_shape));
     let c = next().map(|t| (t, c_shape));
@@ -570,7 +622,8 @@ fn family_timings<T: NcclElement>(
         pipelined_nocomm: c,
         distgemm,
         nccl_cublas: next(),
-        copies_capped: gathers.then(next),
+        copies_capped: gathers.then(&mut next),
+        pipelined_nocomm_graphs: gathers.then(next),
     }
 }
 
@@ -715,6 +768,12 @@ fn preset_rows<T: NcclElement>(
         {
             r.distgemm_copies_capped_ms = Some(t.median_ms);
             r.device_medians_ms.distgemm_copies_capped = t.device_medians_ms;
+        }
+        if kind.is_pipelined()
+            && let Some(graphs) = &family.pipelined_nocomm_graphs
+            && let Some(t) = r.set("pipelined_nocomm_graphs_ms", graphs)
+        {
+            r.pipelined_nocomm_graphs_ms = Some(t.median_ms);
         }
         r.derive();
         print!("{}", table_row(&r));

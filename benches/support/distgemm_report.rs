@@ -302,6 +302,9 @@ pub struct Record {
     /// Pipelined all-gather rows: (d) with every peer copy cut to a few KiB (a diagnostic in
     /// the same rounds; D is wrong): what is left of the overhead without the data movement.
     pub distgemm_copies_capped_ms: Option<f64>,
+    /// Pipelined all-gather rows: (c) launched as one CUDA graph per device (a diagnostic in
+    /// the same rounds): what graph launches cost by themselves.
+    pub pipelined_nocomm_graphs_ms: Option<f64>,
     /// (e)
     pub nccl_cublas_variant: Option<String>,
     pub nccl_cublas_ms: Option<f64>,
@@ -425,8 +428,11 @@ pub fn overhead_split(records: &[Record]) -> String {
                     .join("/")
             };
             let m = &r.device_medians_ms;
+            let graphs = r.pipelined_nocomm_graphs_ms.map_or(String::new(), |g| {
+                format!("(c) as graphs {g:.3} ms ({:+.1} %), ", pct(g))
+            });
             Some(format!(
-                "- {} {}: (c) {c:.3} ms, (d) without the data {capped:.3} ms ({:+.1} %), \
+                "- {} {}: (c) {c:.3} ms, {graphs}(d) without the data {capped:.3} ms ({:+.1} %), \
                  (d) {d:.3} ms ({:+.1} %); per device: (c) {}, without the data {}, (d) {}\n",
                 r.preset,
                 r.schedule,
@@ -806,6 +812,7 @@ mod tests {
             pipelined_nocomm_ms: Some(10.0),
             distgemm_ms: Some(10.3),
             distgemm_copies_capped_ms: capped,
+            pipelined_nocomm_graphs_ms: capped.map(|_| 10.05),
             device_medians_ms: DeviceMedians {
                 single_stage_nocomm: vec![9.9, 10.0],
                 pipelined_nocomm: vec![9.95, 10.0],
@@ -816,7 +823,8 @@ mod tests {
         };
         assert_eq!(
             overhead_split(&[row("ag-a", Some(10.1)), row("rs-a", None)]),
-            "- p ag-a: (c) 10.000 ms, (d) without the data 10.100 ms (+1.0 %), (d) 10.300 ms \
+            "- p ag-a: (c) 10.000 ms, (c) as graphs 10.050 ms (+0.5 %), (d) without the data \
+             10.100 ms (+1.0 %), (d) 10.300 ms \
              (+3.0 %); per device: (c) 9.950/10.000, without the data 10.100/10.050, (d) \
              10.300/10.290\n"
         );
