@@ -15,12 +15,10 @@
 //! | (e) | NCCL collective + cuBLASLt GEMM in sequence on every GPU (all-gather of A for `ag-a*`, of B for `ag-b*`, GEMM then reduce-scatter of row blocks for `rs-*`) | all TP GPUs |
 //! | (f) | PyTorch async TP: `torch.ops.symm_mem.fused_all_gather_matmul` (gathers A) for the all-gather families, `fused_matmul_reduce_scatter` (scatters rows) for the reduce-scatter ones, from `peers/torch_async_tp.py` (`--settle-ms` = `SETTLE_MS`: it settles like our blocks) | all TP GPUs, separate processes |
 //!
-//! Also, for the pipelined all-gather schedules: (d) once more with every peer copy cut to
-//! `COPY_CAP` bytes after one full run (`cap_copies_for_timing`: the workspace keeps real
-//! data, since zeros would draw less power and run faster; D is wrong), in the same rounds —
-//! `distgemm_copies_capped_ms` and the section "Where the overhead over (c) goes": how much of
-//! distgemm's time over the no-communication stage GEMMs is data movement; and (c) launched
-//! as one CUDA graph per device (`pipelined_nocomm_graphs_ms`): what graph launches cost.
+//! Also, for the pipelined all-gather schedules, in the same rounds: the `DIAGNOSTICS`, variants
+//! of (c) and (d) that leave parts out ((c) as one CUDA graph per device; (d) with its copies
+//! cut to `COPY_CAP` bytes after one full run, then also uncoupled and without flag waits), in
+//! the JSON's `diagnostics` and the section "Where the overhead over (c) goes".
 //!
 //! Derived: TFLOP/s per GPU = 2·M·N·K / TP / (d); "% of (b)" = (b)/(d) and "% of (c)" =
 //! (c)/(d) (how much of the no-communication GEMM speed distgemm keeps); % of 989 TFLOP/s
@@ -58,7 +56,7 @@
 use distgemm::baseline::{
     CublasLtGemm, NcclElement, NcclGemmBaseline, NcclGemmKind, NcclGemmLayout, TnGemmShape,
 };
-use distgemm::cuda::DistGemm;
+use distgemm::cuda::{DistGemm, TimingDiagnostics};
 use distgemm::dtype::Dtype;
 use distgemm::gemm::{GemmArgs, GemmKernel, MatrixView, PreparedGemm};
 use distgemm::plan::{DevicePlan, Plan};
@@ -68,10 +66,10 @@ use distgemm::runtime::{CudaStream, DeviceBuffer, Gpu, Graph, GraphExec, Module,
 use distgemm::schedule::{BufferKind, CSource, Collective, GemmStage, ScheduleKind, View};
 use distgemm::testdata::{RandomShard, fill_normal, random_shards};
 use distgemm_benches::distgemm_report::{
-    Options, Record, SETTLE_MS, SWEEP_TOKENS, Sched, SweepPoint, TABLE_HEADER, TORCH_AG,
-    TorchResults, USAGE, find_peer_script, missing_notes, ms, nccl_kind_of, overhead_split,
-    parse_args, pipelined_of, pipelining_threshold, presets, row_id, run_peer_command,
-    single_stage_of, table_row, timing_for, torch_op_of, verdicts,
+    Diagnostic, Options, Record, SETTLE_MS, SWEEP_TOKENS, Sched, SweepPoint, TABLE_HEADER,
+    TORCH_AG, TorchResults, USAGE, find_peer_script, missing_notes, ms, nccl_kind_of,
+    overhead_split, parse_args, pipelined_of, pipelining_threshold, presets, row_id,
+    run_peer_command, single_stage_of, table_row, timing_for, torch_op_of, verdicts,
 };
 use distgemm_benches::{
     BenchError, MIN_TIMED_REPS, Provenance, ROUNDS, Timing, TimingConfig, interleaved, results_dir,
@@ -506,7 +504,7 @@ fn distgemm_block<'a, T: NcclElement>(
     kind: ScheduleKind,
     problem: Problem,
     tp: usize,
-    copy_limit: Option<usize>,
+    diagnostics: TimingDiagnostics,
 ) -> Result<(Block<'a>, TimingConfig), String> {
     let gpus = &ctx.gpus[..tp];
     let builder = DistGemm::builder()
@@ -520,12 +518,12 @@ fn distgemm_block<'a, T: NcclElement>(
     let shards = random_shards::<T>(&plan, gpus, &ctx.modules[..tp], 41).map_err(err)?;
     let args = shards.iter().map(RandomShard::device_args).collect();
     let mut dist = builder.args(args).build().map_err(err)?;
-    if copy_limit.is_some() {
-        // One full run first: the capped runs then multiply the real data left in the
-        // workspace.
+    if diagnostics != TimingDiagnostics::default() {
+        // One full run first: runs with capped copies then multiply the real data left in
+        // the workspace.
         dist.run().map_err(err)?;
         dist.wait().map_err(err)?;
-        dist.cap_copies_for_timing(copy_limit).map_err(err)?;
+        dist.set_timing_diagnostics(diagnostics).map_err(err)?;
     }
     let mut run = DistRun {
         dist,
@@ -555,15 +553,39 @@ struct FamilyTimings {
     distgemm: HashMap<ScheduleKind, Result<Timing, String>>,
     /// (e): the family's NCCL collective + cuBLASLt ([`nccl_kind_of`]).
     nccl_cublas: Result<Timing, String>,
-    /// All-gather families: (d) of the pipelined schedule with every copy cut to
-    /// [`COPY_CAP`] bytes.
-    copies_capped: Option<Result<Timing, String>>,
-    /// All-gather families: (c) launched as one graph per device.
-    pipelined_nocomm_graphs: Option<Result<Timing, String>>,
+    /// All-gather families: the [`DIAGNOSTICS`] of the pipelined schedule.
+    diagnostics: Vec<(&'static str, Result<Timing, String>)>,
 }
 
-/// Bytes every copy of the diagnostic (d) moves (`cap_copies_for_timing`).
+/// Bytes every copy of the diagnostic (d) variants moves.
 const COPY_CAP: usize = 4096;
+
+/// A diagnostic variant of (c) or (d) (see [`DIAGNOSTICS`]).
+enum Variant {
+    /// (c) launched as one CUDA graph per device.
+    NocommGraphs,
+    /// (d) with parts left out.
+    Dist(TimingDiagnostics),
+}
+
+const fn cut(no_rendezvous: bool, no_flag_waits: bool) -> Variant {
+    Variant::Dist(TimingDiagnostics {
+        copy_limit: Some(COPY_CAP),
+        no_rendezvous,
+        no_flag_waits,
+    })
+}
+
+/// Variants timed beside the pipelined all-gather schedules, in the same rounds: each leaves
+/// out one more part of (d), so the steps between (c), them and (d) say what each part costs.
+/// Copies are cut after one full run, so the GEMMs still multiply real data (zeros would
+/// draw less power and run faster).
+const DIAGNOSTICS: [(&str, Variant); 4] = [
+    ("(c) as graphs", Variant::NocommGraphs),
+    ("(d) copies cut, uncoupled, no flag waits", cut(true, true)),
+    ("(d) copies cut, uncoupled", cut(true, false)),
+    ("(d) copies cut", cut(false, false)),
+];
 
 fn family_timings<T: NcclElement>(
     ctx: &Ctx,
@@ -583,20 +605,28 @@ fn family_timings<T: NcclElement>(
         ));
     }
     for kind in [piped, single] {
-        prepared.push(distgemm_block::<T>(ctx, kind, problem, tp, None));
+        prepared.push(distgemm_block::<T>(
+            ctx,
+            kind,
+            problem,
+            tp,
+            TimingDiagnostics::default(),
+        ));
     }
     prepared.push(nccl_block::<T>(ctx, nccl_kind_of(family), problem, tp));
-    // The all-gather families move their data with copies: the pipelined schedule once more
-    // with every copy cut to COPY_CAP bytes splits its overhead over (c) into data movement and
-    // the rest; (c) launched as graphs splits the rest into graph launch and (d)'s barrier,
-    // copy and flag nodes.
+    // The all-gather families move their data with copies, which can be cut: their
+    // pipelined schedule gets the DIAGNOSTICS.
     let gathers = family.collective() == Collective::AllGather;
     if gathers {
-        prepared.push(distgemm_block::<T>(ctx, piped, problem, tp, Some(COPY_CAP)));
-        prepared.push(
-            plan_gemms_block::<T>(ctx, piped, problem, tp, true)
-                .map(|(block, timing, _)| (block, timing)),
-        );
+        for (_, variant) in &DIAGNOSTICS {
+            prepared.push(match variant {
+                Variant::NocommGraphs => plan_gemms_block::<T>(ctx, piped, problem, tp, true)
+                    .map(|(block, timing, _)| (block, timing)),
+                Variant::Dist(diagnostics) => {
+                    distgemm_block::<T>(ctx, piped, problem, tp, *diagnostics)
+                }
+            });
+        }
     }
     // Every block starts with ≥ SETTLE_MS of untimed launches (the warm-up of `timing_for`):
     // a (d) block timed straight after a GPU had idled caught it waking up (samples up to
@@ -612,7 +642,7 @@ fn family_timings<T: NcclElement>(
     let mut timings = samples
         .into_iter()
         .map(|s| s.and_then(|s| Timing::from_devices(s).map_err(err)));
-    let mut next = || timings.next().expect("five or seven contenders");
+    let mut next = || timings.next().expect("one timing per contender");
     let [b_shape, c_shape] = shapes;
     let b = next().map(|t| (t, b_shape));
     let c = next().map(|t| (t, c_shape));
@@ -622,8 +652,14 @@ fn family_timings<T: NcclElement>(
         pipelined_nocomm: c,
         distgemm,
         nccl_cublas: next(),
-        copies_capped: gathers.then(&mut next),
-        pipelined_nocomm_graphs: gathers.then(next),
+        diagnostics: if gathers {
+            DIAGNOSTICS
+                .iter()
+                .map(|(name, _)| (*name, next()))
+                .collect()
+        } else {
+            Vec::new()
+        },
     }
 }
 
@@ -762,18 +798,16 @@ fn preset_rows<T: NcclElement>(
         };
         r.torch_nccl_matmul_ms = torch.get(preset.name(), problem.m, nccl_op).ok();
         r.torch_matmul_local_ms = torch.get(preset.name(), problem.m, local_op).ok();
-        if kind.is_pipelined()
-            && let Some(capped) = &family.copies_capped
-            && let Some(t) = r.set("distgemm_copies_capped_ms", capped)
-        {
-            r.distgemm_copies_capped_ms = Some(t.median_ms);
-            r.device_medians_ms.distgemm_copies_capped = t.device_medians_ms;
-        }
-        if kind.is_pipelined()
-            && let Some(graphs) = &family.pipelined_nocomm_graphs
-            && let Some(t) = r.set("pipelined_nocomm_graphs_ms", graphs)
-        {
-            r.pipelined_nocomm_graphs_ms = Some(t.median_ms);
+        if kind.is_pipelined() {
+            for (name, timing) in &family.diagnostics {
+                if let Some(t) = r.set(name, timing) {
+                    r.diagnostics.push(Diagnostic {
+                        name: (*name).into(),
+                        ms: t.median_ms,
+                        device_medians_ms: t.device_medians_ms,
+                    });
+                }
+            }
         }
         r.derive();
         print!("{}", table_row(&r));
@@ -855,7 +889,7 @@ fn table<T: NcclElement>(
     if !split.is_empty() {
         println!("\n{split}");
         md.push_str(&format!(
-            "\n## Where the overhead over (c) goes (all-gather, copies cut to {COPY_CAP} B)\n\n{split}"
+            "\n## Where the overhead over (c) goes (pipelined all-gather; copies cut to {COPY_CAP} B; per-device medians in brackets)\n\n{split}"
         ));
     }
     if !notes.is_empty() {
@@ -930,7 +964,9 @@ fn sweep<T: NcclElement>(ctx: &Ctx, tp: usize, prov: &Provenance) -> Result<(), 
             };
             p.family = family.cli_name().into();
             for kind in ScheduleKind::ALL {
-                match distgemm_block::<T>(ctx, kind, problem, tp, None).and_then(one_block) {
+                match distgemm_block::<T>(ctx, kind, problem, tp, TimingDiagnostics::default())
+                    .and_then(one_block)
+                {
                     Ok(t) => {
                         p.schedules_ms
                             .insert(kind.cli_name().into(), Some(t.median_ms));

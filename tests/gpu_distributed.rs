@@ -10,7 +10,7 @@
 //!   reference (it counts the schedule's roundings);
 //! - 1,000 consecutive runs of one graph, then the result and the barrier counters;
 //! - new inputs and outputs through the pointer-update path (`DistGemm::set_args`);
-//! - the benchmarks' diagnostic `cap_copies_for_timing`: capped copies move only their first
+//! - the benchmarks' copy-cut diagnostic (`TimingDiagnostics::copy_limit`): capped copies move only their first
 //!   bytes (NaN outputs over a poisoned workspace) and uncapping restores the result;
 //! - graph edges read back from the driver (programmatic type and port where the plan says so);
 //! - a stuck peer (never launched) and a missing signal: errors naming device, stage and flag
@@ -20,7 +20,7 @@
 //! --test gpu_distributed`).
 use std::time::{Duration, Instant};
 
-use distgemm::cuda::{DeviceArgs, DistGemm, DistGemmError, WaitingNode};
+use distgemm::cuda::{DeviceArgs, DistGemm, DistGemmError, TimingDiagnostics, WaitingNode};
 use distgemm::dtype::{Dtype, Element};
 use distgemm::gemm::{GemmArgs, GemmKernel, MatrixView};
 use distgemm::plan::{EdgeKind, GlobalInputs, Plan};
@@ -386,7 +386,11 @@ fn capped_copies_keep_the_workspace_and_uncap() {
         };
         assert_bit_identical(&format!("{kind}: full copies"), &run(&mut dist), &want);
         // Capped after a full run: the workspace still holds the peer's data.
-        dist.cap_copies_for_timing(Some(4096)).expect("cap");
+        dist.set_timing_diagnostics(TimingDiagnostics {
+            copy_limit: Some(4096),
+            ..TimingDiagnostics::default()
+        })
+        .expect("cap");
         assert_bit_identical(&format!("{kind}: capped, kept"), &run(&mut dist), &want);
         // Capped over a poisoned workspace: only 4 KiB of the peer's shard arrive, so the
         // peer stage's outputs are NaN.
@@ -399,7 +403,8 @@ fn capped_copies_keep_the_workspace_and_uncap() {
             nan >= problem.m * problem.n / 4,
             "{kind}: capped copies over a NaN workspace left only {nan} NaN outputs"
         );
-        dist.cap_copies_for_timing(None).expect("uncap");
+        dist.set_timing_diagnostics(TimingDiagnostics::default())
+            .expect("uncap");
         assert_bit_identical(&format!("{kind}: uncapped"), &run(&mut dist), &want);
         visible_line(&format!(
             "{test}: {kind}: ok ({nan} NaN outputs while capped)"

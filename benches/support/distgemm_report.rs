@@ -299,12 +299,9 @@ pub struct Record {
     /// (d) as the median of every repetition's slowest device (the statistic before
     /// `distgemm::timing` reported the slowest device's median; see there why it overstates).
     pub distgemm_per_rep_max_ms: Option<f64>,
-    /// Pipelined all-gather rows: (d) with every peer copy cut to a few KiB (a diagnostic in
-    /// the same rounds; D is wrong): what is left of the overhead without the data movement.
-    pub distgemm_copies_capped_ms: Option<f64>,
-    /// Pipelined all-gather rows: (c) launched as one CUDA graph per device (a diagnostic in
-    /// the same rounds): what graph launches cost by themselves.
-    pub pipelined_nocomm_graphs_ms: Option<f64>,
+    /// Pipelined all-gather rows: variants of (c) and (d) that leave parts out, timed in the
+    /// same rounds ([`Diagnostic`]).
+    pub diagnostics: Vec<Diagnostic>,
     /// (e)
     pub nccl_cublas_variant: Option<String>,
     pub nccl_cublas_ms: Option<f64>,
@@ -335,7 +332,16 @@ pub struct DeviceMedians {
     pub single_stage_nocomm: Vec<f64>,
     pub pipelined_nocomm: Vec<f64>,
     pub distgemm: Vec<f64>,
-    pub distgemm_copies_capped: Vec<f64>,
+}
+
+/// A variant of (c) or (d) that leaves a part out (e.g. "(d), copies cut to 4096 B"): its
+/// time over (c) against (d)'s says what that part costs.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Diagnostic {
+    pub name: String,
+    /// The slowest device's median.
+    pub ms: f64,
+    pub device_medians_ms: Vec<f64>,
 }
 
 impl Record {
@@ -408,39 +414,42 @@ pub fn table_row(r: &Record) -> String {
     )
 }
 
-/// One line per row with (c), (d) and the copies-cut (d): how much of distgemm's time over the
-/// no-communication stage GEMMs is data movement and how much the rest.
+/// One line per row with diagnostics: (c), each diagnostic and (d), with their excess over (c)
+/// and every device's median.
 pub fn overhead_split(records: &[Record]) -> String {
+    let per_device = |v: &[f64]| {
+        v.iter()
+            .map(|x| format!("{x:.3}"))
+            .collect::<Vec<_>>()
+            .join("/")
+    };
     records
         .iter()
-        .filter(|r| r.auto_choice.is_none())
+        .filter(|r| r.auto_choice.is_none() && !r.diagnostics.is_empty())
         .filter_map(|r| {
-            let (c, d, capped) = (
-                r.pipelined_nocomm_ms?,
-                r.distgemm_ms?,
-                r.distgemm_copies_capped_ms?,
-            );
-            let pct = |x: f64| (x - c) / c * 100.0;
-            let per_device = |v: &[f64]| {
-                v.iter()
-                    .map(|x| format!("{x:.3}"))
-                    .collect::<Vec<_>>()
-                    .join("/")
+            let (c, d) = (r.pipelined_nocomm_ms?, r.distgemm_ms?);
+            let item = |name: &str, ms: f64, devices: &[f64]| {
+                format!(
+                    "{name} {ms:.3} ms ({:+.1} %) [{}]",
+                    (ms - c) / c * 100.0,
+                    per_device(devices)
+                )
             };
-            let m = &r.device_medians_ms;
-            let graphs = r.pipelined_nocomm_graphs_ms.map_or(String::new(), |g| {
-                format!("(c) as graphs {g:.3} ms ({:+.1} %), ", pct(g))
-            });
+            let mut items = vec![format!(
+                "(c) {c:.3} ms [{}]",
+                per_device(&r.device_medians_ms.pipelined_nocomm)
+            )];
+            items.extend(
+                r.diagnostics
+                    .iter()
+                    .map(|x| item(&x.name, x.ms, &x.device_medians_ms)),
+            );
+            items.push(item("(d)", d, &r.device_medians_ms.distgemm));
             Some(format!(
-                "- {} {}: (c) {c:.3} ms, {graphs}(d) without the data {capped:.3} ms ({:+.1} %), \
-                 (d) {d:.3} ms ({:+.1} %); per device: (c) {}, without the data {}, (d) {}\n",
+                "- {} {}: {}\n",
                 r.preset,
                 r.schedule,
-                pct(capped),
-                pct(d),
-                per_device(&m.pipelined_nocomm),
-                per_device(&m.distgemm_copies_capped),
-                per_device(&m.distgemm),
+                items.join("; ")
             ))
         })
         .collect()
@@ -805,28 +814,31 @@ mod tests {
     }
 
     #[test]
-    fn overhead_split_lists_rows_with_all_three_timings() {
+    fn overhead_split_lists_rows_with_diagnostics() {
         let row = |schedule: &str, capped: Option<f64>| Record {
             preset: "p".into(),
             schedule: schedule.into(),
             pipelined_nocomm_ms: Some(10.0),
             distgemm_ms: Some(10.3),
-            distgemm_copies_capped_ms: capped,
-            pipelined_nocomm_graphs_ms: capped.map(|_| 10.05),
+            diagnostics: capped
+                .map(|ms| Diagnostic {
+                    name: "cut".into(),
+                    ms,
+                    device_medians_ms: vec![ms, ms - 0.05],
+                })
+                .into_iter()
+                .collect(),
             device_medians_ms: DeviceMedians {
                 single_stage_nocomm: vec![9.9, 10.0],
                 pipelined_nocomm: vec![9.95, 10.0],
                 distgemm: vec![10.3, 10.29],
-                distgemm_copies_capped: capped.map_or(vec![], |c| vec![c, c - 0.05]),
             },
             ..Default::default()
         };
         assert_eq!(
             overhead_split(&[row("ag-a", Some(10.1)), row("rs-a", None)]),
-            "- p ag-a: (c) 10.000 ms, (c) as graphs 10.050 ms (+0.5 %), (d) without the data \
-             10.100 ms (+1.0 %), (d) 10.300 ms \
-             (+3.0 %); per device: (c) 9.950/10.000, without the data 10.100/10.050, (d) \
-             10.300/10.290\n"
+            "- p ag-a: (c) 10.000 ms [9.950/10.000]; cut 10.100 ms (+1.0 %) [10.100/10.050]; \
+             (d) 10.300 ms (+3.0 %) [10.300/10.290]\n"
         );
     }
 

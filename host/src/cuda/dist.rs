@@ -30,7 +30,9 @@ use kernels_gpu::collective_abi::{REDUCE_SMEM_BYTES, REDUCE_THREADS, REDUCE_VECT
 
 use super::auto::{MachineModel, choose_schedule};
 use super::error::{DistGemmError, decode_timeout};
-use super::lower::{DeviceAddresses, LowerOptions, LoweredGraph, LoweredNode, lower_device};
+use super::lower::{
+    DeviceAddresses, LowerOptions, LoweredGraph, LoweredNode, TimingDiagnostics, lower_device,
+};
 use crate::dtype::Dtype;
 use crate::gemm::{GemmKernel, PreparedGemm, check};
 use crate::plan::Plan;
@@ -309,7 +311,7 @@ impl DistGemmBuilder {
             options: LowerOptions {
                 timeout: self.timeout.unwrap_or(DEFAULT_TIMEOUT),
                 missing_signals: self.missing_signals,
-                copy_limit: None,
+                diagnostics: TimingDiagnostics::default(),
             },
             share_limits: Vec::new(),
             in_flight: false,
@@ -891,15 +893,17 @@ impl DistGemm {
         Ok(())
     }
 
-    /// Diagnostic for benchmarks: from now on every peer copy moves at most `bytes` (`None`
-    /// restores full copies). The graphs keep their nodes, edges and flags, so kernels and
-    /// synchronisation run as usual; D is wrong. The workspaces keep what earlier runs copied
-    /// into them, so after one full run the GEMMs still multiply the real data: a workspace
-    /// of zeros draws less power, and power-capped GEMMs then run faster (measured 5–12 %
-    /// faster than the same GEMMs on random data). Timed against full runs, it splits
-    /// distgemm's time over the no-communication GEMMs into data movement and the rest.
-    pub fn cap_copies_for_timing(&mut self, bytes: Option<usize>) -> Result<(), DistGemmError> {
-        self.options.copy_limit = bytes;
+    /// Diagnostics for benchmarks: from now on, runs leave out what `diagnostics` says
+    /// ([`TimingDiagnostics`]; the default restores real runs). Nodes are updated in place,
+    /// like [`DistGemm::set_args`]. The workspaces keep what earlier runs copied into them, so
+    /// after one full run capped copies still feed the GEMMs real data: a workspace of zeros
+    /// draws less power, and power-capped GEMMs then run faster (measured 5–12 % faster than
+    /// the same GEMMs on random data).
+    pub fn set_timing_diagnostics(
+        &mut self,
+        diagnostics: TimingDiagnostics,
+    ) -> Result<(), DistGemmError> {
+        self.options.diagnostics = diagnostics;
         self.set_args(self.args.clone())
     }
 

@@ -70,10 +70,24 @@ pub struct LowerOptions {
     /// Flags whose stores are left out (fault injection for tests: the nodes stay, a kernel
     /// skips the store, a flag-set node stores 0), so the waiter times out.
     pub missing_signals: Vec<FlagRef>,
-    /// Diagnostic for benchmarks (`DistGemm::cap_copies_for_timing`): every peer copy moves
-    /// at most this many bytes (the graph keeps its nodes, edges and flags; D is wrong).
-    /// `None` for real runs.
+    /// Parts of a run left out for timing (`DistGemm::set_timing_diagnostics`); all off for
+    /// real runs.
+    pub diagnostics: TimingDiagnostics,
+}
+
+/// Diagnostics for benchmarks: parts of a run left out, so that timing what is left splits
+/// distgemm's time over the no-communication GEMMs into its causes. The graph keeps its nodes
+/// and edges; D is wrong (and, without the rendezvous, a fast device may overwrite a slot its
+/// peer still reads). All off by default.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TimingDiagnostics {
+    /// Every peer copy moves at most this many bytes.
     pub copy_limit: Option<usize>,
+    /// The start-of-run barrier neither arrives at its peers nor waits for them (it still
+    /// resets the device's flags): the devices run uncoupled.
+    pub no_rendezvous: bool,
+    /// Stage GEMMs skip their flag waits.
+    pub no_flag_waits: bool,
 }
 
 /// One graph node, fully resolved to addresses.
@@ -241,6 +255,7 @@ pub fn lower_device(
     };
     let timeout_ns = u64::try_from(options.timeout.as_nanos()).unwrap_or(u64::MAX);
     let sends = |f: &FlagRef| !options.missing_signals.contains(f);
+    let uncoupled = options.diagnostics.no_rendezvous;
     let error_word = r.error_word(device)?;
 
     let nodes = dev
@@ -266,8 +281,8 @@ pub fn lower_device(
                         error_word,
                         timeout_ns,
                         reset_count: count(reset.len()),
-                        arrive_count: count(arrive.len()),
-                        arrivals: b.arrivals,
+                        arrive_count: if uncoupled { 0 } else { count(arrive.len()) },
+                        arrivals: if uncoupled { 0 } else { b.arrivals },
                         error_code: encode_timeout(TimeoutSite {
                             node: WaitingNode::Barrier,
                             stage: 0,
@@ -279,6 +294,7 @@ pub fn lower_device(
                     dst: r.region(&c.dst)?,
                     src: r.region(&c.src)?,
                     bytes: options
+                        .diagnostics
                         .copy_limit
                         .map_or(c.bytes, |limit| c.bytes.min(limit)),
                 },
@@ -302,8 +318,8 @@ pub fn lower_device(
                         None => 0,
                     };
                     let wait_flag = match &g.waits {
-                        Some(f) => r.flag(f)?,
-                        None => 0,
+                        Some(f) if !options.diagnostics.no_flag_waits => r.flag(f)?,
+                        _ => 0,
                     };
                     let hook = StageHook {
                         signal_flag,
@@ -469,7 +485,7 @@ mod tests {
         LowerOptions {
             timeout: Duration::from_millis(1500),
             missing_signals: Vec::new(),
-            copy_limit: None,
+            diagnostics: TimingDiagnostics::default(),
         }
     }
 
@@ -636,13 +652,51 @@ mod tests {
     }
 
     #[test]
+    fn uncoupled_runs_skip_the_rendezvous_and_no_flag_waits_skip_the_waits() {
+        let problem = Problem::new(256, 256, 256);
+        let plan = Plan::build(ScheduleKind::AllGatherRotatingB, problem, 2)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let opts = LowerOptions {
+            diagnostics: TimingDiagnostics {
+                no_rendezvous: true,
+                no_flag_waits: true,
+                ..TimingDiagnostics::default()
+            },
+            ..options()
+        };
+        let full = lower_device(&plan, 0, &addresses(2), &options()).unwrap();
+        let cut = lower_device(&plan, 0, &addresses(2), &opts).unwrap();
+        assert_eq!(full.edges, cut.edges);
+        let (mut barriers, mut waits) = (0, 0);
+        for (f, c) in full.nodes.iter().zip(&cut.nodes) {
+            match (f, c) {
+                (LoweredNode::Barrier(f), LoweredNode::Barrier(c)) => {
+                    barriers += 1;
+                    assert_eq!((f.arrive_count, f.arrivals), (1, 1));
+                    assert_eq!((c.arrive_count, c.arrivals), (0, 0));
+                    assert_eq!((c.reset, c.reset_count), (f.reset, f.reset_count));
+                }
+                (LoweredNode::Gemm { hook: f, .. }, LoweredNode::Gemm { hook: c, .. }) => {
+                    waits += usize::from(f.wait_flag != 0);
+                    assert_eq!(c.wait_flag, 0);
+                }
+                _ => assert_eq!(f, c),
+            }
+        }
+        assert_eq!((barriers, waits), (1, 1));
+    }
+
+    #[test]
     fn a_copy_limit_shortens_the_copies_and_keeps_the_graph() {
         let problem = Problem::new(256, 256, 256);
         let plan = Plan::build(ScheduleKind::AllGatherRotatingA, problem, 4)
             .unwrap_or_else(|e| panic!("{e}"));
         let full = lower_device(&plan, 1, &addresses(4), &options()).unwrap();
         let opts = LowerOptions {
-            copy_limit: Some(4096),
+            diagnostics: TimingDiagnostics {
+                copy_limit: Some(4096),
+                ..TimingDiagnostics::default()
+            },
             ..options()
         };
         let capped = lower_device(&plan, 1, &addresses(4), &opts).unwrap();

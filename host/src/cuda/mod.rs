@@ -26,4 +26,6 @@ pub mod lower;
 pub use auto::{AutoChoice, MachineModel, choose_schedule};
 pub use dist::{BufferRef, DEFAULT_TIMEOUT, DeviceArgs, DistGemm, DistGemmBuilder, ScheduleChoice};
 pub use error::{DistGemmError, TimeoutSite, WaitingNode};
-pub use lower::{DeviceAddresses, LowerOptions, LoweredGraph, LoweredNode, lower_device};
+pub use lower::{
+    DeviceAddresses, LowerOptions, LoweredGraph, LoweredNode, TimingDiagnostics, lower_device,
+};
