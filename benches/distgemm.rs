@@ -56,13 +56,15 @@
 use distgemm::baseline::{
     CublasLtGemm, NcclElement, NcclGemmBaseline, NcclGemmKind, NcclGemmLayout, TnGemmShape,
 };
-use distgemm::cuda::{DistGemm, TimingDiagnostics};
+use distgemm::cuda::{BarrierParams, DistGemm, TimingDiagnostics};
 use distgemm::dtype::Dtype;
 use distgemm::gemm::{GemmArgs, GemmKernel, MatrixView, PreparedGemm};
 use distgemm::plan::{DevicePlan, Plan};
 use distgemm::problem::{Preset, Problem};
 use distgemm::runtime::stream::DependencyKind;
-use distgemm::runtime::{CudaStream, DeviceBuffer, Gpu, Graph, GraphExec, Module, hopper_gpus};
+use distgemm::runtime::{
+    CudaStream, DeviceBuffer, Gpu, Graph, GraphExec, KernelArgs, LaunchConfig, Module, hopper_gpus,
+};
 use distgemm::schedule::{BufferKind, CSource, Collective, GemmStage, ScheduleKind, View};
 use distgemm::testdata::{RandomShard, fill_normal, random_shards};
 use distgemm_benches::distgemm_report::{
@@ -300,7 +302,19 @@ type Block<'a> = Box<dyn FnMut(TimingConfig) -> Result<Timing, String> + 'a>;
 /// them).
 struct DeviceGemms<T: NcclElement> {
     gemms: Vec<PreparedGemm>,
-    _bufs: PlanBuffers<T>,
+    bufs: PlanBuffers<T>,
+    /// The words of a graph's extra barrier node ([`GraphExtra::Barrier`]).
+    extra_words: Option<DeviceBuffer<u32>>,
+}
+
+/// What a (c) graph has besides its GEMM nodes (diagnostics: one of (d)'s other nodes each).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum GraphExtra {
+    Nothing,
+    /// A 4 KiB copy node that stage 1 follows.
+    Copy,
+    /// A barrier kernel node before stage 0 (programmatic edge).
+    Barrier,
 }
 
 /// Every TP device's [`DeviceGemms`] and its stream (`streams[d]` on GPU d); with `graphs`,
@@ -330,11 +344,34 @@ impl<T: NcclElement> PlanRun<T> {
         Ok(())
     }
 
-    /// Builds every device's graph of its GEMMs (see [`PlanRun`]).
-    fn into_graphs(mut self, gpus: &[Gpu]) -> Result<Self, String> {
-        for (dev, gpu) in self.devices.iter().zip(gpus) {
+    /// Builds every device's graph of its GEMMs (see [`PlanRun`]), with `extra` nodes.
+    fn into_graphs(mut self, ctx: &Ctx, extra: GraphExtra) -> Result<Self, String> {
+        for (d, dev) in self.devices.iter_mut().enumerate() {
+            let gpu = &ctx.gpus[d];
             let mut graph = Graph::new(gpu).map_err(err)?;
             let mut previous = None;
+            if extra == GraphExtra::Barrier {
+                // The barrier kernel with nothing to reset, no peers and 0 arrivals to wait
+                // for: (d)'s first node, uncoupled.
+                let words = DeviceBuffer::<u32>::alloc(gpu, 2).map_err(err)?;
+                let params = BarrierParams {
+                    counter: words.device_ptr(),
+                    error_word: words.device_ptr() + 4,
+                    timeout_ns: 1_000_000_000,
+                    ..BarrierParams::default()
+                };
+                let kernel = ctx.modules[d].kernel("collective_barrier").map_err(err)?;
+                let mut args = KernelArgs::new().by_value(&params);
+                // SAFETY: `collective_barrier(p: BarrierParams)`; its two words are owned by
+                // `dev` (kept below), which outlives the graph.
+                let node = unsafe {
+                    graph.add_kernel_node(&kernel, &LaunchConfig::linear(1, 1), &mut args)
+                }
+                .map_err(err)?;
+                dev.extra_words = Some(words);
+                previous = Some(node);
+            }
+            let mut nodes = Vec::new();
             for g in &dev.gemms {
                 let mut args = g.kernel_args();
                 // SAFETY: the parameter block is the prepared GEMM's own (its tensor maps are
@@ -349,6 +386,23 @@ impl<T: NcclElement> PlanRun<T> {
                         .map_err(err)?;
                 }
                 previous = Some(node);
+                nodes.push(node);
+            }
+            if extra == GraphExtra::Copy
+                && let Some(&stage1) = nodes.get(1)
+            {
+                // 4 KiB from B into the workspace (local, on the copy engine), which stage 1
+                // follows with a full edge: (d)'s copy node, cut.
+                let (src, dst) = (dev.bufs.b.device_ptr(), dev.bufs.ws.device_ptr());
+                if dev.bufs.b.size_bytes() < COPY_CAP || dev.bufs.ws.size_bytes() < COPY_CAP {
+                    return Err("buffers smaller than the copy".into());
+                }
+                // SAFETY: both buffers hold at least COPY_CAP bytes (checked above) and outlive
+                // the graph.
+                let copy = unsafe { graph.add_memcpy_node(dst, src, COPY_CAP) }.map_err(err)?;
+                graph
+                    .add_dependency(copy, stage1, DependencyKind::Default)
+                    .map_err(err)?;
             }
             let exec = graph.instantiate().map_err(err)?;
             self.graphs.push((graph, exec));
@@ -373,7 +427,7 @@ fn plan_gemms_block<'a, T: NcclElement>(
     kind: ScheduleKind,
     problem: Problem,
     tp: usize,
-    as_graphs: bool,
+    graphs: Option<GraphExtra>,
 ) -> Result<(Block<'a>, TimingConfig, String), String> {
     let plan = Plan::build(kind, problem, tp).map_err(|e| format!("{}: {e}", kind.cli_name()))?;
     let gpus = &ctx.gpus[..tp];
@@ -399,7 +453,11 @@ fn plan_gemms_block<'a, T: NcclElement>(
         if gemms.is_empty() {
             return Err(format!("device {d}'s plan has no GEMM"));
         }
-        devices.push(DeviceGemms { gemms, _bufs: bufs });
+        devices.push(DeviceGemms {
+            gemms,
+            bufs,
+            extra_words: None,
+        });
         streams.push(stream);
     }
     let dev0 = &plan.devices[0];
@@ -423,8 +481,8 @@ fn plan_gemms_block<'a, T: NcclElement>(
         streams,
         graphs: Vec::new(),
     };
-    if as_graphs {
-        run = run.into_graphs(gpus)?;
+    if let Some(extra) = graphs {
+        run = run.into_graphs(ctx, extra)?;
     }
     let block = move |timing| run.time_block(gpus, timing);
     Ok((
@@ -562,8 +620,8 @@ const COPY_CAP: usize = 4096;
 
 /// A diagnostic variant of (c) or (d) (see [`DIAGNOSTICS`]).
 enum Variant {
-    /// (c) launched as one CUDA graph per device.
-    NocommGraphs,
+    /// (c) launched as one CUDA graph per device, with an extra node.
+    NocommGraphs(GraphExtra),
     /// (d) with parts left out.
     Dist(TimingDiagnostics),
 }
@@ -580,8 +638,16 @@ const fn cut(no_rendezvous: bool, no_flag_waits: bool) -> Variant {
 /// out one more part of (d), so the steps between (c), them and (d) say what each part costs.
 /// Copies are cut after one full run, so the GEMMs still multiply real data (zeros would
 /// draw less power and run faster).
-const DIAGNOSTICS: [(&str, Variant); 4] = [
-    ("(c) as graphs", Variant::NocommGraphs),
+const DIAGNOSTICS: [(&str, Variant); 6] = [
+    ("(c) as graphs", Variant::NocommGraphs(GraphExtra::Nothing)),
+    (
+        "(c) as graphs + copy node",
+        Variant::NocommGraphs(GraphExtra::Copy),
+    ),
+    (
+        "(c) as graphs + barrier node",
+        Variant::NocommGraphs(GraphExtra::Barrier),
+    ),
     ("(d) copies cut, uncoupled, no flag waits", cut(true, true)),
     ("(d) copies cut, uncoupled", cut(true, false)),
     ("(d) copies cut", cut(false, false)),
@@ -597,7 +663,7 @@ fn family_timings<T: NcclElement>(
     let mut shapes = [String::new(), String::new()];
     let mut prepared: Vec<Result<(Block<'_>, TimingConfig), String>> = Vec::new();
     for (i, kind) in [single, piped].into_iter().enumerate() {
-        prepared.push(plan_gemms_block::<T>(ctx, kind, problem, tp, false).map(
+        prepared.push(plan_gemms_block::<T>(ctx, kind, problem, tp, None).map(
             |(block, timing, shape)| {
                 shapes[i] = shape;
                 (block, timing)
@@ -620,8 +686,10 @@ fn family_timings<T: NcclElement>(
     if gathers {
         for (_, variant) in &DIAGNOSTICS {
             prepared.push(match variant {
-                Variant::NocommGraphs => plan_gemms_block::<T>(ctx, piped, problem, tp, true)
-                    .map(|(block, timing, _)| (block, timing)),
+                Variant::NocommGraphs(extra) => {
+                    plan_gemms_block::<T>(ctx, piped, problem, tp, Some(*extra))
+                        .map(|(block, timing, _)| (block, timing))
+                }
                 Variant::Dist(diagnostics) => {
                     distgemm_block::<T>(ctx, piped, problem, tp, *diagnostics)
                 }

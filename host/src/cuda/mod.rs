@@ -26,6 +26,8 @@ pub mod lower;
 pub use auto::{AutoChoice, MachineModel, choose_schedule};
 pub use dist::{BufferRef, DEFAULT_TIMEOUT, DeviceArgs, DistGemm, DistGemmBuilder, ScheduleChoice};
 pub use error::{DistGemmError, TimeoutSite, WaitingNode};
+/// The barrier kernel's parameter block (in [`LoweredNode::Barrier`]).
+pub use kernels_gpu::collective_abi::BarrierParams;
 pub use lower::{
     DeviceAddresses, LowerOptions, LoweredGraph, LoweredNode, TimingDiagnostics, lower_device,
 };
