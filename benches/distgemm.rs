@@ -15,10 +15,11 @@
 //! | (e) | NCCL collective + cuBLASLt GEMM in sequence on every GPU (all-gather of A for `ag-a*`, of B for `ag-b*`, GEMM then reduce-scatter of row blocks for `rs-*`) | all TP GPUs |
 //! | (f) | PyTorch async TP: `torch.ops.symm_mem.fused_all_gather_matmul` (gathers A) for the all-gather families, `fused_matmul_reduce_scatter` (scatters rows) for the reduce-scatter ones, from `peers/torch_async_tp.py` (`--settle-ms` = `SETTLE_MS`: it settles like our blocks) | all TP GPUs, separate processes |
 //!
-//! Also, for the pipelined all-gather schedules, in the same rounds: the `DIAGNOSTICS`, variants
-//! of (c) and (d) that leave parts out ((c) as one CUDA graph per device; (d) with its copies
-//! cut to `COPY_CAP` bytes after one full run, then also uncoupled and without flag waits), in
-//! the JSON's `diagnostics` and the section "Where the overhead over (c) goes".
+//! With `--diagnose`, also for the pipelined all-gather schedules, in the same rounds: the
+//! `DIAGNOSTICS`, variants of (c) and (d) that leave parts out ((c) as one CUDA graph per
+//! device, alone or with a 4 KiB copy node or the barrier kernel node; (d) with its copies cut
+//! to `COPY_CAP` bytes after one full run, then also uncoupled and without flag waits), in the
+//! JSON's `diagnostics` and the section "Where the overhead over (c) goes".
 //!
 //! Derived: TFLOP/s per GPU = 2·M·N·K / TP / (d); "% of (b)" = (b)/(d) and "% of (c)" =
 //! (c)/(d) (how much of the no-communication GEMM speed distgemm keeps); % of 989 TFLOP/s
@@ -40,12 +41,14 @@
 //!
 //! Usage (the bundle's runner passes a FILTER and `--bench`):
 //! `distgemm [FILTER] [--bench] [--tp N] [--tokens M] [--dtype bf16|f16] [--reps N] [--quick]
-//!  [--sweep] [--no-torch] [--python PATH] [--torch-timeout S]`
+//!  [--sweep] [--diagnose] [--no-torch] [--python PATH] [--torch-timeout S]`
 //! - `--quick`: 70B presets only, 20 repetitions;
 //! - `--sweep`: instead of the table, the token sweep M ∈ {256, …, 16384} for 70B fc1/fc2: all
 //!   eight schedules, judged in the preset's natural family (`ag-a` for fc1, `rs-a` for fc2):
 //!   its pipelined vs its single-stage schedule vs (e), where pipelining stops paying and
 //!   whether `Auto` follows; writes `distgemm-sweep-<date>-<commit>.{json,md}`.
+//! - `--diagnose`: the table with the diagnostic variants (below) beside the pipelined
+//!   all-gather schedules (about twice as long);
 //! - FILTER keeps rows whose id `distgemm/<preset>/<schedule>` contains it.
 //!
 //! Writes `distgemm-<date>-<commit>.{json,md}` under `DISTGEMM_BENCH_RESULTS` or
@@ -680,9 +683,9 @@ fn family_timings<T: NcclElement>(
         ));
     }
     prepared.push(nccl_block::<T>(ctx, nccl_kind_of(family), problem, tp));
-    // The all-gather families move their data with copies, which can be cut: their
-    // pipelined schedule gets the DIAGNOSTICS.
-    let gathers = family.collective() == Collective::AllGather;
+    // With --diagnose, the all-gather families (whose copies can be cut) time their
+    // pipelined schedule's DIAGNOSTICS too.
+    let gathers = ctx.opts.diagnose && family.collective() == Collective::AllGather;
     if gathers {
         for (_, variant) in &DIAGNOSTICS {
             prepared.push(match variant {

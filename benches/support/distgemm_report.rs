@@ -131,6 +131,8 @@ pub struct Options {
     pub reps: Option<usize>,
     pub quick: bool,
     pub sweep: bool,
+    /// Time the diagnostic variants beside the pipelined all-gather schedules.
+    pub diagnose: bool,
     pub torch: bool,
     pub python: Option<String>,
     pub torch_timeout_s: u64,
@@ -146,6 +148,7 @@ impl Default for Options {
             reps: None,
             quick: false,
             sweep: false,
+            diagnose: false,
             torch: true,
             python: None,
             torch_timeout_s: 300,
@@ -170,6 +173,7 @@ pub fn parse_args(args: &[String]) -> Result<Options, String> {
             "--bench" => {}
             "--quick" => o.quick = true,
             "--sweep" => o.sweep = true,
+            "--diagnose" => o.diagnose = true,
             "--no-torch" => o.torch = false,
             "--tp" => {
                 let tp: usize = number(&value(&mut it, a)?, a)?;
@@ -217,7 +221,7 @@ pub fn parse_args(args: &[String]) -> Result<Options, String> {
 }
 
 pub const USAGE: &str = "usage: distgemm [FILTER] [--bench] [--tp N] [--tokens M] [--dtype bf16|f16] \
-[--reps N] [--quick] [--sweep] [--no-torch] [--python PATH] [--torch-timeout SECONDS]";
+[--reps N] [--quick] [--sweep] [--diagnose] [--no-torch] [--python PATH] [--torch-timeout SECONDS]";
 
 /// Presets of a run.
 pub fn presets(quick: bool) -> Vec<Preset> {
