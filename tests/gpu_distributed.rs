@@ -12,6 +12,7 @@
 //! - new inputs and outputs through the pointer-update path (`DistGemm::set_args`);
 //! - the benchmarks' copy-cut diagnostic (`TimingDiagnostics::copy_limit`): capped copies move only their first
 //!   bytes (NaN outputs over a poisoned workspace) and uncapping restores the result;
+//! - every schedule at TP = 4 and TP = 8 where the machine has that many GPUs;
 //! - graph edges read back from the driver (programmatic type and port where the plan says so);
 //! - a stuck peer (never launched) and a missing signal: errors naming device, stage and flag
 //!   within the configured timeout, not hangs.
@@ -264,6 +265,36 @@ fn reduce_scatter_is_within_the_f64_bound() {
         // Ragged M, K/2 = 264, f16 (the f16 reduction kernel).
         let ragged = Problem::new(1000, 784, 528).with_dtype(Dtype::F16);
         run_and_check::<half::f16>(test, &session.gpus, &modules, kind, ragged, false);
+    }
+}
+
+/// TP = 4 and TP = 8 where the machine has that many GPUs with peer access (skipped, visibly,
+/// otherwise): every schedule, checked as at TP = 2, on an even problem and on one whose M and
+/// N shards are ragged (M/P and N/P not multiples of the tile).
+#[test]
+fn every_schedule_at_tp4_and_tp8() {
+    for tp in [4, 8] {
+        let test = format!("gpu_distributed::every_schedule_at_tp4_and_tp8 (TP={tp})");
+        let Some(session) = gpu::peer_hopper_gpus(&test, tp) else {
+            continue;
+        };
+        let modules = session.modules().expect("modules");
+        for kind in ALL_GATHER {
+            for problem in [
+                Problem::new(2048, 2048, 2048),
+                Problem::new(1000, 1984, 520),
+            ] {
+                run_and_check::<half::bf16>(&test, &session.gpus, &modules, kind, problem, false);
+            }
+        }
+        for kind in REDUCE_SCATTER {
+            for problem in [
+                Problem::new(2048, 2048, 2048),
+                Problem::new(1000, 1984, 1024),
+            ] {
+                run_and_check::<half::bf16>(&test, &session.gpus, &modules, kind, problem, false);
+            }
+        }
     }
 }
 
