@@ -903,8 +903,14 @@ impl DistGemm {
         &mut self,
         diagnostics: TimingDiagnostics,
     ) -> Result<(), DistGemmError> {
-        self.options.diagnostics = diagnostics;
-        self.set_args(self.args.clone())
+        let previous = std::mem::replace(&mut self.options.diagnostics, diagnostics);
+        let result = self.set_args(self.args.clone());
+        if result.is_err() {
+            // Nothing was applied (or the instance is poisoned): later updates must not
+            // apply the rejected diagnostics.
+            self.options.diagnostics = previous;
+        }
+        result
     }
 
     fn update_graph(&mut self, rank: usize, lowered: LoweredGraph) -> Result<(), DistGemmError> {
