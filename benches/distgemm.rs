@@ -838,18 +838,18 @@ fn preset_rows<T: NcclElement>(
             r.distgemm_max_ms = Some(t.max_ms);
             r.distgemm_reps = Some(t.samples_ms.len());
             r.distgemm_per_rep_max_ms = Some(t.per_rep_max_median_ms);
-            r.device_medians_ms.distgemm = t.device_medians_ms;
+            r.device_medians_ms.distgemm = t.device_medians_ms();
         }
         // (b), (c), (e), (f) of the family (the chosen schedule's, which is in the family).
         let kind = chosen.unwrap_or(sched.family());
         if let Some((t, s)) = r.set("single_stage_nocomm_ms", &family.single_stage_nocomm) {
             r.single_stage_nocomm_ms = Some(t.median_ms);
-            r.device_medians_ms.single_stage_nocomm = t.device_medians_ms;
+            r.device_medians_ms.single_stage_nocomm = t.device_medians_ms();
             r.single_stage_shape = Some(s);
         }
         if let Some((t, s)) = r.set("pipelined_nocomm_ms", &family.pipelined_nocomm) {
             r.pipelined_nocomm_ms = Some(t.median_ms);
-            r.device_medians_ms.pipelined_nocomm = t.device_medians_ms;
+            r.device_medians_ms.pipelined_nocomm = t.device_medians_ms();
             r.pipelined_stage_shapes = Some(s);
         }
         r.nccl_cublas_variant = Some(nccl_kind_of(sched.family()).name().into());
@@ -875,7 +875,7 @@ fn preset_rows<T: NcclElement>(
                     r.diagnostics.push(Diagnostic {
                         name: (*name).into(),
                         ms: t.median_ms,
-                        device_medians_ms: t.device_medians_ms,
+                        device_medians_ms: t.device_medians_ms(),
                     });
                 }
             }

@@ -75,8 +75,6 @@ pub struct Timing {
     pub max_ms: f64,
     /// Every repetition's slowest device, in launch order.
     pub samples_ms: Vec<f64>,
-    /// Every device's median repetition (`median_ms` is the largest).
-    pub device_medians_ms: Vec<f64>,
     /// Every device's repetitions, in launch order: `per_device_ms[device][rep]`.
     pub per_device_ms: Vec<Vec<f64>>,
 }
@@ -106,10 +104,9 @@ impl Timing {
         if samples_ms.is_empty() {
             return Err(TimingError::NoSamples);
         }
-        let device_medians_ms: Vec<f64> = per_device_ms.iter().map(|d| median(d)).collect();
-        let median_ms = device_medians_ms
+        let median_ms = per_device_ms
             .iter()
-            .copied()
+            .map(|d| median(d))
             .fold(f64::NEG_INFINITY, f64::max);
         Ok(Timing {
             median_ms,
@@ -117,9 +114,14 @@ impl Timing {
             min_ms: samples_ms.iter().copied().fold(f64::INFINITY, f64::min),
             max_ms: samples_ms.iter().copied().fold(f64::NEG_INFINITY, f64::max),
             samples_ms,
-            device_medians_ms,
             per_device_ms,
         })
+    }
+
+    /// Every device's median repetition (`median_ms` is the largest).
+    #[must_use]
+    pub fn device_medians_ms(&self) -> Vec<f64> {
+        self.per_device_ms.iter().map(|d| median(d)).collect()
     }
 }
 
@@ -239,7 +241,7 @@ mod tests {
     fn the_slowest_devices_median_is_reported() {
         let t = Timing::from_devices(vec![vec![1.0, 3.0, 2.0], vec![2.5, 1.0, 2.4]]).unwrap();
         assert_eq!(t.median_ms, 2.4);
-        assert_eq!(t.device_medians_ms, vec![2.0, 2.4]);
+        assert_eq!(t.device_medians_ms(), vec![2.0, 2.4]);
         assert_eq!(t.samples_ms, vec![2.5, 3.0, 2.4]);
         assert_eq!(t.per_rep_max_median_ms, 2.5);
         assert_eq!((t.min_ms, t.max_ms), (2.4, 3.0));
