@@ -12,10 +12,16 @@
 //!    could hide at most that much, which is of the order of its own per-stage overheads, so
 //!    take the single-stage variant.
 //! 3. Otherwise compare two estimates and pipeline only if that is strictly faster:
-//!    - a GEMM of m×n×k takes the time of the waves of output tiles that the GEMM's own rule
-//!      (`crate::gemm::choose_variant`) runs it with, at `F` FLOP/s on full waves: stage
-//!      GEMMs that leave SMs idle pay for it, and a narrower tile that fills the waves better
-//!      is credited as the launch will use it;
+//!    - a GEMM of m×n×k is bounded by two times: its *compute* time, the waves of output
+//!      tiles that the GEMM's own rule (`crate::gemm::choose_variant`) runs it with, at `F`
+//!      FLOP/s on full waves (stage GEMMs that leave SMs idle pay for it, and a narrower tile
+//!      that fills the waves better is credited as the launch will use it); and its *memory*
+//!      time, its operands read and its output written once at the HBM rate `W`. It takes the
+//!      4-norm of the two, `(compute⁴ + memory⁴)^¼`: the larger one when they are far apart,
+//!      up to 19 % more when they are equal, since a GEMM near the ridge overlaps its loads
+//!      and its math imperfectly. This is what makes a 128-row all-gather stage of 70B fc1
+//!      (every stage streams the whole 470 MB B shard for 128 rows of output) slower than
+//!      half of the 256-row local GEMM, which reads that shard once for twice the work;
 //!    - moving `b` bytes between two GPUs takes `b / BW`;
 //!    - pipelined (P stages, per-stage GEMM `g`, per-stage communication `c`): stage 0 runs
 //!      uncovered, every later stage takes `max(g, c)` — distgemm-design.md §6's overlap
@@ -24,8 +30,10 @@
 //!      all-gather stage waits only for a copy that ran long before; a reduce-scatter stage
 //!      waits for the left neighbour's previous stage to finish (any skew between the devices
 //!      is exposed) and reads its partial over NVLink in the epilogue;
-//!    - single-stage: one GEMM of the local shape `G` plus all communication, unhidden:
-//!      `G + (P−1)·c`.
+//!    - single-stage: one GEMM of the local shape `G` plus all communication, unhidden, plus
+//!      the one hand-off between the collective and the GEMM `h₁` (the GEMM, or the
+//!      reduction, waits for a flag that the other side sets when it is done):
+//!      `G + (P−1)·c + h₁`.
 //!
 //! Ties go to the single-stage variant, so a small problem never runs slower than the plain
 //! "collective then GEMM" approach by the model's account.
@@ -39,6 +47,8 @@ use crate::schedule::{Collective, ScheduleKind};
 pub struct MachineModel {
     /// Dense GEMM rate at full wave efficiency, FLOP/s.
     pub gemm_flops: f64,
+    /// Rate at which a GEMM streams its operands from and its output to HBM, bytes/s.
+    pub hbm_bandwidth: f64,
     /// Peer-to-peer bandwidth of one pull, bytes/s.
     pub peer_bandwidth: f64,
     /// SMs.
@@ -48,42 +58,65 @@ pub struct MachineModel {
     /// Fixed cost of one reduce-scatter stage hand-off (kernel boundary, the wait for the
     /// left neighbour's previous stage, the partial read remotely in the epilogue), seconds.
     pub scatter_stage_overhead: f64,
+    /// Fixed cost of a single-stage schedule's one hand-off between its collective and its
+    /// GEMM (either order), seconds.
+    pub single_stage_overhead: f64,
     /// Local GEMMs faster than this are never pipelined, seconds.
     pub tiny_seconds: f64,
 }
 
 impl MachineModel {
-    /// H200 (machine.md): 650 TFLOP/s stage GEMMs, 390 GB/s peer copies, 132 SMs; a 30 µs
-    /// "tiny" threshold (an estimate). Hand-offs fitted to the 2×H200 token sweeps:
-    /// - all-gather 30 µs (distgemm-sweep-2026-11-30-b3588aa.md, 70B fc1: the faster of ag-a
-    ///   and ag-a-single at all seven token counts, where 6 µs pipelined at 512 tokens and lost
-    ///   4.6 %; the later sweeps 47abde6, afb4f73 and 7447fa8 found pipelining 3–10 % faster at
-    ///   1024 tokens too, which no single constant reconciles with 512: the model prices the
-    ///   512-row stage GEMMs ~5 % slower than they ran);
-    /// - reduce-scatter 120 µs (sweeps 47abde6 and afb4f73, 70B fc2: rs-a-single was faster at
-    ///   2048 and 4096 tokens in both, by 0.4–14 %, rs-a at 8192 by 3–5 %; with the
-    ///   all-gather's 30 µs the rule pipelined from 2048 on). Any value between the partial
-    ///   copy time at 4096 tokens (86 µs) and at 8192 (172 µs) separates the two. Checked by
-    ///   a third sweep with the new rule (7447fa8): within 3 % of the fastest option at every
-    ///   token count of 70B fc2.
+    /// H200 (machine.md): 650 TFLOP/s stage GEMMs, 390 GB/s peer copies, 132 SMs; HBM at
+    /// 3.5 TB/s (a device-to-device copy moves 4.25 TB/s, machine.md; a GEMM's operand reads
+    /// are less regular); a 30 µs "tiny" threshold (an estimate). Hand-offs fitted to the
+    /// 2×H200 token sweeps distgemm-sweep-2026-11-30-{47abde6,afb4f73,7447fa8} (70B fc1 ag-a
+    /// and 70B fc2 rs-a, 256–16384 tokens; kernels-gpu/NOTES.md step 20):
+    /// - all-gather 30 µs, and the same 30 µs for the single-stage hand-off: the
+    ///   single-stage GEMM waits for the copy's flag just as a later stage does. With the
+    ///   memory bound, the rule picks the faster of ag-a and ag-a-single at every token count
+    ///   but 512 in all three sweeps, where the two were within 0.3–2.5 % of each other;
+    ///   it pipelines from 1024 tokens, where the sweeps measured pipelining 3–10 % faster.
+    ///   The decision at 512 and 1024 tokens rests on a few µs of a 0.4–0.8 ms estimate:
+    ///   whatever it picks there is within 3 % of the faster option;
+    /// - reduce-scatter 120 µs (rs-a-single was faster at 2048 and 4096 tokens in the sweeps,
+    ///   by 0.4–14 %, rs-a at 8192 by 3–5 %). Any value between the partial copy time at 4096
+    ///   tokens (86 µs) and at 8192 (172 µs) separates the two.
     pub const H200: MachineModel = MachineModel {
         gemm_flops: 650e12,
+        hbm_bandwidth: 3.5e12,
         peer_bandwidth: 390e9,
         sm_count: 132,
         gather_stage_overhead: 30e-6,
         scatter_stage_overhead: 120e-6,
+        single_stage_overhead: 30e-6,
         tiny_seconds: 30e-6,
     };
 
-    /// Seconds for an m×n×k GEMM: the waves of the tile configuration the GEMM rule picks
+    /// Compute time of an m×n×k GEMM: the waves of the tile configuration the GEMM rule picks
     /// ([`estimated_cost`], in 128×256-tile-equivalent output elements per SM), each element
     /// `2k` FLOP at `gemm_flops / sm_count` per SM.
     #[must_use]
-    pub fn gemm_seconds(&self, m: usize, n: usize, k: usize) -> f64 {
+    pub fn gemm_compute_seconds(&self, m: usize, n: usize, k: usize) -> f64 {
         let sms = self.sm_count.max(1);
         let (m, n) = (m as u64, n as u64);
         let elements_per_sm = estimated_cost(choose_variant(m, n, sms), m, n, sms);
         elements_per_sm * 2.0 * k as f64 * f64::from(sms) / self.gemm_flops
+    }
+
+    /// Memory time of an m×n×k GEMM of `elem`-byte elements: A (m×k) and B (n×k) read once,
+    /// D (m×n) written once, at `hbm_bandwidth`.
+    #[must_use]
+    pub fn gemm_memory_seconds(&self, m: usize, n: usize, k: usize, elem: usize) -> f64 {
+        ((m * k + n * k + m * n) * elem) as f64 / self.hbm_bandwidth
+    }
+
+    /// Seconds for an m×n×k GEMM of `elem`-byte elements: the 4-norm of its compute and
+    /// memory times (module documentation).
+    #[must_use]
+    pub fn gemm_seconds(&self, m: usize, n: usize, k: usize, elem: usize) -> f64 {
+        let compute = self.gemm_compute_seconds(m, n, k);
+        let memory = self.gemm_memory_seconds(m, n, k, elem);
+        (compute.powi(4) + memory.powi(4)).powf(0.25)
     }
 
     /// Fixed cost of one stage hand-off of a `collective` schedule.
@@ -158,12 +191,12 @@ pub fn choose_schedule(
             ((m, n / p, k / p), (m, n, k / p), m * (n / p) * elem)
         }
     };
-    let g = model.gemm_seconds(stage.0, stage.1, stage.2);
+    let g = model.gemm_seconds(stage.0, stage.1, stage.2, elem);
     let c = model.copy_seconds(stage_bytes);
-    let local_gemm = model.gemm_seconds(local.0, local.1, local.2);
+    let local_gemm = model.gemm_seconds(local.0, local.1, local.2, elem);
     let hops = (p - 1) as f64;
     let pipelined_seconds = g + hops * (g.max(c) + model.stage_overhead(kind.collective()));
-    let single_stage_seconds = local_gemm + hops * c;
+    let single_stage_seconds = local_gemm + hops * c + model.single_stage_overhead;
     let schedule = if p == 1 {
         pipelined
     } else if local_gemm < model.tiny_seconds {
@@ -217,16 +250,16 @@ mod tests {
 
     #[test]
     fn follows_the_measured_token_sweep_of_the_all_gather_family() {
-        // 2×H200, 70B fc1, ag-a vs ag-a-single (distgemm-sweep-2026-11-30-b3588aa.md):
-        // single-stage was faster up to 1024 tokens, pipelined from 2048 on. (Three later
-        // sweeps found pipelining 3–10 % faster at 1024 as well; see `MachineModel::H200`.)
+        // 2×H200, 70B fc1, ag-a vs ag-a-single (distgemm-sweep-2026-11-30-{47abde6,afb4f73,
+        // 7447fa8}.md): single-stage 20–25 % faster at 256 tokens, the two within 2.5 % at 512,
+        // pipelined 3–10 % faster at 1024 and from there on.
         assert_follows(
             Preset::Llama3_70bFc1,
             ScheduleKind::AllGatherRotatingA,
             [
                 (256, false),
                 (512, false),
-                (1024, false),
+                (1024, true),
                 (2048, true),
                 (4096, true),
                 (8192, true),
@@ -318,16 +351,39 @@ mod tests {
     fn wave_efficiency_follows_the_tile_the_gemm_runs_with() {
         let m = MachineModel::H200;
         // 132 tiles of 128×256 are one wave at the full rate.
-        let full = m.gemm_seconds(128 * 132, 256, 4096);
+        let full = m.gemm_compute_seconds(128 * 132, 256, 4096);
         let rate = 2.0 * (128.0 * 132.0) * 256.0 * 4096.0 / full;
         assert!((rate / m.gemm_flops - 1.0).abs() < 1e-9, "{rate}");
         // 133 such tiles would need two waves, but the rule runs them as 266 tiles of 128×128
         // (three waves of half the area, at 1.06 per element): 1.59×, not 2×.
-        let spill = m.gemm_seconds(128 * 133, 256, 4096);
+        let spill = m.gemm_compute_seconds(128 * 133, 256, 4096);
         assert!(
             (spill / full - 3.0 * 1.06 / 2.0).abs() < 1e-9,
             "{}",
             spill / full
         );
+    }
+
+    #[test]
+    fn thin_gemms_are_bound_by_streaming_their_operands() {
+        let m = MachineModel::H200;
+        let (n, k) = (28672, 8192);
+        // The 128-row stage of 70B fc1 ag-a at 256 tokens streams the whole 470 MB B shard:
+        // memory-bound, so two of them cost more than the 256-row local GEMM that reads it once.
+        let stage = m.gemm_seconds(128, n, k, 2);
+        let local = m.gemm_seconds(256, n, k, 2);
+        assert!(m.gemm_memory_seconds(128, n, k, 2) > m.gemm_compute_seconds(128, n, k));
+        assert!(2.0 * stage > 1.3 * local, "{stage} {local}");
+        // Large GEMMs are compute-bound: the memory term changes them by well under 1 %.
+        let big = m.gemm_seconds(8192, n, k, 2);
+        assert!(big / m.gemm_compute_seconds(8192, n, k) < 1.001);
+        // Equal compute and memory time cost 2^¼ of either.
+        let ridge = MachineModel {
+            hbm_bandwidth: ((128 * k + n * k + 128 * n) * 2) as f64
+                / m.gemm_compute_seconds(128, n, k),
+            ..m
+        };
+        let t = ridge.gemm_seconds(128, n, k, 2);
+        assert!((t / m.gemm_compute_seconds(128, n, k) - 2f64.powf(0.25)).abs() < 1e-9);
     }
 }
