@@ -134,11 +134,16 @@ macro_rules! config {
             ///
             /// `chunks_before` counts the chunks this warpgroup staged for earlier tiles: chunk
             /// `g` overall uses buffer `g % 2` for the `g / 2`-th time (a tile may have an odd
-            /// number of chunks). With `beta != 0` the leader first loads the C chunk into the
-            /// buffer with TMA (completing on the buffer's mbarrier, whose phase parity is that
-            /// use count's), every lane reads its fragment back with `ldmatrix`, and the sum
-            /// `alpha·acc + beta·C` goes back with `stmatrix`. Each warp touches only its own 16
-            /// rows, so the read and the overwrite need no barrier between them.
+            /// number of chunks). With `beta != 0` the chunk's C is already on its way into the
+            /// buffer (a TMA load completing on the buffer's mbarrier, whose phase parity is that
+            /// use count's): the leader issued it one chunk earlier, or for a tile's first chunk
+            /// before the tile's main loop, so that it arrives while the tensor cores work
+            /// ([`load_c_chunk`]). Each chunk but the tile's last therefore starts by issuing
+            /// the next chunk's load into the other buffer, once the store that last read that
+            /// buffer is done with it, and then waits for its own. Every lane reads its C
+            /// fragment back with `ldmatrix`, and the sum `alpha·acc + beta·C` goes back with
+            /// `stmatrix`. Each warp touches only its own 16 rows, so the read and the overwrite
+            /// need no barrier between them.
             #[inline(always)]
             unsafe fn epilogue_staged<T: InputType>(
                 p: &GemmParams,
@@ -150,6 +155,7 @@ macro_rules! config {
                 chunks_before: u32,
             ) {
                 const W: u32 = $tile.epilogue_cols();
+                const CHUNKS: u32 = $tile.chunks_per_tile();
                 const ROW_BYTES: u32 = $tile.epilogue_row_bytes();
                 let t = index::thread_in_warpgroup();
                 let (warp, lane) = (t / 32, t % 32);
@@ -165,20 +171,21 @@ macro_rules! config {
                         let g = chunks_before + S * $chunks + CH;
                         let chunk_col = (col + CH * W) as i32;
                         let buffer = ring.staging(half, g % 2);
-                        if leader {
-                            // The store issued two chunks ago read this buffer: wait until it has.
-                            tma::wait_group_read::<1>();
-                        }
                         if with_c {
-                            let loaded = ring.c_loaded(half, g % 2);
-                            if leader {
-                                unsafe {
-                                    loaded.arrive_expect_tx(W * EPILOGUE_CHUNK * 2);
-                                    tma::load_2d(buffer, p.map_c, chunk_col, slab_row, loaded.0);
-                                }
+                            let i = S * $chunks + CH + 1;
+                            if leader && i < CHUNKS {
+                                // Chunk g + 1 goes into the other buffer, which the store of
+                                // chunk g − 1 (the last one issued) reads: wait until it has.
+                                tma::wait_group_read::<0>();
+                                unsafe { load_c_chunk(p, ring, half, g + 1, row, col, i) };
                             }
-                            unsafe { loaded.wait_warp((g / 2) & 1) };
+                            unsafe { ring.c_loaded(half, g % 2).wait_warp((g / 2) & 1) };
                         } else {
+                            if leader {
+                                // The store issued two chunks ago read this buffer: wait until
+                                // it has.
+                                tma::wait_group_read::<1>();
+                            }
                             sync::named_sync(barrier, 128);
                         }
                         seq!(PR in 0..$pairs {
@@ -485,6 +492,31 @@ unsafe fn release(ring: Ring, stage: u32) {
     }
 }
 
+/// Starts the TMA load of C for staged chunk `i` of a warpgroup's tile share whose top-left
+/// element is `(row, col)` — slab `i / chunks`, column chunk `i % chunks` of the share, where
+/// `chunks = wg_cols / epilogue_cols` — into staging buffer `g % 2` of warpgroup `half`, `g`
+/// being the chunk's number among all the chunks the warpgroup stages. It completes on the
+/// buffer's `c_loaded` mbarrier. The buffer must be free: no store still reading it, no thread
+/// still touching it.
+#[inline(always)]
+unsafe fn load_c_chunk(p: &GemmParams, ring: Ring, half: u32, g: u32, row: u32, col: u32, i: u32) {
+    let width = ring.tile.epilogue_cols();
+    let chunks = ring.tile.wg_cols() / width;
+    let slab_row = row + (i / chunks) * SLAB_M;
+    let chunk_col = col + (i % chunks) * width;
+    let loaded = ring.c_loaded(half, g % 2);
+    unsafe {
+        loaded.arrive_expect_tx(width * EPILOGUE_CHUNK * 2);
+        tma::load_2d(
+            ring.staging(half, g % 2),
+            p.map_c,
+            chunk_col as i32,
+            slab_row as i32,
+            loaded.0,
+        );
+    }
+}
+
 /// Consumer warpgroup `half` (0 or 1): main loop and epilogue for every tile of this block.
 #[inline(always)]
 unsafe fn consume<T: InputType, C: Config>(p: &GemmParams, ring: Ring, tiles: Tiles, half: u32) {
@@ -499,6 +531,14 @@ unsafe fn consume<T: InputType, C: Config>(p: &GemmParams, ring: Ring, tiles: Ti
     let mut t = tiles.first;
     while t < tiles.total {
         let (row, col) = tiles.origin(t);
+        // This warpgroup's share of the tile.
+        let (row, col) = (row + wg_row, col + wg_col);
+        if staged && p.beta != 0.0 && index::thread_in_warpgroup() == 0 {
+            // The tile's first C chunk goes into the buffer that the store of the previous
+            // tile's last chunk but one reads: once it has, the load overlaps the main loop.
+            tma::wait_group_read::<1>();
+            unsafe { load_c_chunk(p, ring, half, chunks_staged, row, col, 0) };
+        }
         let mut previous = 0;
         for kb in 0..k_blocks {
             unsafe { ring.full(slot.stage).wait_warp(slot.phase) };
@@ -530,7 +570,6 @@ unsafe fn consume<T: InputType, C: Config>(p: &GemmParams, ring: Ring, tiles: Ti
         if k_blocks > 0 {
             unsafe { release(ring, previous) };
         }
-        let (row, col) = (row + wg_row, col + wg_col);
         if staged {
             unsafe { C::epilogue_staged::<T>(p, &acc, ring, half, row, col, chunks_staged) };
             chunks_staged += C::TILE.chunks_per_tile();
