@@ -68,27 +68,32 @@ pub struct MachineModel {
 impl MachineModel {
     /// H200 (machine.md): 650 TFLOP/s stage GEMMs, 390 GB/s peer copies, 132 SMs; HBM at
     /// 3.5 TB/s (a device-to-device copy moves 4.25 TB/s, machine.md; a GEMM's operand reads
-    /// are less regular); a 30 µs "tiny" threshold (an estimate). Hand-offs fitted to the
-    /// 2×H200 token sweeps distgemm-sweep-2026-11-30-{47abde6,afb4f73,7447fa8} (70B fc1 ag-a
-    /// and 70B fc2 rs-a, 256–16384 tokens; kernels-gpu/NOTES.md step 20):
-    /// - all-gather 30 µs, and the same 30 µs for the single-stage hand-off: the
-    ///   single-stage GEMM waits for the copy's flag just as a later stage does. With the
-    ///   memory bound, the rule picks the faster of ag-a and ag-a-single at every token count
-    ///   but 512 in all three sweeps, where the two were within 0.3–2.5 % of each other;
-    ///   it pipelines from 1024 tokens, where the sweeps measured pipelining 3–10 % faster.
-    ///   The decision at 512 and 1024 tokens rests on a few µs of a 0.4–0.8 ms estimate:
-    ///   whatever it picks there is within 3 % of the faster option;
-    /// - reduce-scatter 120 µs (rs-a-single was faster at 2048 and 4096 tokens in the sweeps,
-    ///   by 0.4–14 %, rs-a at 8192 by 3–5 %). Any value between the partial copy time at 4096
-    ///   tokens (86 µs) and at 8192 (172 µs) separates the two.
+    /// are less regular); a 30 µs "tiny" threshold (an estimate). Hand-offs fitted to four
+    /// 2×H200 token sweeps, distgemm-sweep-2026-11-30-{47abde6,afb4f73,7447fa8,d42e5b6} (70B
+    /// fc1 ag-a and 70B fc2 rs-a at 256–16384 tokens; kernels-gpu/NOTES.md step 20), as the
+    /// values whose choices are within 3 % of the fastest option at every point of all four
+    /// (worst 2.6 %):
+    /// - all-gather stage 30 µs;
+    /// - single-stage 45 µs: more than an all-gather stage, because the whole wait is exposed
+    ///   (the copy starts after the barrier, ends, its flag is set, and only then does the
+    ///   GEMM start), where a later stage's flag was set long before and only the kernel
+    ///   boundary is left;
+    /// - reduce-scatter stage 150 µs: a stage also waits for the neighbour's previous stage
+    ///   and reads its partial over NVLink; any value between the partial copy time at 4096
+    ///   tokens (86 µs) and at 8192 (172 µs) separates rs-a-single (faster up to 4096 tokens,
+    ///   by 0.4–14 %) from rs-a (faster from 8192).
+    ///
+    /// The choice at 512 tokens of 70B fc1 rests on a few µs of a 0.4 ms estimate: there the
+    /// two schedules swapped places between sweeps (single-stage 0.7–2.5 % faster in three,
+    /// pipelined 3.6 % in the fourth), and the rule pipelines, the smaller worst case.
     pub const H200: MachineModel = MachineModel {
         gemm_flops: 650e12,
         hbm_bandwidth: 3.5e12,
         peer_bandwidth: 390e9,
         sm_count: 132,
         gather_stage_overhead: 30e-6,
-        scatter_stage_overhead: 120e-6,
-        single_stage_overhead: 30e-6,
+        scatter_stage_overhead: 150e-6,
+        single_stage_overhead: 45e-6,
         tiny_seconds: 30e-6,
     };
 
@@ -251,14 +256,14 @@ mod tests {
     #[test]
     fn follows_the_measured_token_sweep_of_the_all_gather_family() {
         // 2×H200, 70B fc1, ag-a vs ag-a-single (distgemm-sweep-2026-11-30-{47abde6,afb4f73,
-        // 7447fa8}.md): single-stage 20–25 % faster at 256 tokens, the two within 2.5 % at 512,
-        // pipelined 3–10 % faster at 1024 and from there on.
+        // 7447fa8,d42e5b6}.md): single-stage 16–25 % faster at 256 tokens; at 512 either within
+        // 3.7 % of the other (see `MachineModel::H200`); pipelined 1–10 % faster from 1024 on.
         assert_follows(
             Preset::Llama3_70bFc1,
             ScheduleKind::AllGatherRotatingA,
             [
                 (256, false),
-                (512, false),
+                (512, true),
                 (1024, true),
                 (2048, true),
                 (4096, true),
@@ -271,8 +276,8 @@ mod tests {
     #[test]
     fn follows_the_measured_token_sweeps_of_the_reduce_scatter_family() {
         // 2×H200, 70B fc2, rs-a vs rs-a-single (distgemm-sweep-2026-11-30-{47abde6,afb4f73,
-        // 7447fa8}.md): single-stage faster up to 4096 tokens in all three, pipelined at 8192 in
-        // all three; at 16384 pipelined in two of three.
+        // 7447fa8,d42e5b6}.md): single-stage faster up to 4096 tokens in all four but at
+        // 1024 in d42e5b6 (0.7 % slower), pipelined at 8192 in all four and at 16384 in three.
         assert_follows(
             Preset::Llama3_70bFc2,
             ScheduleKind::ReduceScatterTilingA,
