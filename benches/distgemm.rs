@@ -19,7 +19,11 @@
 //! `DIAGNOSTICS`, variants of (c) and (d) that leave parts out ((c) as one CUDA graph per
 //! device, alone or with a 4 KiB copy node or the barrier kernel node; (d) with its copies cut
 //! to `COPY_CAP` bytes after one full run, then also uncoupled and without flag waits), in the
-//! JSON's `diagnostics` and the section "Where the overhead over (c) goes".
+//! JSON's `diagnostics` and the section "Where the overhead over (c) goes"; and for every
+//! family, each contender's mean SM clock and board power per device over its blocks (NVML,
+//! sampled every `POWER_SAMPLE_PERIOD` by a thread while the block runs), in the JSON's
+//! `power` and the section "SM clock and board power per contender": under the power cap,
+//! the same power at a lower clock means more energy per cycle, less power means idle time.
 //!
 //! Derived: TFLOP/s per GPU = 2·M·N·K / TP / (d); "% of (b)" = (b)/(d) and "% of (c)" =
 //! (c)/(d) (how much of the no-communication GEMM speed distgemm keeps); % of 989 TFLOP/s
@@ -71,11 +75,12 @@ use distgemm::runtime::{
 use distgemm::schedule::{BufferKind, CSource, Collective, GemmStage, ScheduleKind, View};
 use distgemm::testdata::{RandomShard, fill_normal, random_shards};
 use distgemm_benches::distgemm_report::{
-    Diagnostic, Options, Record, SETTLE_MS, SWEEP_TOKENS, Sched, SweepPoint, TABLE_HEADER,
-    TORCH_AG, TorchResults, USAGE, find_peer_script, missing_notes, ms, nccl_kind_of,
-    overhead_split, parse_args, pipelined_of, pipelining_threshold, presets, row_id,
+    ContenderPower, Diagnostic, Options, Record, SETTLE_MS, SWEEP_TOKENS, Sched, SweepPoint,
+    TABLE_HEADER, TORCH_AG, TorchResults, USAGE, find_peer_script, missing_notes, ms, nccl_kind_of,
+    overhead_split, parse_args, pipelined_of, pipelining_threshold, power_split, presets, row_id,
     run_peer_command, single_stage_of, table_row, timing_for, torch_op_of, verdicts,
 };
+use distgemm_benches::energy::{ClockPower, PowerSampler};
 use distgemm_benches::{
     BenchError, MIN_TIMED_REPS, Provenance, ROUNDS, Timing, TimingConfig, interleaved, results_dir,
     time_on_stream, time_on_streams,
@@ -616,10 +621,16 @@ struct FamilyTimings {
     nccl_cublas: Result<Timing, String>,
     /// All-gather families: the [`DIAGNOSTICS`] of the pipelined schedule.
     diagnostics: Vec<(&'static str, Result<Timing, String>)>,
+    /// With `--diagnose`: every contender's mean SM clock and board power per device over its
+    /// blocks, by name.
+    power: Vec<ContenderPower>,
 }
 
 /// Bytes every copy of the diagnostic (d) variants moves.
 const COPY_CAP: usize = 4096;
+
+/// How often `--diagnose` samples every GPU's SM clock and board power.
+const POWER_SAMPLE_PERIOD: Duration = Duration::from_millis(10);
 
 /// A diagnostic variant of (c) or (d) (see [`DIAGNOSTICS`]).
 enum Variant {
@@ -699,6 +710,12 @@ fn family_timings<T: NcclElement>(
             });
         }
     }
+    // With --diagnose, what clock and power every contender's blocks ran at.
+    let bus_ids: Vec<String> = ctx.gpus[..tp]
+        .iter()
+        .map(|g| g.pci_bus_id().to_owned())
+        .collect();
+    let mut power: Vec<Result<Vec<ClockPower>, String>> = vec![Ok(Vec::new()); prepared.len()];
     // Every block starts with ≥ SETTLE_MS of untimed launches (the warm-up of `timing_for`):
     // a (d) block timed straight after a GPU had idled caught it waking up (samples up to
     // 1.4× the median in a first interleaved run).
@@ -708,8 +725,53 @@ fn family_timings<T: NcclElement>(
             warmup: timing.warmup,
             reps: (timing.reps / ROUNDS).max(MIN_TIMED_REPS),
         };
-        block(round_timing).map(|t| t.per_device_ms)
+        let sampler = ctx
+            .opts
+            .diagnose
+            .then(|| PowerSampler::start(bus_ids.clone(), POWER_SAMPLE_PERIOD));
+        let timed = block(round_timing).map(|t| t.per_device_ms);
+        if let Some(sampler) = sampler {
+            power[c] = match (
+                std::mem::replace(&mut power[c], Ok(Vec::new())),
+                sampler.finish(),
+            ) {
+                (Ok(sofar), Ok(block)) if sofar.is_empty() => Ok(block),
+                (Ok(sofar), Ok(block)) => Ok(sofar
+                    .into_iter()
+                    .zip(block)
+                    .map(|(a, b)| a.merged(b))
+                    .collect()),
+                (Err(e), _) | (_, Err(e)) => Err(e),
+            };
+        }
+        timed
     });
+    let mut names = vec![
+        "(b)".to_owned(),
+        "(c)".to_owned(),
+        format!("(d) {}", piped.cli_name()),
+        format!("(d) {}", single.cli_name()),
+        "(e)".to_owned(),
+    ];
+    if gathers {
+        names.extend(DIAGNOSTICS.iter().map(|(name, _)| (*name).to_owned()));
+    }
+    let power = if ctx.opts.diagnose {
+        names
+            .into_iter()
+            .zip(power)
+            .filter_map(|(name, p)| {
+                let p = p.ok().filter(|p| !p.is_empty())?;
+                Some(ContenderPower {
+                    name,
+                    sm_mhz: p.iter().map(|x| x.sm_mhz).collect(),
+                    watts: p.iter().map(|x| x.watts).collect(),
+                })
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
     let mut timings = samples
         .into_iter()
         .map(|s| s.and_then(|s| Timing::from_devices(s).map_err(err)));
@@ -731,6 +793,7 @@ fn family_timings<T: NcclElement>(
         } else {
             Vec::new()
         },
+        power,
     }
 }
 
@@ -870,6 +933,7 @@ fn preset_rows<T: NcclElement>(
         r.torch_nccl_matmul_ms = torch.get(preset.name(), problem.m, nccl_op).ok();
         r.torch_matmul_local_ms = torch.get(preset.name(), problem.m, local_op).ok();
         if kind.is_pipelined() {
+            r.power = family.power.clone();
             for (name, timing) in &family.diagnostics {
                 if let Some(t) = r.set(name, timing) {
                     r.diagnostics.push(Diagnostic {
@@ -961,6 +1025,14 @@ fn table<T: NcclElement>(
         println!("\n{split}");
         md.push_str(&format!(
             "\n## Where the overhead over (c) goes (pipelined all-gather; copies cut to {COPY_CAP} B; per-device medians in brackets)\n\n{split}"
+        ));
+    }
+    let power = power_split(&records);
+    if !power.is_empty() {
+        println!("\n{power}");
+        md.push_str(&format!(
+            "\n## SM clock and board power per contender (NVML every {} ms over its blocks; per device)\n\n{power}",
+            POWER_SAMPLE_PERIOD.as_millis()
         ));
     }
     if !notes.is_empty() {

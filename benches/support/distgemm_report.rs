@@ -306,6 +306,9 @@ pub struct Record {
     /// Pipelined all-gather rows: variants of (c) and (d) that leave parts out, timed in the
     /// same rounds ([`Diagnostic`]).
     pub diagnostics: Vec<Diagnostic>,
+    /// Pipelined rows with `--diagnose`: the SM clock and board power every contender of the
+    /// family ran at ([`ContenderPower`]).
+    pub power: Vec<ContenderPower>,
     /// (e)
     pub nccl_cublas_variant: Option<String>,
     pub nccl_cublas_ms: Option<f64>,
@@ -346,6 +349,17 @@ pub struct Diagnostic {
     /// The slowest device's median.
     pub ms: f64,
     pub device_medians_ms: Vec<f64>,
+}
+
+/// A contender's mean SM clock and board power on every device over all its timed blocks
+/// (untimed settling launches included), sampled with NVML every 10 ms. Under the power cap a
+/// contender that draws the cap's power at a lower clock spends more energy per cycle; one
+/// that draws less than the cap is idle part of the time.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct ContenderPower {
+    pub name: String,
+    pub sm_mhz: Vec<f64>,
+    pub watts: Vec<f64>,
 }
 
 impl Record {
@@ -455,6 +469,33 @@ pub fn overhead_split(records: &[Record]) -> String {
                 r.schedule,
                 items.join("; ")
             ))
+        })
+        .collect()
+}
+
+/// One line per row with power samples: every contender's SM clock and board power per device.
+pub fn power_split(records: &[Record]) -> String {
+    let join = |v: &[f64], unit: &str| {
+        let parts: Vec<String> = v.iter().map(|x| format!("{x:.0}")).collect();
+        format!("{} {unit}", parts.join("/"))
+    };
+    records
+        .iter()
+        .filter(|r| r.auto_choice.is_none() && !r.power.is_empty())
+        .map(|r| {
+            let items: Vec<String> = r
+                .power
+                .iter()
+                .map(|p| {
+                    format!(
+                        "{} {}, {}",
+                        p.name,
+                        join(&p.sm_mhz, "MHz"),
+                        join(&p.watts, "W")
+                    )
+                })
+                .collect();
+            format!("- {} {}: {}\n", r.preset, r.schedule, items.join("; "))
         })
         .collect()
 }
@@ -815,6 +856,39 @@ mod tests {
         assert!(parse_args(&args("--tokens")).is_err());
         assert!(parse_args(&args("--frobnicate")).is_err());
         assert!(parse_args(&args("a b")).is_err());
+    }
+
+    #[test]
+    fn power_split_lists_every_contender_per_device() {
+        let power = vec![
+            ContenderPower {
+                name: "(c)".into(),
+                sm_mhz: vec![1470.4, 1489.6],
+                watts: vec![699.0, 688.2],
+            },
+            ContenderPower {
+                name: "(d) ag-a".into(),
+                sm_mhz: vec![1430.0, 1431.0],
+                watts: vec![700.0, 655.0],
+            },
+        ];
+        let rows = [
+            Record {
+                preset: "p".into(),
+                schedule: "ag-a".into(),
+                power,
+                ..Default::default()
+            },
+            Record {
+                preset: "p".into(),
+                schedule: "ag-a-single".into(),
+                ..Default::default()
+            },
+        ];
+        assert_eq!(
+            power_split(&rows),
+            "- p ag-a: (c) 1470/1490 MHz, 699/688 W; (d) ag-a 1430/1431 MHz, 700/655 W\n"
+        );
     }
 
     #[test]

@@ -1,4 +1,5 @@
-//! Board energy from NVML, for joules per GEMM beside milliseconds.
+//! Board energy, power and SM clock from NVML: joules per GEMM beside milliseconds, and
+//! what clock and power a GPU ran at while a contender ran ([`PowerSampler`]).
 //!
 //! `nvmlDeviceGetTotalEnergyConsumption` counts millijoules since the driver loaded (Volta and
 //! later). Read around a block of launches (after the stream is synchronised) it gives the
@@ -12,12 +13,18 @@
 //! long runs (kernels-gpu/NOTES.md, step 8).
 use distgemm::runtime::Gpu;
 use libloading::{Library, Symbol};
-use std::ffi::{CString, c_char, c_int, c_ulonglong, c_void};
+use std::ffi::{CString, c_char, c_int, c_uint, c_ulonglong, c_void};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+use std::time::Duration;
 
 /// `nvmlDevice_t`.
 type NvmlDevice = *mut c_void;
 /// `NVML_SUCCESS`.
 const NVML_SUCCESS: c_int = 0;
+/// `NVML_CLOCK_SM` (`nvmlClockType_t`).
+const NVML_CLOCK_SM: c_int = 1;
 
 /// An open NVML handle on one GPU.
 pub struct EnergyMeter {
@@ -28,10 +35,15 @@ pub struct EnergyMeter {
 impl EnergyMeter {
     /// NVML's handle on `gpu` (matched by PCI address), or why there is none.
     pub fn open(gpu: &Gpu) -> Result<Self, String> {
+        Self::open_bus_id(gpu.pci_bus_id())
+    }
+
+    /// NVML's handle on the GPU at PCI address `bus_id`, or why there is none.
+    pub fn open_bus_id(bus_id: &str) -> Result<Self, String> {
         // SAFETY: loading the driver's NVML runs its (trusted) initialisers only.
         let lib = unsafe { Library::new("libnvidia-ml.so.1") }
             .map_err(|e| format!("cannot load libnvidia-ml.so.1: {e}"))?;
-        let bus_id = CString::new(gpu.pci_bus_id()).map_err(|e| e.to_string())?;
+        let bus_id = CString::new(bus_id).map_err(|e| e.to_string())?;
         let mut device: NvmlDevice = std::ptr::null_mut();
         // SAFETY: signatures as in nvml.h: `nvmlReturn_t nvmlInit_v2(void)`,
         // `nvmlReturn_t nvmlDeviceGetHandleByPciBusId_v2(const char*, nvmlDevice_t*)`; the
@@ -71,6 +83,109 @@ impl EnergyMeter {
         }
         Ok(mj)
     }
+
+    /// The SM clock now, MHz, and the board's power draw, milliwatts.
+    pub fn read_clock_and_power(&self) -> Result<(u32, u32), String> {
+        let (mut mhz, mut mw): (c_uint, c_uint) = (0, 0);
+        // SAFETY: `nvmlReturn_t nvmlDeviceGetClockInfo(nvmlDevice_t, nvmlClockType_t,
+        // unsigned int*)` and `nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t,
+        // unsigned int*)`; the handle is valid while `self` lives (see `read_mj`).
+        unsafe {
+            let clock: Symbol<unsafe extern "C" fn(NvmlDevice, c_int, *mut c_uint) -> c_int> = self
+                .lib
+                .get(b"nvmlDeviceGetClockInfo")
+                .map_err(|e| e.to_string())?;
+            check(
+                "nvmlDeviceGetClockInfo",
+                clock(self.device, NVML_CLOCK_SM, &mut mhz),
+            )?;
+            let power: Symbol<unsafe extern "C" fn(NvmlDevice, *mut c_uint) -> c_int> = self
+                .lib
+                .get(b"nvmlDeviceGetPowerUsage")
+                .map_err(|e| e.to_string())?;
+            check("nvmlDeviceGetPowerUsage", power(self.device, &mut mw))?;
+        }
+        Ok((mhz, mw))
+    }
+}
+
+/// A GPU's mean SM clock and board power over a sampled stretch of time.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct ClockPower {
+    pub sm_mhz: f64,
+    pub watts: f64,
+    pub samples: usize,
+}
+
+impl ClockPower {
+    /// The sample-weighted mean of `self` and `other`.
+    #[must_use]
+    pub fn merged(self, other: ClockPower) -> ClockPower {
+        let n = self.samples + other.samples;
+        if n == 0 {
+            return self;
+        }
+        let mean = |a: f64, b: f64| (a * self.samples as f64 + b * other.samples as f64) / n as f64;
+        ClockPower {
+            sm_mhz: mean(self.sm_mhz, other.sm_mhz),
+            watts: mean(self.watts, other.watts),
+            samples: n,
+        }
+    }
+}
+
+/// Samples the SM clock and board power of some GPUs every `period` on a thread of its own,
+/// from [`PowerSampler::start`] until [`PowerSampler::finish`]. NVML refreshes power about
+/// every 20–100 ms, so a stretch needs some hundreds of milliseconds to mean anything.
+pub struct PowerSampler {
+    stop: Arc<AtomicBool>,
+    thread: JoinHandle<Result<Vec<ClockPower>, String>>,
+}
+
+impl PowerSampler {
+    /// Starts sampling the GPUs at PCI addresses `bus_ids`.
+    #[must_use]
+    pub fn start(bus_ids: Vec<String>, period: Duration) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&stop);
+        let thread = std::thread::spawn(move || {
+            let meters = bus_ids
+                .iter()
+                .map(|id| EnergyMeter::open_bus_id(id))
+                .collect::<Result<Vec<_>, _>>()?;
+            let mut sums = vec![(0.0, 0.0); meters.len()];
+            let mut samples = 0;
+            loop {
+                for (meter, sum) in meters.iter().zip(&mut sums) {
+                    let (mhz, mw) = meter.read_clock_and_power()?;
+                    sum.0 += f64::from(mhz);
+                    sum.1 += f64::from(mw) / 1000.0;
+                }
+                samples += 1;
+                if flag.load(Ordering::Relaxed) {
+                    break;
+                }
+                std::thread::sleep(period);
+            }
+            Ok(sums
+                .into_iter()
+                .map(|(mhz, w)| ClockPower {
+                    sm_mhz: mhz / samples as f64,
+                    watts: w / samples as f64,
+                    samples,
+                })
+                .collect())
+        });
+        Self { stop, thread }
+    }
+
+    /// Stops sampling; every GPU's means, or why there are none.
+    pub fn finish(self) -> Result<Vec<ClockPower>, String> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread
+            .join()
+            .map_err(|_| "the power sampler panicked".to_owned())?
+    }
 }
 
 impl Drop for EnergyMeter {
@@ -92,5 +207,31 @@ fn check(call: &str, code: c_int) -> Result<(), String> {
         Ok(())
     } else {
         Err(format!("{call} returned NVML error {code}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ClockPower;
+
+    #[test]
+    fn merged_means_weigh_by_samples() {
+        let a = ClockPower {
+            sm_mhz: 1400.0,
+            watts: 600.0,
+            samples: 1,
+        };
+        let b = ClockPower {
+            sm_mhz: 1500.0,
+            watts: 700.0,
+            samples: 3,
+        };
+        let m = a.merged(b);
+        assert_eq!(m.samples, 4);
+        assert!((m.sm_mhz - 1475.0).abs() < 1e-9 && (m.watts - 675.0).abs() < 1e-9);
+        assert_eq!(
+            ClockPower::default().merged(ClockPower::default()).samples,
+            0
+        );
     }
 }
