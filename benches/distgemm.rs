@@ -20,8 +20,9 @@
 //! device, alone or with a 4 KiB copy node or the barrier kernel node; (d) with its copies cut
 //! to `COPY_CAP` bytes after one full run, then also uncoupled and without flag waits), in the
 //! JSON's `diagnostics` and the section "Where the overhead over (c) goes"; and for every
-//! family, each contender's mean SM clock and board power per device over its blocks (NVML,
-//! sampled every `POWER_SAMPLE_PERIOD` by a thread while the block runs), in the JSON's
+//! family, each contender's mean SM clock and board power per device over its blocks' timed
+//! part (NVML, sampled every `POWER_SAMPLE_PERIOD` by a thread from `POWER_SKIP` after the
+//! block starts until it ends; the power is NVML's one-second average), in the JSON's
 //! `power` and the section "SM clock and board power per contender": under the power cap,
 //! the same power at a lower clock means more energy per cycle, less power means idle time.
 //!
@@ -632,6 +633,10 @@ const COPY_CAP: usize = 4096;
 /// How often `--diagnose` samples every GPU's SM clock and board power.
 const POWER_SAMPLE_PERIOD: Duration = Duration::from_millis(10);
 
+/// How long after a block starts `--diagnose` begins sampling: past its settling launches
+/// (`SETTLE_MS` of estimated GPU time, enqueued at once), with a margin.
+const POWER_SKIP: Duration = Duration::from_millis(SETTLE_MS as u64 + 30);
+
 /// A diagnostic variant of (c) or (d) (see [`DIAGNOSTICS`]).
 enum Variant {
     /// (c) launched as one CUDA graph per device, with an extra node.
@@ -728,7 +733,7 @@ fn family_timings<T: NcclElement>(
         let sampler = ctx
             .opts
             .diagnose
-            .then(|| PowerSampler::start(bus_ids.clone(), POWER_SAMPLE_PERIOD));
+            .then(|| PowerSampler::start(bus_ids.clone(), POWER_SAMPLE_PERIOD, POWER_SKIP));
         let timed = block(round_timing).map(|t| t.per_device_ms);
         if let Some(sampler) = sampler {
             power[c] = match (
@@ -1031,7 +1036,7 @@ fn table<T: NcclElement>(
     if !power.is_empty() {
         println!("\n{power}");
         md.push_str(&format!(
-            "\n## SM clock and board power per contender (NVML every {} ms over its blocks; per device)\n\n{power}",
+            "\n## SM clock and board power per contender (NVML every {} ms over the timed part of its blocks; power is a one-second average; per device)\n\n{power}",
             POWER_SAMPLE_PERIOD.as_millis()
         ));
     }

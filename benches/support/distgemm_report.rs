@@ -351,8 +351,9 @@ pub struct Diagnostic {
     pub device_medians_ms: Vec<f64>,
 }
 
-/// A contender's mean SM clock and board power on every device over all its timed blocks
-/// (untimed settling launches included), sampled with NVML every 10 ms. Under the power cap a
+/// A contender's mean SM clock and board power on every device over the timed part of all its
+/// blocks, sampled with NVML every 10 ms (the power is NVML's one-second average, so a short
+/// block's reading includes some of its neighbours). Under the power cap a
 /// contender that draws the cap's power at a lower clock spends more energy per cycle; one
 /// that draws less than the cap is idle part of the time.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]

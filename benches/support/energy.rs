@@ -135,19 +135,22 @@ impl ClockPower {
 }
 
 /// Samples the SM clock and board power of some GPUs every `period` on a thread of its own,
-/// from [`PowerSampler::start`] until [`PowerSampler::finish`]. NVML refreshes power about
-/// every 20–100 ms, so a stretch needs some hundreds of milliseconds to mean anything.
+/// from `skip` after [`PowerSampler::start`] until [`PowerSampler::finish`] (the skip leaves
+/// out a block's untimed settling launches). The SM clock is read as it is at the moment; the
+/// power, on Ampere and later, is NVML's average over the last second, so it smears blocks
+/// shorter than that into their neighbours.
 pub struct PowerSampler {
     stop: Arc<AtomicBool>,
     thread: JoinHandle<Result<Vec<ClockPower>, String>>,
 }
 
 impl PowerSampler {
-    /// Starts sampling the GPUs at PCI addresses `bus_ids`.
+    /// Starts sampling the GPUs at PCI addresses `bus_ids`, `skip` from now.
     #[must_use]
-    pub fn start(bus_ids: Vec<String>, period: Duration) -> Self {
+    pub fn start(bus_ids: Vec<String>, period: Duration, skip: Duration) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
         let flag = Arc::clone(&stop);
+        let begin = std::time::Instant::now() + skip;
         let thread = std::thread::spawn(move || {
             let meters = bus_ids
                 .iter()
@@ -155,6 +158,13 @@ impl PowerSampler {
                 .collect::<Result<Vec<_>, _>>()?;
             let mut sums = vec![(0.0, 0.0); meters.len()];
             let mut samples = 0;
+            while std::time::Instant::now() < begin {
+                if flag.load(Ordering::Relaxed) {
+                    // Finished before sampling began: no samples.
+                    return Ok(vec![ClockPower::default(); meters.len()]);
+                }
+                std::thread::sleep(period);
+            }
             loop {
                 for (meter, sum) in meters.iter().zip(&mut sums) {
                     let (mhz, mw) = meter.read_clock_and_power()?;
