@@ -17,7 +17,8 @@
 //!
 //! With `--diagnose`, also for the pipelined all-gather schedules, in the same rounds: the
 //! `DIAGNOSTICS`, variants of (c) and (d) that leave parts out ((c) as one CUDA graph per
-//! device, alone or with a 4 KiB copy node or the barrier kernel node; (d) with its copies cut
+//! device, alone or with a 4 KiB copy node (local, or pulled over NVLink) or the barrier
+//! kernel node; (d) with its copies cut
 //! to `COPY_CAP` bytes after one full run, then also uncoupled and without flag waits), in the
 //! JSON's `diagnostics` and the section "Where the overhead over (c) goes"; and for every
 //! family, each contender's mean SM clock and board power per device over its blocks' timed
@@ -71,7 +72,8 @@ use distgemm::plan::{DevicePlan, Plan};
 use distgemm::problem::{Preset, Problem};
 use distgemm::runtime::stream::DependencyKind;
 use distgemm::runtime::{
-    CudaStream, DeviceBuffer, Gpu, Graph, GraphExec, KernelArgs, LaunchConfig, Module, hopper_gpus,
+    CudaStream, DeviceBuffer, Gpu, Graph, GraphExec, KernelArgs, LaunchConfig, Module,
+    enable_peer_access_between, hopper_gpus,
 };
 use distgemm::schedule::{BufferKind, CSource, Collective, GemmStage, ScheduleKind, View};
 use distgemm::testdata::{RandomShard, fill_normal, random_shards};
@@ -322,6 +324,8 @@ enum GraphExtra {
     Nothing,
     /// A 4 KiB copy node that stage 1 follows.
     Copy,
+    /// The same, pulling from the next GPU over NVLink.
+    PeerCopy,
     /// A barrier kernel node before stage 0 (programmatic edge).
     Barrier,
 }
@@ -355,6 +359,13 @@ impl<T: NcclElement> PlanRun<T> {
 
     /// Builds every device's graph of its GEMMs (see [`PlanRun`]), with `extra` nodes.
     fn into_graphs(mut self, ctx: &Ctx, extra: GraphExtra) -> Result<Self, String> {
+        // Every device's B: where each device's copy node reads (its own, or the next GPU's).
+        let sources: Vec<(u64, usize)> = self
+            .devices
+            .iter()
+            .map(|dev| (dev.bufs.b.device_ptr(), dev.bufs.b.size_bytes()))
+            .collect();
+        let tp = self.devices.len();
         for (d, dev) in self.devices.iter_mut().enumerate() {
             let gpu = &ctx.gpus[d];
             let mut graph = Graph::new(gpu).map_err(err)?;
@@ -397,13 +408,21 @@ impl<T: NcclElement> PlanRun<T> {
                 previous = Some(node);
                 nodes.push(node);
             }
-            if extra == GraphExtra::Copy
+            if matches!(extra, GraphExtra::Copy | GraphExtra::PeerCopy)
                 && let Some(&stage1) = nodes.get(1)
             {
-                // 4 KiB from B into the workspace (local, on the copy engine), which stage 1
-                // follows with a full edge: (d)'s copy node, cut.
-                let (src, dst) = (dev.bufs.b.device_ptr(), dev.bufs.ws.device_ptr());
-                if dev.bufs.b.size_bytes() < COPY_CAP || dev.bufs.ws.size_bytes() < COPY_CAP {
+                // 4 KiB from a B into the workspace (on the copy engine), which stage 1 follows
+                // with a full edge: (d)'s copy node, cut; from this GPU's B, or pulled over
+                // NVLink from the next GPU's.
+                let from = if extra == GraphExtra::PeerCopy {
+                    let peer = (d + 1) % tp;
+                    enable_peer_access_between(gpu, &ctx.gpus[peer]).map_err(err)?;
+                    peer
+                } else {
+                    d
+                };
+                let ((src, src_bytes), dst) = (sources[from], dev.bufs.ws.device_ptr());
+                if src_bytes < COPY_CAP || dev.bufs.ws.size_bytes() < COPY_CAP {
                     return Err("buffers smaller than the copy".into());
                 }
                 // SAFETY: both buffers hold at least COPY_CAP bytes (checked above) and outlive
@@ -657,11 +676,15 @@ const fn cut(no_rendezvous: bool, no_flag_waits: bool) -> Variant {
 /// out one more part of (d), so the steps between (c), them and (d) say what each part costs.
 /// Copies are cut after one full run, so the GEMMs still multiply real data (zeros would
 /// draw less power and run faster).
-const DIAGNOSTICS: [(&str, Variant); 6] = [
+const DIAGNOSTICS: [(&str, Variant); 7] = [
     ("(c) as graphs", Variant::NocommGraphs(GraphExtra::Nothing)),
     (
         "(c) as graphs + copy node",
         Variant::NocommGraphs(GraphExtra::Copy),
+    ),
+    (
+        "(c) as graphs + peer copy node",
+        Variant::NocommGraphs(GraphExtra::PeerCopy),
     ),
     (
         "(c) as graphs + barrier node",
