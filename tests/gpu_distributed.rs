@@ -195,8 +195,67 @@ fn build<T: DeviceCopy>(
     dist
 }
 
-/// Runs `kind` on `gpus` (TP = gpus.len()) once and checks D: bit-exact against the
-/// single-GPU kernel for all-gather, within the f64 bound for reduce-scatter.
+/// Random inputs of `problem` (from `seed`), `kind`'s plan on `gpus` (TP = gpus.len()) and
+/// every rank's shards of the inputs (D poisoned).
+fn sharded_inputs<T: Element + DeviceCopy>(
+    gpus: &[Gpu],
+    kind: ScheduleKind,
+    problem: Problem,
+    seed: u64,
+) -> (Plan, GlobalInputs<T>, Vec<Shards<T>>) {
+    let plan = Plan::build(kind, problem, gpus.len()).unwrap_or_else(|e| panic!("{kind}: {e}"));
+    let inputs = GlobalInputs::<T>::random(&problem, seed);
+    let shards = upload(gpus, &plan, &inputs);
+    (plan, inputs, shards)
+}
+
+/// A DistGemm over [`sharded_inputs`], workspaces poisoned. `dist` comes first so that it is
+/// dropped before the buffers its graphs point into.
+struct Setup<T: DeviceCopy> {
+    dist: DistGemm,
+    plan: Plan,
+    inputs: GlobalInputs<T>,
+    shards: Vec<Shards<T>>,
+}
+
+fn setup<T: Element + DeviceCopy>(
+    gpus: &[Gpu],
+    modules: &[Arc<Module>],
+    kind: ScheduleKind,
+    problem: Problem,
+    seed: u64,
+    share: bool,
+) -> Setup<T> {
+    let (plan, inputs, shards) = sharded_inputs(gpus, kind, problem, seed);
+    let dist = build(gpus, modules, kind, problem, &shards, share);
+    Setup {
+        dist,
+        plan,
+        inputs,
+        shards,
+    }
+}
+
+/// Checks `d`, the gathered output of `plan` on `inputs`: bit-exact against the single-GPU
+/// kernel (on `gpus[0]`) for all-gather, within the f64 bound for reduce-scatter.
+fn assert_correct<T: Element + DeviceCopy>(
+    what: &str,
+    gpus: &[Gpu],
+    modules: &[Arc<Module>],
+    plan: &Plan,
+    inputs: &GlobalInputs<T>,
+    d: &[T],
+) {
+    match plan.schedule.collective() {
+        Collective::AllGather => {
+            let want = single_gpu_reference(&gpus[0], &modules[0], &plan.problem, inputs);
+            assert_bit_identical(what, d, &want);
+        }
+        Collective::ReduceScatter => assert_within_bound(what, plan, inputs, d),
+    }
+}
+
+/// Runs `kind` on `gpus` (TP = gpus.len()) once and checks D ([`assert_correct`]).
 fn run_and_check<T: Element + DeviceCopy>(
     test: &str,
     gpus: &[Gpu],
@@ -205,25 +264,18 @@ fn run_and_check<T: Element + DeviceCopy>(
     problem: Problem,
     share: bool,
 ) {
-    let tp = gpus.len();
-    let plan = Plan::build(kind, problem, tp).unwrap_or_else(|e| panic!("{kind}: {e}"));
-    let inputs = GlobalInputs::<T>::random(&problem, (problem.m ^ (problem.n << 16)) as u64);
-    let shards = upload(gpus, &plan, &inputs);
-    let mut dist = build(gpus, modules, kind, problem, &shards, share);
-    dist.run().expect("run");
-    dist.wait().unwrap_or_else(|e| panic!("{test} {kind}: {e}"));
-    let d = gather(&plan, &shards);
-    let what = format!("{test} {kind} TP={tp} {problem}");
-    match kind.collective() {
-        Collective::AllGather => {
-            let want = single_gpu_reference(&gpus[0], &modules[0], &problem, &inputs);
-            assert_bit_identical(&what, &d, &want);
-        }
-        Collective::ReduceScatter => assert_within_bound(&what, &plan, &inputs, &d),
-    }
+    let seed = (problem.m ^ (problem.n << 16)) as u64;
+    let mut s = setup::<T>(gpus, modules, kind, problem, seed, share);
+    s.dist.run().expect("run");
+    s.dist
+        .wait()
+        .unwrap_or_else(|e| panic!("{test} {kind}: {e}"));
+    let what = format!("{test} {kind} TP={} {problem}", gpus.len());
+    let d = gather(&s.plan, &s.shards);
+    assert_correct(&what, gpus, modules, &s.plan, &s.inputs, &d);
     visible_line(&format!(
         "{what}: ok (workspace {} B per device)",
-        dist.workspace_bytes(0)
+        s.dist.workspace_bytes(0)
     ));
 }
 
@@ -311,34 +363,24 @@ fn a_thousand_runs_of_one_graph() {
         ScheduleKind::ReduceScatterTilingB,
         ScheduleKind::ReduceScatterSingleStageA,
     ] {
-        let plan = Plan::build(kind, problem, 2).expect("plan");
-        let inputs = GlobalInputs::<half::bf16>::random(&problem, 11);
-        let shards = upload(&session.gpus, &plan, &inputs);
-        let mut dist = build(&session.gpus, &modules, kind, problem, &shards, false);
+        let mut s = setup::<half::bf16>(&session.gpus, &modules, kind, problem, 11, false);
         let start = Instant::now();
         for _ in 0..1000 {
-            dist.run().expect("run");
+            s.dist.run().expect("run");
         }
-        dist.wait().unwrap_or_else(|e| panic!("{kind}: {e}"));
+        s.dist.wait().unwrap_or_else(|e| panic!("{kind}: {e}"));
         let elapsed = start.elapsed();
         for rank in 0..2 {
-            let words = dist.exclusive_words(rank).expect("exclusive");
+            let words = s.dist.exclusive_words(rank).expect("exclusive");
             assert_eq!(
                 words[0], 0,
                 "{kind}: device {rank}'s barrier counter after 1000 runs"
             );
             assert_eq!(words[1], 0, "{kind}: device {rank}'s error word");
         }
-        let d = gather(&plan, &shards);
-        match kind.collective() {
-            Collective::AllGather => {
-                let want = single_gpu_reference(&session.gpus[0], &modules[0], &problem, &inputs);
-                assert_bit_identical(&format!("{kind} after 1000 runs"), &d, &want);
-            }
-            Collective::ReduceScatter => {
-                assert_within_bound(&format!("{kind} after 1000 runs"), &plan, &inputs, &d);
-            }
-        }
+        let d = gather(&s.plan, &s.shards);
+        let what = format!("{kind} after 1000 runs");
+        assert_correct(&what, &session.gpus, &modules, &s.plan, &s.inputs, &d);
         visible_line(&format!(
             "{test}: {kind}: 1000 runs in {elapsed:?} ({:.1} µs/run), result and counters ok",
             elapsed.as_secs_f64() * 1e3
@@ -360,35 +402,25 @@ fn pointer_updates_without_rebuilding() {
         ScheduleKind::ReduceScatterTilingA,
         ScheduleKind::ReduceScatterSingleStageB,
     ] {
-        let plan = Plan::build(kind, problem, 2).expect("plan");
-        let first = GlobalInputs::<half::bf16>::random(&problem, 1);
-        let second = GlobalInputs::<half::bf16>::random(&problem, 2);
-        let shards_1 = upload(&session.gpus, &plan, &first);
-        let shards_2 = upload(&session.gpus, &plan, &second);
-        let mut dist = build(&session.gpus, &modules, kind, problem, &shards_1, false);
-        dist.run().expect("run");
-        dist.wait().expect("wait");
-        let d1 = gather(&plan, &shards_1);
-        dist.set_args(shards_2.iter().map(Shards::args).collect())
+        let mut s = setup::<half::bf16>(&session.gpus, &modules, kind, problem, 1, false);
+        let (_, second, shards_2) = sharded_inputs::<half::bf16>(&session.gpus, kind, problem, 2);
+        s.dist.run().expect("run");
+        s.dist.wait().expect("wait");
+        let d1 = gather(&s.plan, &s.shards);
+        s.dist
+            .set_args(shards_2.iter().map(Shards::args).collect())
             .unwrap_or_else(|e| panic!("{kind}: set_args: {e}"));
-        dist.run().expect("run");
-        dist.wait().expect("wait");
-        let d2 = gather(&plan, &shards_2);
+        s.dist.run().expect("run");
+        s.dist.wait().expect("wait");
+        let d2 = gather(&s.plan, &shards_2);
         // The first outputs were not touched by the second run.
         assert_bit_identical(
             &format!("{kind}: first outputs"),
-            &gather(&plan, &shards_1),
+            &gather(&s.plan, &s.shards),
             &d1,
         );
-        match kind.collective() {
-            Collective::AllGather => {
-                let want = single_gpu_reference(&session.gpus[0], &modules[0], &problem, &second);
-                assert_bit_identical(&format!("{kind} after set_args"), &d2, &want);
-            }
-            Collective::ReduceScatter => {
-                assert_within_bound(&format!("{kind} after set_args"), &plan, &second, &d2);
-            }
-        }
+        let what = format!("{kind} after set_args");
+        assert_correct(&what, &session.gpus, &modules, &s.plan, &second, &d2);
         visible_line(&format!("{test}: {kind}: ok"));
     }
 }
@@ -405,11 +437,13 @@ fn capped_copies_keep_the_workspace_and_uncap() {
         ScheduleKind::AllGatherRotatingA,
         ScheduleKind::AllGatherRotatingB,
     ] {
-        let plan = Plan::build(kind, problem, 2).expect("plan");
-        let inputs = GlobalInputs::<half::bf16>::random(&problem, 5);
-        let shards = upload(&session.gpus, &plan, &inputs);
+        let Setup {
+            mut dist,
+            plan,
+            inputs,
+            shards,
+        } = setup::<half::bf16>(&session.gpus, &modules, kind, problem, 5, false);
         let want = single_gpu_reference(&session.gpus[0], &modules[0], &problem, &inputs);
-        let mut dist = build(&session.gpus, &modules, kind, problem, &shards, false);
         let run = |dist: &mut DistGemm| {
             dist.run().expect("run");
             dist.wait().unwrap_or_else(|e| panic!("{kind}: {e}"));
@@ -502,11 +536,8 @@ fn graph_edges_are_the_plans() {
     let modules = vec![module];
     let problem = Problem::new(512, 512, 512);
     for kind in ScheduleKind::ALL {
-        let plan = Plan::build(kind, problem, 2).expect("plan");
-        let inputs = GlobalInputs::<half::bf16>::random(&problem, 3);
-        let shards = upload(&gpus, &plan, &inputs);
-        let dist = build(&gpus, &modules, kind, problem, &shards, true);
-        check_edges(&format!("{kind}"), &dist);
+        let s = setup::<half::bf16>(&gpus, &modules, kind, problem, 3, true);
+        check_edges(&format!("{kind}"), &s.dist);
     }
     visible_line(&format!("{test}: every schedule's edges match its plan"));
 }
@@ -523,13 +554,10 @@ fn a_stuck_peer_is_a_named_timeout_not_a_hang() {
         ScheduleKind::ReduceScatterTilingA,
         ScheduleKind::AllGatherRotatingB,
     ] {
-        let plan = Plan::build(kind, problem, 2).expect("plan");
-        let inputs = GlobalInputs::<half::bf16>::random(&problem, 5);
-        let shards = upload(&session.gpus, &plan, &inputs);
-        let mut dist = build(&session.gpus, &modules, kind, problem, &shards, false);
+        let mut s = setup::<half::bf16>(&session.gpus, &modules, kind, problem, 5, false);
         let start = Instant::now();
-        dist.run_only(&[0]).expect("launch device 0 only");
-        let err = dist.wait().expect_err("device 1 never ran");
+        s.dist.run_only(&[0]).expect("launch device 0 only");
+        let err = s.dist.wait().expect_err("device 1 never ran");
         let elapsed = start.elapsed();
         assert!(
             matches!(
@@ -543,7 +571,7 @@ fn a_stuck_peer_is_a_named_timeout_not_a_hang() {
             elapsed < TIMEOUT + Duration::from_secs(5),
             "{kind}: took {elapsed:?}"
         );
-        assert!(matches!(dist.run(), Err(DistGemmError::Poisoned(_))));
+        assert!(matches!(s.dist.run(), Err(DistGemmError::Poisoned(_))));
         visible_line(&format!("{test}: {kind}: {err} (after {elapsed:?})"));
     }
 }
@@ -590,9 +618,7 @@ fn a_missing_signal_names_device_stage_and_flag() {
         ),
     ];
     for (kind, flag, node, stage) in cases {
-        let plan = Plan::build(kind, problem, 2).expect("plan");
-        let inputs = GlobalInputs::<half::bf16>::random(&problem, 6);
-        let shards = upload(&session.gpus, &plan, &inputs);
+        let (_, _, shards) = sharded_inputs::<half::bf16>(&session.gpus, kind, problem, 6);
         let mut dist = DistGemm::builder()
             .devices(session.gpus.clone())
             .schedule(kind)
@@ -659,16 +685,15 @@ fn two_ranks_on_one_gpu() {
     }
     // And a hundred back-to-back runs of a reduce-scatter ring on one GPU.
     let kind = ScheduleKind::ReduceScatterTilingA;
-    let plan = Plan::build(kind, problem, 2).expect("plan");
-    let inputs = GlobalInputs::<half::bf16>::random(&problem, 9);
-    let shards = upload(&gpus, &plan, &inputs);
-    let mut dist = build(&gpus, &modules, kind, problem, &shards, true);
+    let mut s = setup::<half::bf16>(&gpus, &modules, kind, problem, 9, true);
     for _ in 0..100 {
-        dist.run().expect("run");
+        s.dist.run().expect("run");
     }
-    dist.wait()
+    s.dist
+        .wait()
         .unwrap_or_else(|e| panic!("{kind} x100 on one GPU: {e}"));
-    assert_within_bound("100 runs, one GPU", &plan, &inputs, &gather(&plan, &shards));
+    let d = gather(&s.plan, &s.shards);
+    assert_within_bound("100 runs, one GPU", &s.plan, &s.inputs, &d);
     visible_line(&format!("{test}: 100 runs of {kind} on one GPU: ok"));
 }
 
@@ -711,9 +736,7 @@ fn bad_setups_are_errors() {
     assert!(matches!(err, DistGemmError::Plan(_)), "{err}");
     // Buffers too small.
     let gpus = vec![session.gpu.clone(), session.gpu.clone()];
-    let plan = Plan::build(kind, problem, 2).expect("plan");
-    let inputs = GlobalInputs::<half::bf16>::random(&problem, 4);
-    let shards = upload(&gpus, &plan, &inputs);
+    let (_, _, shards) = sharded_inputs::<half::bf16>(&gpus, kind, problem, 4);
     let mut args: Vec<DeviceArgs> = shards.iter().map(Shards::args).collect();
     let small = DeviceBuffer::<half::bf16>::alloc(&session.gpu, 8).expect("small");
     args[1].d = (&small).into();
