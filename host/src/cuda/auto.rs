@@ -80,8 +80,8 @@ impl MachineModel {
     ///   boundary is left;
     /// - reduce-scatter stage 150 µs: a stage also waits for the neighbour's previous stage
     ///   and reads its partial over NVLink; any value between the partial copy time at 4096
-    ///   tokens (86 µs) and at 8192 (172 µs) separates rs-a-single (faster up to 4096 tokens,
-    ///   by 0.4–14 %) from rs-a (faster from 8192).
+    ///   tokens (86 µs) and at 8192 (172 µs) separates rs-a-single (faster at 2048 and 4096
+    ///   tokens in all four sweeps, by 0.5–16 %) from rs-a (faster at 8192 in all four).
     ///
     /// The choice at 512 tokens of 70B fc1 rests on a few µs of a 0.4 ms estimate: there the
     /// two schedules swapped places between sweeps (single-stage 0.7–2.5 % faster in three,
