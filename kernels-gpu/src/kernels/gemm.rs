@@ -16,8 +16,10 @@
 //!   producer, so one batch of tensor-core work always overlaps the wait for the next slot.
 //!   After the last k-block it drains, then runs the epilogue (`alpha·acc + beta·C`, rounded)
 //!   while the producer already streams the next tile's operands: chunks of 64 rows × 64 (or
-//!   32) columns staged in shared memory with `stmatrix` and written by TMA stores, or, when N
-//!   is not a multiple of 8, bounds-checked stores straight from registers.
+//!   32) columns staged in shared memory with `stmatrix` and written by TMA stores (with
+//!   `beta != 0`, each chunk's C arrives in its staging buffer by a TMA load issued one chunk
+//!   ahead, a tile's first before its main loop), or, when N is not a multiple of 8,
+//!   bounds-checked stores straight from registers.
 //! - **clusters** (`cluster_m == 2`): the two blocks of a cluster compute vertically adjacent
 //!   tiles of the same n-tile. Each loads its own A tile and half of the shared B tile, which
 //!   TMA multicasts into both blocks; a slot is free only when the consumers of *both* blocks
