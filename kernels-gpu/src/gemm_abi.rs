@@ -142,6 +142,15 @@ impl TileConfig {
     pub const fn chunks_per_tile(&self) -> u32 {
         self.slabs() * (self.wg_cols() / self.epilogue_cols())
     }
+    /// Top-left element of staged chunk `i` (`0..chunks_per_tile()`) relative to the
+    /// warpgroup's share of the tile: chunks go slab by slab, left to right within a slab.
+    pub const fn chunk_offset(&self, i: u32) -> (u32, u32) {
+        let per_slab = self.wg_cols() / self.epilogue_cols();
+        (
+            (i / per_slab) * EPILOGUE_CHUNK,
+            (i % per_slab) * self.epilogue_cols(),
+        )
+    }
     /// Bytes of one row of a staged chunk: the swizzle span of the D and C tensor maps.
     pub const fn epilogue_row_bytes(&self) -> u32 {
         self.epilogue_cols() * 2
@@ -379,6 +388,35 @@ mod tests {
         assert!(t.smem_bytes() <= MAX_SMEM_BYTES);
         assert_eq!(TILE_128X256.chunks_per_tile(), 4);
         assert_eq!(TILE_128X224.chunks_per_tile(), 7);
+        // 192×192: three slabs of three 32-column chunks each.
+        assert_eq!(t.chunk_offset(0), (0, 0));
+        assert_eq!(t.chunk_offset(2), (0, 64));
+        assert_eq!(t.chunk_offset(3), (64, 0));
+        assert_eq!(t.chunk_offset(8), (128, 64));
+        assert_eq!(TILE_128X256.chunk_offset(3), (0, 192));
+    }
+
+    #[test]
+    fn chunks_tile_each_share_once() {
+        for v in &VARIANTS {
+            let t = v.config;
+            let mut covered = [[false; 256]; 192];
+            for i in 0..t.chunks_per_tile() {
+                let (r0, c0) = t.chunk_offset(i);
+                for r in r0..r0 + EPILOGUE_CHUNK {
+                    for c in c0..c0 + t.epilogue_cols() {
+                        let cell = &mut covered[r as usize][c as usize];
+                        assert!(!*cell, "{}: chunk {i} overlaps at ({r}, {c})", v.name);
+                        *cell = true;
+                    }
+                }
+            }
+            for r in 0..t.wg_rows() {
+                for c in 0..t.wg_cols() {
+                    assert!(covered[r as usize][c as usize], "{}: ({r}, {c})", v.name);
+                }
+            }
+        }
     }
 
     #[test]

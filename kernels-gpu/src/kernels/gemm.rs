@@ -156,7 +156,6 @@ macro_rules! config {
                 col: u32,
                 chunks_before: u32,
             ) {
-                const W: u32 = $tile.epilogue_cols();
                 const CHUNKS: u32 = $tile.chunks_per_tile();
                 const ROW_BYTES: u32 = $tile.epilogue_row_bytes();
                 let t = index::thread_in_warpgroup();
@@ -168,18 +167,19 @@ macro_rules! config {
                 let a = p.alpha;
                 let with_c = p.beta != 0.0;
                 seq!(S in 0..$slabs {
-                    let slab_row = (row + S * SLAB_M) as i32;
                     seq!(CH in 0..$chunks {
-                        let g = chunks_before + S * $chunks + CH;
-                        let chunk_col = (col + CH * W) as i32;
+                        // Chunk i of this share (slab S, column chunk CH), g of all.
+                        let i = S * $chunks + CH;
+                        let g = chunks_before + i;
+                        let (dr, dc) = $tile.chunk_offset(i);
+                        let (slab_row, chunk_col) = ((row + dr) as i32, (col + dc) as i32);
                         let buffer = ring.staging(half, g % 2);
                         if with_c {
-                            let i = S * $chunks + CH + 1;
-                            if leader && i < CHUNKS {
+                            if leader && i + 1 < CHUNKS {
                                 // Chunk g + 1 goes into the other buffer, which the store of
                                 // chunk g − 1 (the last one issued) reads: wait until it has.
                                 tma::wait_group_read::<0>();
-                                unsafe { load_c_chunk(p, ring, half, g + 1, row, col, i) };
+                                unsafe { load_c_chunk(p, ring, half, g + 1, row, col, i + 1) };
                             }
                             unsafe { ring.c_loaded(half, g % 2).wait_warp((g / 2) & 1) };
                         } else {
@@ -494,26 +494,22 @@ unsafe fn release(ring: Ring, stage: u32) {
     }
 }
 
-/// Starts the TMA load of C for staged chunk `i` of a warpgroup's tile share whose top-left
-/// element is `(row, col)` — slab `i / chunks`, column chunk `i % chunks` of the share, where
-/// `chunks = wg_cols / epilogue_cols` — into staging buffer `g % 2` of warpgroup `half`, `g`
-/// being the chunk's number among all the chunks the warpgroup stages. It completes on the
-/// buffer's `c_loaded` mbarrier. The buffer must be free: no store still reading it, no thread
-/// still touching it.
+/// Starts the TMA load of C for staged chunk `i` ([`TileConfig::chunk_offset`]) of a
+/// warpgroup's tile share whose top-left element is `(row, col)` into staging buffer `g % 2` of
+/// warpgroup `half`, `g` being the chunk's number among all the chunks the warpgroup stages.
+/// It completes on the buffer's `c_loaded` mbarrier. The buffer must be free: no store still
+/// reading it, no thread still touching it.
 #[inline(always)]
 unsafe fn load_c_chunk(p: &GemmParams, ring: Ring, half: u32, g: u32, row: u32, col: u32, i: u32) {
-    let width = ring.tile.epilogue_cols();
-    let chunks = ring.tile.wg_cols() / width;
-    let slab_row = row + (i / chunks) * SLAB_M;
-    let chunk_col = col + (i % chunks) * width;
+    let (dr, dc) = ring.tile.chunk_offset(i);
     let loaded = ring.c_loaded(half, g % 2);
     unsafe {
-        loaded.arrive_expect_tx(width * EPILOGUE_CHUNK * 2);
+        loaded.arrive_expect_tx(ring.tile.epilogue_cols() * EPILOGUE_CHUNK * 2);
         tma::load_2d(
             ring.staging(half, g % 2),
             p.map_c,
-            chunk_col as i32,
-            slab_row as i32,
+            (col + dc) as i32,
+            (row + dr) as i32,
             loaded.0,
         );
     }
