@@ -743,7 +743,8 @@ fn family_timings<T: NcclElement>(
         .iter()
         .map(|g| g.pci_bus_id().to_owned())
         .collect();
-    let mut power: Vec<Result<Vec<ClockPower>, String>> = vec![Ok(Vec::new()); prepared.len()];
+    // Per contender, every device's means so far; None once a sampler failed.
+    let mut power = vec![Some(vec![ClockPower::default(); tp]); prepared.len()];
     // Every block starts with ≥ SETTLE_MS of untimed launches (the warm-up of `timing_for`):
     // a (d) block timed straight after a GPU had idled caught it waking up (samples up to
     // 1.4× the median in a first interleaved run).
@@ -759,18 +760,16 @@ fn family_timings<T: NcclElement>(
             .then(|| PowerSampler::start(bus_ids.clone(), POWER_SAMPLE_PERIOD, POWER_SKIP));
         let timed = block(round_timing).map(|t| t.per_device_ms);
         if let Some(sampler) = sampler {
-            power[c] = match (
-                std::mem::replace(&mut power[c], Ok(Vec::new())),
-                sampler.finish(),
-            ) {
-                (Ok(sofar), Ok(block)) if sofar.is_empty() => Ok(block),
-                (Ok(sofar), Ok(block)) => Ok(sofar
-                    .into_iter()
-                    .zip(block)
-                    .map(|(a, b)| a.merged(b))
-                    .collect()),
-                (Err(e), _) | (_, Err(e)) => Err(e),
-            };
+            power[c] = power[c]
+                .take()
+                .zip(sampler.finish().ok())
+                .map(|(sofar, block)| {
+                    sofar
+                        .into_iter()
+                        .zip(block)
+                        .map(|(a, b)| a.merged(b))
+                        .collect()
+                });
         }
         timed
     });
@@ -789,7 +788,7 @@ fn family_timings<T: NcclElement>(
             .into_iter()
             .zip(power)
             .filter_map(|(name, p)| {
-                let p = p.ok().filter(|p| !p.is_empty())?;
+                let p = p.filter(|p| p.iter().any(|x| x.samples > 0))?;
                 Some(ContenderPower {
                     name,
                     sm_mhz: p.iter().map(|x| x.sm_mhz).collect(),
