@@ -17,9 +17,10 @@
 //!
 //! With `--diagnose`, also for the pipelined all-gather schedules, in the same rounds: the
 //! `DIAGNOSTICS`, variants of (c) and (d) that leave parts out ((c) as one CUDA graph per
-//! device, alone or with a 4 KiB copy node (local, or pulled over NVLink) or the barrier
-//! kernel node; (d) with its copies cut
-//! to `COPY_CAP` bytes after one full run, then also uncoupled and without flag waits), in the
+//! device, alone or with one more node: a 4 KiB copy (local, pulled from the next GPU or
+//! pushed into it over NVLink), a kernel reading 4 KiB from the next GPU, or the barrier
+//! kernel (alone, or with (d)'s rendezvous: remote atomics over NVLink); (d) with its copies
+//! cut to `COPY_CAP` bytes after one full run, then also uncoupled and without flag waits), in the
 //! JSON's `diagnostics` and the section "Where the overhead over (c) goes"; and for every
 //! family, each contender's mean SM clock and board power per device over its blocks' timed
 //! part (NVML, sampled every `POWER_SAMPLE_PERIOD` by a thread from `POWER_SKIP` after the
@@ -65,7 +66,9 @@
 use distgemm::baseline::{
     CublasLtGemm, NcclElement, NcclGemmBaseline, NcclGemmKind, NcclGemmLayout, TnGemmShape,
 };
-use distgemm::cuda::{BarrierParams, DistGemm, TimingDiagnostics};
+use distgemm::cuda::{
+    BarrierParams, DistGemm, REDUCE_SMEM_BYTES, REDUCE_THREADS, ReduceParams, TimingDiagnostics,
+};
 use distgemm::dtype::Dtype;
 use distgemm::gemm::{GemmArgs, GemmKernel, MatrixView, PreparedGemm};
 use distgemm::plan::{DevicePlan, Plan};
@@ -326,8 +329,19 @@ enum GraphExtra {
     Copy,
     /// The same, pulling from the next GPU over NVLink.
     PeerCopy,
-    /// A barrier kernel node before stage 0 (programmatic edge).
+    /// The same, pushing into the next GPU's workspace over NVLink (the copy engine writes
+    /// remote memory instead of reading it).
+    PeerPush,
+    /// A kernel node before stage 0 (programmatic edge) whose SMs read 4 KiB from the next
+    /// GPU over NVLink (the reduction kernel with one peer source): NVLink traffic without the
+    /// copy engine.
+    PeerRead,
+    /// A barrier kernel node before stage 0 (programmatic edge), alone: no peers, nothing to
+    /// wait for.
     Barrier,
+    /// The same with (d)'s rendezvous: it arrives at every other GPU's counter (remote
+    /// atomics over NVLink) and waits for their arrivals.
+    PeerBarrier,
 }
 
 /// Every TP device's [`DeviceGemms`] and its stream (`streams[d]` on GPU d); with `graphs`,
@@ -357,38 +371,110 @@ impl<T: NcclElement> PlanRun<T> {
         Ok(())
     }
 
-    /// Builds every device's graph of its GEMMs (see [`PlanRun`]), with `extra` nodes.
+    /// Builds every device's graph of its GEMMs (see [`PlanRun`]), with `extra` nodes. "The
+    /// next GPU" of device d is d + 1 mod TP.
     fn into_graphs(mut self, ctx: &Ctx, extra: GraphExtra) -> Result<Self, String> {
-        // Every device's B: where each device's copy node reads (its own, or the next GPU's).
-        let sources: Vec<(u64, usize)> = self
+        let tp = self.devices.len();
+        let next = |d: usize| (d + 1) % tp;
+        let remote = matches!(
+            extra,
+            GraphExtra::PeerCopy
+                | GraphExtra::PeerPush
+                | GraphExtra::PeerRead
+                | GraphExtra::PeerBarrier
+        );
+        if remote {
+            for d in 0..tp {
+                for q in (d + 1)..tp {
+                    enable_peer_access_between(&ctx.gpus[d], &ctx.gpus[q]).map_err(err)?;
+                }
+            }
+        }
+        // Every device's B and workspace: where the 4 KiB copies and reads come from and go.
+        let b: Vec<u64> = self.devices.iter().map(|d| d.bufs.b.device_ptr()).collect();
+        let ws: Vec<u64> = self
             .devices
             .iter()
-            .map(|dev| (dev.bufs.b.device_ptr(), dev.bufs.b.size_bytes()))
+            .map(|d| d.bufs.ws.device_ptr())
             .collect();
-        let tp = self.devices.len();
+        if self
+            .devices
+            .iter()
+            .any(|d| d.bufs.b.size_bytes() < COPY_CAP || d.bufs.ws.size_bytes() < COPY_CAP)
+        {
+            return Err("buffers smaller than the copy".into());
+        }
+        if matches!(extra, GraphExtra::Barrier | GraphExtra::PeerBarrier) {
+            // The barrier's counter and error word on every GPU, zeroed (`fill` waits) before
+            // any graph that arrives at them exists.
+            for (d, dev) in self.devices.iter_mut().enumerate() {
+                let mut words = DeviceBuffer::<u32>::alloc(&ctx.gpus[d], 2).map_err(err)?;
+                words.fill(&self.streams[d], 0).map_err(err)?;
+                dev.extra_words = Some(words);
+            }
+        }
+        let counters: Vec<u64> = self
+            .devices
+            .iter()
+            .map(|d| d.extra_words.as_ref().map_or(0, |w| w.device_ptr()))
+            .collect();
         for (d, dev) in self.devices.iter_mut().enumerate() {
             let gpu = &ctx.gpus[d];
             let mut graph = Graph::new(gpu).map_err(err)?;
             let mut previous = None;
-            if extra == GraphExtra::Barrier {
-                // The barrier kernel with nothing to reset, no peers and 0 arrivals to wait
-                // for: (d)'s first node, uncoupled.
-                let words = DeviceBuffer::<u32>::alloc(gpu, 2).map_err(err)?;
-                let params = BarrierParams {
-                    counter: words.device_ptr(),
-                    error_word: words.device_ptr() + 4,
+            if matches!(extra, GraphExtra::Barrier | GraphExtra::PeerBarrier) {
+                // (d)'s first node: alone, with nothing to reset, no peers and 0 arrivals to
+                // wait for (uncoupled); with peers, arriving at every other GPU's counter and
+                // waiting for their arrivals, as (d)'s rendezvous does.
+                let mut params = BarrierParams {
+                    counter: counters[d],
+                    error_word: counters[d] + 4,
                     timeout_ns: 1_000_000_000,
                     ..BarrierParams::default()
                 };
+                if extra == GraphExtra::PeerBarrier {
+                    for (i, q) in (0..tp).filter(|&q| q != d).enumerate() {
+                        params.arrive[i] = counters[q];
+                    }
+                    params.arrive_count = (tp - 1) as u32;
+                    params.arrivals = (tp - 1) as u32;
+                }
                 let kernel = ctx.modules[d].kernel("collective_barrier").map_err(err)?;
                 let mut args = KernelArgs::new().by_value(&params);
-                // SAFETY: `collective_barrier(p: BarrierParams)`; its two words are owned by
-                // `dev` (kept below), which outlives the graph.
+                // SAFETY: `collective_barrier(p: BarrierParams)`; its words (own and peers')
+                // are owned by `self.devices`, which outlives the graphs.
                 let node = unsafe {
                     graph.add_kernel_node(&kernel, &LaunchConfig::linear(1, 1), &mut args)
                 }
                 .map_err(err)?;
-                dev.extra_words = Some(words);
+                previous = Some(node);
+            }
+            if extra == GraphExtra::PeerRead {
+                // One block of the reduction kernel summing a single source: 4 KiB of the next
+                // GPU's B, read by this GPU's SMs, into the workspace.
+                let elements = (COPY_CAP / size_of::<T>()) as u32;
+                let mut params = ReduceParams {
+                    dst: ws[d],
+                    rows: 1,
+                    cols: elements,
+                    dst_ld: elements,
+                    source_count: 1,
+                    ..ReduceParams::default()
+                };
+                params.sources[0] = b[next(d)];
+                params.source_ld[0] = elements;
+                let name = match T::DTYPE {
+                    Dtype::Bf16 => "reduce_sum_bf16",
+                    Dtype::F16 => "reduce_sum_f16",
+                };
+                let kernel = ctx.modules[d].kernel(name).map_err(err)?;
+                let mut args = KernelArgs::new().by_value(&params);
+                let cfg =
+                    LaunchConfig::linear(1, REDUCE_THREADS).with_dynamic_smem(REDUCE_SMEM_BYTES);
+                // SAFETY: `reduce_sum_*(p: ReduceParams)` over 4 KiB of two buffers of at least
+                // COPY_CAP bytes (checked above) that outlive the graph; no flags.
+                let node =
+                    unsafe { graph.add_kernel_node(&kernel, &cfg, &mut args) }.map_err(err)?;
                 previous = Some(node);
             }
             let mut nodes = Vec::new();
@@ -408,23 +494,16 @@ impl<T: NcclElement> PlanRun<T> {
                 previous = Some(node);
                 nodes.push(node);
             }
-            if matches!(extra, GraphExtra::Copy | GraphExtra::PeerCopy)
-                && let Some(&stage1) = nodes.get(1)
-            {
-                // 4 KiB from a B into the workspace (on the copy engine), which stage 1 follows
-                // with a full edge: (d)'s copy node, cut; from this GPU's B, or pulled over
-                // NVLink from the next GPU's.
-                let from = if extra == GraphExtra::PeerCopy {
-                    let peer = (d + 1) % tp;
-                    enable_peer_access_between(gpu, &ctx.gpus[peer]).map_err(err)?;
-                    peer
-                } else {
-                    d
-                };
-                let ((src, src_bytes), dst) = (sources[from], dev.bufs.ws.device_ptr());
-                if src_bytes < COPY_CAP || dev.bufs.ws.size_bytes() < COPY_CAP {
-                    return Err("buffers smaller than the copy".into());
-                }
+            // 4 KiB on the copy engine, which stage 1 follows with a full edge: (d)'s copy
+            // node, cut; from this GPU's B into its workspace, pulled from the next GPU's B,
+            // or pushed into the next GPU's workspace.
+            let copy = match extra {
+                GraphExtra::Copy => Some((ws[d], b[d])),
+                GraphExtra::PeerCopy => Some((ws[d], b[next(d)])),
+                GraphExtra::PeerPush => Some((ws[next(d)], b[d])),
+                _ => None,
+            };
+            if let (Some((dst, src)), Some(&stage1)) = (copy, nodes.get(1)) {
                 // SAFETY: both buffers hold at least COPY_CAP bytes (checked above) and outlive
                 // the graph.
                 let copy = unsafe { graph.add_memcpy_node(dst, src, COPY_CAP) }.map_err(err)?;
@@ -676,7 +755,7 @@ const fn cut(no_rendezvous: bool, no_flag_waits: bool) -> Variant {
 /// out one more part of (d), so the steps between (c), them and (d) say what each part costs.
 /// Copies are cut after one full run, so the GEMMs still multiply real data (zeros would
 /// draw less power and run faster).
-const DIAGNOSTICS: [(&str, Variant); 7] = [
+const DIAGNOSTICS: [(&str, Variant); 10] = [
     ("(c) as graphs", Variant::NocommGraphs(GraphExtra::Nothing)),
     (
         "(c) as graphs + copy node",
@@ -687,8 +766,20 @@ const DIAGNOSTICS: [(&str, Variant); 7] = [
         Variant::NocommGraphs(GraphExtra::PeerCopy),
     ),
     (
+        "(c) as graphs + peer push node",
+        Variant::NocommGraphs(GraphExtra::PeerPush),
+    ),
+    (
+        "(c) as graphs + peer read kernel",
+        Variant::NocommGraphs(GraphExtra::PeerRead),
+    ),
+    (
         "(c) as graphs + barrier node",
         Variant::NocommGraphs(GraphExtra::Barrier),
+    ),
+    (
+        "(c) as graphs + peer barrier node",
+        Variant::NocommGraphs(GraphExtra::PeerBarrier),
     ),
     ("(d) copies cut, uncoupled, no flag waits", cut(true, true)),
     ("(d) copies cut, uncoupled", cut(true, false)),

@@ -28,6 +28,8 @@ pub use dist::{BufferRef, DEFAULT_TIMEOUT, DeviceArgs, DistGemm, DistGemmBuilder
 pub use error::{DistGemmError, TimeoutSite, WaitingNode};
 /// The barrier kernel's parameter block (in [`LoweredNode::Barrier`]).
 pub use kernels_gpu::collective_abi::BarrierParams;
+/// The reduction kernel's parameter block (in [`LoweredNode::Reduce`]) and its launch shape.
+pub use kernels_gpu::collective_abi::{REDUCE_SMEM_BYTES, REDUCE_THREADS, ReduceParams};
 pub use lower::{
     DeviceAddresses, LowerOptions, LoweredGraph, LoweredNode, TimingDiagnostics, lower_device,
 };
