@@ -18,7 +18,7 @@
 //! With `--diagnose`, also for the pipelined all-gather schedules, in the same rounds: the
 //! `DIAGNOSTICS`, variants of (c) and (d) that leave parts out ((c) as one CUDA graph per
 //! device, alone or with one more node: a 4 KiB copy (local, pulled from the next GPU or
-//! pushed into it over NVLink), a kernel reading 4 KiB from the next GPU, or the barrier
+//! pushed into it over NVLink), a kernel reading 4 KiB or 16 B from the next GPU, or the barrier
 //! kernel (alone, or with (d)'s rendezvous: remote atomics over NVLink); (d) with its copies
 //! cut to `COPY_CAP` bytes after one full run, then also uncoupled and without flag waits), in the
 //! JSON's `diagnostics` and the section "Where the overhead over (c) goes"; and for every
@@ -332,10 +332,10 @@ enum GraphExtra {
     /// The same, pushing into the next GPU's workspace over NVLink (the copy engine writes
     /// remote memory instead of reading it).
     PeerPush,
-    /// A kernel node before stage 0 (programmatic edge) whose SMs read 4 KiB from the next
-    /// GPU over NVLink (the reduction kernel with one peer source): NVLink traffic without the
-    /// copy engine.
-    PeerRead,
+    /// A kernel node before stage 0 (programmatic edge) whose SMs read this many bytes (a
+    /// multiple of 16, at most `COPY_CAP`) from the next GPU over NVLink (the reduction kernel
+    /// with one peer source): NVLink traffic without the copy engine.
+    PeerRead(usize),
     /// A barrier kernel node before stage 0 (programmatic edge), alone: no peers, nothing to
     /// wait for.
     Barrier,
@@ -380,7 +380,7 @@ impl<T: NcclElement> PlanRun<T> {
             extra,
             GraphExtra::PeerCopy
                 | GraphExtra::PeerPush
-                | GraphExtra::PeerRead
+                | GraphExtra::PeerRead(_)
                 | GraphExtra::PeerBarrier
         );
         if remote {
@@ -449,10 +449,10 @@ impl<T: NcclElement> PlanRun<T> {
                 .map_err(err)?;
                 previous = Some(node);
             }
-            if extra == GraphExtra::PeerRead {
-                // One block of the reduction kernel summing a single source: 4 KiB of the next
-                // GPU's B, read by this GPU's SMs, into the workspace.
-                let elements = (COPY_CAP / size_of::<T>()) as u32;
+            if let GraphExtra::PeerRead(bytes) = extra {
+                // One block of the reduction kernel summing a single source: `bytes` of the
+                // next GPU's B, read by this GPU's SMs, into the workspace.
+                let elements = (bytes.min(COPY_CAP) / size_of::<T>()) as u32;
                 let mut params = ReduceParams {
                     dst: ws[d],
                     rows: 1,
@@ -755,7 +755,7 @@ const fn cut(no_rendezvous: bool, no_flag_waits: bool) -> Variant {
 /// out one more part of (d), so the steps between (c), them and (d) say what each part costs.
 /// Copies are cut after one full run, so the GEMMs still multiply real data (zeros would
 /// draw less power and run faster).
-const DIAGNOSTICS: [(&str, Variant); 10] = [
+const DIAGNOSTICS: [(&str, Variant); 11] = [
     ("(c) as graphs", Variant::NocommGraphs(GraphExtra::Nothing)),
     (
         "(c) as graphs + copy node",
@@ -771,7 +771,11 @@ const DIAGNOSTICS: [(&str, Variant); 10] = [
     ),
     (
         "(c) as graphs + peer read kernel",
-        Variant::NocommGraphs(GraphExtra::PeerRead),
+        Variant::NocommGraphs(GraphExtra::PeerRead(COPY_CAP)),
+    ),
+    (
+        "(c) as graphs + peer read kernel, 16 B",
+        Variant::NocommGraphs(GraphExtra::PeerRead(16)),
     ),
     (
         "(c) as graphs + barrier node",
