@@ -109,6 +109,61 @@ impl EnergyMeter {
     }
 }
 
+/// `NVML_FI_DEV_NVLINK_GET_POWER_STATE`: a link's power state, 0 = high speed, 1 = low speed
+/// (a link idle for the low-power threshold, `nvidia-smi nvlink -gLowPwrInfo`, drops to low
+/// speed).
+const NVML_FI_DEV_NVLINK_GET_POWER_STATE: c_uint = 167;
+/// `NVML_NVLINK_MAX_LINKS`: the field queries below ask for links `0..MAX_LINKS`.
+const NVML_NVLINK_MAX_LINKS: usize = 18;
+
+/// `nvmlFieldValue_t` (nvml.h): a field's id and scope (the link) in, its value out.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct NvmlFieldValue {
+    field_id: c_uint,
+    scope_id: c_uint,
+    timestamp: i64,
+    latency_usec: i64,
+    value_type: c_int,
+    nvml_return: c_int,
+    /// `nvmlValue_t`, a union of 8 bytes; the power state is its `unsigned int`.
+    value: u64,
+}
+
+impl EnergyMeter {
+    /// How many of the GPU's NVLinks are in the high-speed power state now, out of how many
+    /// report one.
+    pub fn nvlinks_at_high_speed(&self) -> Result<(u32, u32), String> {
+        let mut fields = [NvmlFieldValue::default(); NVML_NVLINK_MAX_LINKS];
+        for (link, f) in fields.iter_mut().enumerate() {
+            f.field_id = NVML_FI_DEV_NVLINK_GET_POWER_STATE;
+            f.scope_id = link as c_uint;
+        }
+        // SAFETY: `nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t, int, nvmlFieldValue_t*)`
+        // over `fields`, whose layout is nvml.h's; the handle is valid while `self` lives.
+        unsafe {
+            let get: Symbol<unsafe extern "C" fn(NvmlDevice, c_int, *mut NvmlFieldValue) -> c_int> =
+                self.lib
+                    .get(b"nvmlDeviceGetFieldValues")
+                    .map_err(|e| e.to_string())?;
+            check(
+                "nvmlDeviceGetFieldValues",
+                get(self.device, fields.len() as c_int, fields.as_mut_ptr()),
+            )?;
+        }
+        let reported = fields.iter().filter(|f| f.nvml_return == NVML_SUCCESS);
+        let (mut high, mut total) = (0, 0);
+        for f in reported {
+            total += 1;
+            // The unsigned int of the union: its low 4 bytes (little-endian).
+            if f.value as u32 == 0 {
+                high += 1;
+            }
+        }
+        Ok((high, total))
+    }
+}
+
 /// A GPU's mean SM clock and board power over a sampled stretch of time.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct ClockPower {
