@@ -40,20 +40,6 @@ pub unsafe fn load_2d_multicast(dst: u32, map: u64, col: i32, row: i32, bar: u32
     };
 }
 
-/// `cp.async.bulk.prefetch.tensor.2d.L2.global.tile`: asks for the box at `(col, row)` to be
-/// brought into L2, without copying it anywhere or signalling completion; a later [`load_2d`]
-/// of the box then finds it there. A hint: it never faults and changes no data.
-#[inline(always)]
-pub unsafe fn prefetch_2d(map: u64, col: i32, row: i32) {
-    unsafe {
-        asm!(
-            "cp.async.bulk.prefetch.tensor.2d.L2.global.tile [{m}, {{{c}, {r}}}];",
-            m = in(reg64) map, c = in(reg32) col, r = in(reg32) row,
-            options(nostack),
-        )
-    };
-}
-
 /// `cp.async.bulk.tensor.2d.global.shared::cta.bulk_group`: stores the box at `(col, row)` from
 /// shared memory at `src`. Writers of `src` must have executed
 /// [`crate::device::fence::proxy_async_shared`] and synchronised first.

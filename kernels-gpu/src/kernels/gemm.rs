@@ -18,8 +18,7 @@
 //!   while the producer already streams the next tile's operands: chunks of 64 rows × 64 (or
 //!   32) columns staged in shared memory with `stmatrix` and written by TMA stores (with
 //!   `beta != 0`, each chunk's C arrives in its staging buffer by a TMA load issued one chunk
-//!   ahead, a tile's first before its main loop, when the others are prefetched into L2), or,
-//!   when N is not a multiple of 8,
+//!   ahead, a tile's first before its main loop), or, when N is not a multiple of 8,
 //!   bounds-checked stores straight from registers.
 //! - **clusters** (`cluster_m == 2`): the two blocks of a cluster compute vertically adjacent
 //!   tiles of the same n-tile. Each loads its own A tile and half of the shared B tile, which
@@ -537,12 +536,6 @@ unsafe fn consume<T: InputType, C: Config>(p: &GemmParams, ring: Ring, tiles: Ti
             // tile's last chunk but one reads: once it has, the load overlaps the main loop.
             tma::wait_group_read::<1>();
             unsafe { load_c_chunk(p, ring, half, chunks_staged, row, col, 0) };
-            // The later chunks into L2 meanwhile: the epilogue loads each one only a chunk
-            // ahead, too late to hide a load from DRAM or a peer.
-            for i in 1..C::TILE.chunks_per_tile() {
-                let (dr, dc) = C::TILE.chunk_offset(i);
-                unsafe { tma::prefetch_2d(p.map_c, (col + dc) as i32, (row + dr) as i32) };
-            }
         }
         let mut previous = 0;
         for kb in 0..k_blocks {
