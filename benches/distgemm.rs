@@ -15,13 +15,15 @@
 //! | (e) | NCCL collective + cuBLASLt GEMM in sequence on every GPU (all-gather of A for `ag-a*`, of B for `ag-b*`, GEMM then reduce-scatter of row blocks for `rs-*`) | all TP GPUs |
 //! | (f) | PyTorch async TP: `torch.ops.symm_mem.fused_all_gather_matmul` (gathers A) for the all-gather families, `fused_matmul_reduce_scatter` (scatters rows) for the reduce-scatter ones, from `peers/torch_async_tp.py` (`--settle-ms` = `SETTLE_MS`: it settles like our blocks) | all TP GPUs, separate processes |
 //!
-//! With `--diagnose`, also for the pipelined all-gather schedules, in the same rounds: the
+//! With `--diagnose`, also for the pipelined schedules, in the same rounds: for all-gather the
 //! `DIAGNOSTICS`, variants of (c) and (d) that leave parts out ((c) as one CUDA graph per
 //! device, alone or with one more node: a 4 KiB copy (local, pulled from the next GPU or
 //! pushed into it over NVLink), a kernel reading 4 KiB or 16 B from the next GPU, or the barrier
 //! kernel (alone, or with (d)'s rendezvous: remote atomics over NVLink); (d) with its copies
-//! cut to `COPY_CAP` bytes after one full run, then also uncoupled and without flag waits), in the
-//! JSON's `diagnostics` and the section "Where the overhead over (c) goes"; and for every
+//! cut to `COPY_CAP` bytes after one full run, then also uncoupled and without flag waits); for
+//! the pipelined reduce-scatter schedules the `SCATTER_DIAGNOSTICS` ((d) reading the
+//! neighbour's partial from its own device); in the JSON's `diagnostics` and the section
+//! "Where the overhead over (c) goes"; and for every
 //! family, each contender's mean SM clock and board power per device over its blocks' timed
 //! part (NVML, sampled every `POWER_SAMPLE_PERIOD` by a thread from `POWER_SKIP` after the
 //! block starts until it ends; the power is NVML's one-second average), in the JSON's
@@ -718,7 +720,8 @@ struct FamilyTimings {
     distgemm: HashMap<ScheduleKind, Result<Timing, String>>,
     /// (e): the family's NCCL collective + cuBLASLt ([`nccl_kind_of`]).
     nccl_cublas: Result<Timing, String>,
-    /// All-gather families: the [`DIAGNOSTICS`] of the pipelined schedule.
+    /// With `--diagnose`: the [`DIAGNOSTICS`] (all-gather families) or the
+    /// [`SCATTER_DIAGNOSTICS`] (reduce-scatter families) of the pipelined schedule.
     diagnostics: Vec<(&'static str, Result<Timing, String>)>,
     /// With `--diagnose`: every contender's mean SM clock and board power per device over its
     /// blocks, by name.
@@ -748,8 +751,22 @@ const fn cut(no_rendezvous: bool, no_flag_waits: bool) -> Variant {
         copy_limit: Some(COPY_CAP),
         no_rendezvous,
         no_flag_waits,
+        local_c: false,
     })
 }
+
+/// Variants timed beside the pipelined reduce-scatter schedules: (d) whose epilogues read the
+/// neighbour's partial from their own device instead of over NVLink (the flags kept), after
+/// one full run.
+const SCATTER_DIAGNOSTICS: [(&str, Variant); 1] = [(
+    "(d) C read locally",
+    Variant::Dist(TimingDiagnostics {
+        copy_limit: None,
+        no_rendezvous: false,
+        no_flag_waits: false,
+        local_c: true,
+    }),
+)];
 
 /// Variants timed beside the pipelined all-gather schedules, in the same rounds: each leaves
 /// out one more part of (d), so the steps between (c), them and (d) say what each part costs.
@@ -817,21 +834,22 @@ fn family_timings<T: NcclElement>(
         ));
     }
     prepared.push(nccl_block::<T>(ctx, nccl_kind_of(family), problem, tp));
-    // With --diagnose, the all-gather families (whose copies can be cut) time their
-    // pipelined schedule's DIAGNOSTICS too.
-    let gathers = ctx.opts.diagnose && family.collective() == Collective::AllGather;
-    if gathers {
-        for (_, variant) in &DIAGNOSTICS {
-            prepared.push(match variant {
-                Variant::NocommGraphs(extra) => {
-                    plan_gemms_block::<T>(ctx, piped, problem, tp, Some(*extra))
-                        .map(|(block, timing, _)| (block, timing))
-                }
-                Variant::Dist(diagnostics) => {
-                    distgemm_block::<T>(ctx, piped, problem, tp, *diagnostics)
-                }
-            });
-        }
+    // With --diagnose, the family's diagnostic variants of its pipelined schedule too.
+    let variants: &[(&str, Variant)] = match (ctx.opts.diagnose, family.collective()) {
+        (false, _) => &[],
+        (true, Collective::AllGather) => &DIAGNOSTICS,
+        (true, Collective::ReduceScatter) => &SCATTER_DIAGNOSTICS,
+    };
+    for (_, variant) in variants {
+        prepared.push(match variant {
+            Variant::NocommGraphs(extra) => {
+                plan_gemms_block::<T>(ctx, piped, problem, tp, Some(*extra))
+                    .map(|(block, timing, _)| (block, timing))
+            }
+            Variant::Dist(diagnostics) => {
+                distgemm_block::<T>(ctx, piped, problem, tp, *diagnostics)
+            }
+        });
     }
     // With --diagnose, what clock and power every contender's blocks ran at.
     let bus_ids: Vec<String> = ctx.gpus[..tp]
@@ -875,9 +893,7 @@ fn family_timings<T: NcclElement>(
         format!("(d) {}", single.cli_name()),
         "(e)".to_owned(),
     ];
-    if gathers {
-        names.extend(DIAGNOSTICS.iter().map(|(name, _)| (*name).to_owned()));
-    }
+    names.extend(variants.iter().map(|(name, _)| (*name).to_owned()));
     let power = if ctx.opts.diagnose {
         names
             .into_iter()
@@ -907,14 +923,7 @@ fn family_timings<T: NcclElement>(
         pipelined_nocomm: c,
         distgemm,
         nccl_cublas: next(),
-        diagnostics: if gathers {
-            DIAGNOSTICS
-                .iter()
-                .map(|(name, _)| (*name, next()))
-                .collect()
-        } else {
-            Vec::new()
-        },
+        diagnostics: variants.iter().map(|(name, _)| (*name, next())).collect(),
         power,
     }
 }
@@ -1146,7 +1155,7 @@ fn table<T: NcclElement>(
     if !split.is_empty() {
         println!("\n{split}");
         md.push_str(&format!(
-            "\n## Where the overhead over (c) goes (pipelined all-gather; copies cut to {COPY_CAP} B; per-device medians in brackets)\n\n{split}"
+            "\n## Where the overhead over (c) goes (pipelined schedules; all-gather copies cut to {COPY_CAP} B; per-device medians in brackets)\n\n{split}"
         ));
     }
     let power = power_split(&records);

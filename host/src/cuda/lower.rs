@@ -88,6 +88,10 @@ pub struct TimingDiagnostics {
     pub no_rendezvous: bool,
     /// Stage GEMMs skip their flag waits.
     pub no_flag_waits: bool,
+    /// Stage GEMMs whose C is a peer's partial (the pipelined reduce-scatter) read it from the
+    /// same place in their own device's buffer instead: the epilogue's reads over NVLink left
+    /// out, the flags kept.
+    pub local_c: bool,
 }
 
 /// One graph node, fully resolved to addresses.
@@ -303,7 +307,19 @@ pub fn lower_device(
                     value: if sends(&f.flag) { f.value } else { 0 },
                 },
                 Node::Gemm(g) => {
-                    let c = g.epilogue.source.view().map(|v| r.view(v)).transpose()?;
+                    let c = g
+                        .epilogue
+                        .source
+                        .view()
+                        .map(|v| {
+                            let v = if options.diagnostics.local_c {
+                                View { device, ..*v }
+                            } else {
+                                *v
+                            };
+                            r.view(&v)
+                        })
+                        .transpose()?;
                     let args = GemmArgs {
                         dtype: plan.problem.dtype,
                         a: r.view(&g.a)?,
@@ -600,6 +616,23 @@ mod tests {
             addr[1].exclusive + plan.exclusive.flag_offset(1) as u64
         );
         assert_eq!(g.edges[1].kind, DependencyKind::Programmatic);
+    }
+
+    #[test]
+    fn local_c_diagnostic_reads_the_same_slot_on_the_own_device() {
+        let (plan, addr, _) = lowered(ScheduleKind::ReduceScatterTilingA, 2, 1);
+        let mut opts = options();
+        opts.diagnostics.local_c = true;
+        let g = lower_device(&plan, 1, &addr, &opts).unwrap_or_else(|e| panic!("{e}"));
+        let LoweredNode::Gemm { args, hook, .. } = &g.nodes[2] else {
+            panic!("node 2 is not a gemm")
+        };
+        // Device 1's own workspace where the plan reads device 0's; flags unchanged.
+        assert_eq!(args.c.map(|c| c.ptr), Some(addr[1].workspace));
+        assert_eq!(
+            hook.wait_flag,
+            addr[1].exclusive + plan.exclusive.flag_offset(1) as u64
+        );
     }
 
     #[test]
