@@ -19,7 +19,8 @@
 //! rate grows with the loads in flight); the copy engine pulling 256 KiB every 50 µs, and
 //! pulling 64 MiB back to back.
 //!
-//! Usage: `nvlink_states [--ms N]`; needs two GPUs with peer access. Writes
+//! Usage: `nvlink_states [--ms N]`; needs two GPUs with peer access (with one it says so and
+//! exits 0). Writes
 //! `nvlink-states-<date>-<commit>.md` under `DISTGEMM_BENCH_RESULTS` (or `benches/results`).
 use distgemm::cuda::{REDUCE_SMEM_BYTES, REDUCE_THREADS, ReduceParams};
 use distgemm::runtime::{
@@ -237,7 +238,12 @@ fn run() -> Res<()> {
     }
     let gpus = hopper_gpus().map_err(err)?;
     if gpus.len() < 2 {
-        return Err(format!("needs two GPUs, found {}", gpus.len()));
+        // Like the other benches on a machine that lacks what a column needs: say so, pass.
+        println!(
+            "nvlink_states: skipped, it needs two GPUs and found {}",
+            gpus.len()
+        );
+        return Ok(());
     }
     let (g0, g1) = (&gpus[0], &gpus[1]);
     enable_peer_access_between(g0, g1).map_err(err)?;

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The whole GPU check-and-bench matrix of a bundle in one call (what a lease should spend its
 # device time on): every test binary, then the GEMM benchmark (stage shapes with every tile
-# configuration, then every shape), the distributed benchmark table (a)-(f) and the token
-# sweep, with `nvidia-smi dmon` (power, clocks) logged alongside. Results (JSON + markdown)
+# configuration, then every shape), the distributed benchmark table (a)-(f), the token
+# sweep and the NVLink power-state probe, with `nvidia-smi dmon` (power, clocks) logged
+# alongside. Results (JSON + markdown)
 # and logs go to RESULTS_DIR (default: $OUT if set, else ./results). Each step has its own
 # time limit, so one stuck step cannot eat the lease; the short table of every step is
 # printed at the end.
@@ -11,7 +12,8 @@
 # only a few files).
 #
 # With --steps LIST (comma-separated: tests, gemm-variants, gemm-all, distgemm,
-# distgemm-sweep) only those steps run, e.g. to split the matrix over two calls.
+# distgemm-sweep, nvlink-states) only those steps run, e.g. to split the matrix over two
+# calls.
 #
 # Usage: ./run-gpu-matrix.sh [--tp N] [--skip-tests] [--steps LIST] [--quick] [--pack] [RESULTS_DIR]
 set -uo pipefail
@@ -19,7 +21,7 @@ set -uo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 tp=""
 skip_tests=0
-steps="tests,gemm-variants,gemm-all,distgemm,distgemm-sweep"
+steps="tests,gemm-variants,gemm-all,distgemm,distgemm-sweep,nvlink-states"
 pack=0
 quick=()
 dir=""
@@ -30,7 +32,7 @@ while [ $# -gt 0 ]; do
     --steps) shift; steps="${1:?--steps needs a list}" ;;
     --quick) quick=(--quick) ;;
     --pack) pack=1 ;;
-    -h|--help) sed -n '2,16p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,18p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) echo "run-gpu-matrix.sh: unknown option $1" >&2; exit 2 ;;
     *) dir="$1" ;;
   esac
@@ -70,6 +72,7 @@ step gemm-variants 150 "$HERE/benches/gemm" --quick --variants --reps 20
 step gemm-all 300 "$HERE/benches/gemm" --reps 20 "${quick[@]+"${quick[@]}"}"
 step distgemm 480 "$HERE/benches/distgemm" ${tp:+--tp "$tp"} "${quick[@]+"${quick[@]}"}"
 step distgemm-sweep 120 "$HERE/benches/distgemm" ${tp:+--tp "$tp"} --sweep --no-torch
+step nvlink-states 60 "$HERE/benches/nvlink_states"
 
 [ -n "$dmon_pid" ] && kill "$dmon_pid" 2>/dev/null
 echo
