@@ -499,7 +499,7 @@ fn check_edges(what: &str, dist: &DistGemm) {
                 .find(|g| (g.from, g.to) == (e.from, e.to))
                 .unwrap_or_else(|| panic!("{what}: device {rank}: edge {e:?} missing"));
             match e.kind {
-                EdgeKind::Programmatic => {
+                EdgeKind::Programmatic | EdgeKind::ProgrammaticDeferred => {
                     assert_eq!(got.kind, DependencyKind::Programmatic, "{what}: {e:?}");
                     assert_eq!((got.from_port, got.to_port), (1, 0), "{what}: {e:?}");
                 }

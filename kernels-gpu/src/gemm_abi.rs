@@ -289,9 +289,17 @@ const _: () = {
     }
 };
 
+/// [`StageHook::flags`] bit: execute the PDL `griddepcontrol.wait` at the end of the kernel
+/// (thread 0 of every block, before it exits) instead of before the main loop. Only for a
+/// stage that reads, writes, signals and awaits nothing its programmatic predecessor guards —
+/// the first stage of a pipelined all-gather after the start-of-run barrier: it computes
+/// while the barrier waits for the peers, and its completion still implies the barrier's, so
+/// later stages, which wait for it, remain ordered after the barrier's flag resets.
+pub const HOOK_DEFER_GRID_WAIT: u32 = 1;
+
 /// The distributed prologue hook: what a stage kernel does before its main loop, beyond the
-/// PDL `griddepcontrol.wait` it always executes. All-zero means "nothing", and costs one
-/// predictable branch.
+/// PDL `griddepcontrol.wait` it executes there (unless [`HOOK_DEFER_GRID_WAIT`] moves it to
+/// the end). All-zero means "nothing", and costs one predictable branch.
 ///
 /// Order (thread 0 of each block): if `signal_flag != 0` and this is block 0, release-store
 /// `signal_value` to it at system scope (after a system-scope fence, so everything the previous
@@ -316,7 +324,8 @@ pub struct StageHook {
     pub wait_value: u32,
     /// Value stored to `*error_word` on timeout.
     pub error_code: u32,
-    pub reserved: u32,
+    /// Bit set of `HOOK_*` options.
+    pub flags: u32,
 }
 
 /// The GEMM kernels' single by-value parameter.

@@ -23,7 +23,7 @@
 use std::time::Duration;
 
 use kernels_gpu::collective_abi::{BarrierParams, MAX_PEERS, REDUCE_VECTOR, ReduceParams};
-use kernels_gpu::gemm_abi::StageHook;
+use kernels_gpu::gemm_abi::{HOOK_DEFER_GRID_WAIT, StageHook};
 
 use super::error::{DistGemmError, TimeoutSite, WaitingNode, encode_timeout};
 use crate::gemm::{GemmArgs, MatrixView};
@@ -265,7 +265,8 @@ pub fn lower_device(
     let nodes = dev
         .nodes
         .iter()
-        .map(|node| -> Result<LoweredNode, DistGemmError> {
+        .enumerate()
+        .map(|(index, node)| -> Result<LoweredNode, DistGemmError> {
             Ok(match node {
                 Node::Barrier(b) => {
                     let reset: Vec<u64> = b
@@ -349,7 +350,14 @@ pub fn lower_device(
                             stage: g.stage,
                             flag: g.waits,
                         }),
-                        reserved: 0,
+                        flags: if dev
+                            .predecessors(index)
+                            .any(|(_, kind)| kind == EdgeKind::ProgrammaticDeferred)
+                        {
+                            HOOK_DEFER_GRID_WAIT
+                        } else {
+                            0
+                        },
                     };
                     LoweredNode::Gemm {
                         stage: g.stage,
@@ -445,7 +453,9 @@ pub fn lower_device(
         .map(|e| {
             let kind = match e.kind {
                 EdgeKind::Full => DependencyKind::Default,
-                EdgeKind::Programmatic => DependencyKind::Programmatic,
+                EdgeKind::Programmatic | EdgeKind::ProgrammaticDeferred => {
+                    DependencyKind::Programmatic
+                }
             };
             let endpoints_are_kernels = nodes.get(e.from).is_some_and(LoweredNode::is_kernel)
                 && nodes.get(e.to).is_some_and(LoweredNode::is_kernel);
@@ -529,7 +539,7 @@ mod tests {
                         assert_eq!((e.from, e.to), (pe.from, pe.to));
                         assert_eq!(
                             e.kind == DependencyKind::Programmatic,
-                            pe.kind == EdgeKind::Programmatic
+                            pe.kind.is_programmatic()
                         );
                     }
                 }
@@ -597,6 +607,13 @@ mod tests {
         );
         // Stage 1 computes row block 1 of D (mb = 64 rows of nb = 64 columns).
         assert_eq!(args.d.ptr, addr[0].d + 2 * 64 * 64);
+        // It waits for stage 0 before its main loop; stage 0 waits for the barrier at its end.
+        assert_eq!(hook.flags, 0);
+        let LoweredNode::Gemm { hook: first, .. } = &g.nodes[3] else {
+            panic!("node 3 is not a gemm")
+        };
+        assert_eq!(first.flags, HOOK_DEFER_GRID_WAIT);
+        assert_eq!((first.wait_flag, first.signal_flag), (0, 0));
     }
 
     #[test]
@@ -616,6 +633,11 @@ mod tests {
             addr[1].exclusive + plan.exclusive.flag_offset(1) as u64
         );
         assert_eq!(g.edges[1].kind, DependencyKind::Programmatic);
+        // Stage 0 writes the slot the right neighbour reads: it waits for the barrier first.
+        let LoweredNode::Gemm { hook: first, .. } = &g.nodes[1] else {
+            panic!("node 1 is not a gemm")
+        };
+        assert_eq!(first.flags, 0);
     }
 
     #[test]

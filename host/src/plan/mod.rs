@@ -5,7 +5,9 @@
 //!
 //! ```text
 //! pipelined all-gather:   Barrier ─full→ Copy1 → Flag1 → Copy2 → Flag2 … Copy(P−1) → Flag(P−1)
-//!                            └─pdl→ Gemm0 ─pdl→ Gemm1 ─pdl→ … Gemm(P−1)   (Gemm t>0 waits flag t)
+//!                            └─pdl*→ Gemm0 ─pdl→ Gemm1 ─pdl→ … Gemm(P−1)  (Gemm t>0 waits flag t)
+//!                            (pdl*: Gemm0 waits for the barrier at its end, see
+//!                            `EdgeKind::ProgrammaticDeferred`)
 //! pipelined reduce-scatter: Barrier ─pdl→ Gemm0 ─pdl→ … Gemm(P−1)
 //!                            (Gemm t>0 signals right's flag t, then waits own flag t)
 //! single-stage all-gather:  Barrier ─full→ Copy(d) → Copy(d+1) … → Copy(d−1) ─full→ Gemm
@@ -21,7 +23,9 @@
 //! *acquire* (`ld.acquire.sys`); the barrier's arrivals are release RMWs and its poll an
 //! acquire load, and its flag reset is ordered before its arrival. Hence a GEMM that observes
 //! flag t set also observes the copy (all-gather) or the left neighbour's partial
-//! (reduce-scatter) that was complete before the flag was stored. Across runs, nobody writes
+//! (reduce-scatter) that was complete before the flag was stored; and it cannot see the flag
+//! still set by the previous run, since it runs after a stage whose completion implies the
+//! barrier's (and with it the flag reset). Across runs, nobody writes
 //! into a buffer a peer may still read until that peer has arrived at the next barrier, i.e.
 //! finished the previous run.
 
@@ -297,12 +301,14 @@ fn wire(kind: ScheduleKind, problem: &Problem, tp: usize, program: DeviceProgram
     }
 
     // The kernel chain: PDL edges, except that a single-stage all-gather's GEMM needs the
-    // whole gathered operand, so it follows the copy chain with a full edge.
-    let gated_by_copies = !kind.is_pipelined() && kind.collective() == Collective::AllGather;
-    let (mut tail, mut edge) = if gated_by_copies {
-        (copy_tail, EdgeKind::Full)
-    } else {
-        (0, EdgeKind::Programmatic)
+    // whole gathered operand, so it follows the copy chain with a full edge, and that a
+    // pipelined all-gather's first stage (local A, B and D, no flags: nothing the barrier
+    // guards) waits for the barrier only at its end, so a late peer delays only the copies.
+    let all_gather = kind.collective() == Collective::AllGather;
+    let (mut tail, mut edge) = match (all_gather, kind.is_pipelined()) {
+        (true, false) => (copy_tail, EdgeKind::Full),
+        (true, true) => (0, EdgeKind::ProgrammaticDeferred),
+        (false, _) => (0, EdgeKind::Programmatic),
     };
     for gemm in program.gemms {
         tail = push(&mut nodes, Node::Gemm(gemm), tail, edge);

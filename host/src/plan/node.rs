@@ -135,6 +135,23 @@ pub enum EdgeKind {
     /// `griddepcontrol.wait` blocks until the predecessor has completed and flushed. Since every
     /// kernel of a plan waits before touching memory, the CPU executor treats it like `Full`.
     Programmatic,
+    /// Programmatic dependent launch whose successor waits for the predecessor only at its
+    /// end: it reads, writes, signals and awaits nothing the predecessor guards (the first
+    /// stage of a pipelined all-gather after the start-of-run barrier), so it computes while
+    /// the predecessor runs, and its completion still implies the predecessor's. The CPU
+    /// executor treats it like `Full`.
+    ProgrammaticDeferred,
+}
+
+impl EdgeKind {
+    /// Whether the edge is a programmatic (PDL) graph edge.
+    #[must_use]
+    pub fn is_programmatic(self) -> bool {
+        matches!(
+            self,
+            EdgeKind::Programmatic | EdgeKind::ProgrammaticDeferred
+        )
+    }
 }
 
 /// `nodes[from] → nodes[to]`, both indices into the same device's node list.

@@ -134,6 +134,9 @@ impl Plan {
                 let style = match e.kind {
                     super::EdgeKind::Full => "solid",
                     super::EdgeKind::Programmatic => "dashed, label=\"pdl\"",
+                    super::EdgeKind::ProgrammaticDeferred => {
+                        "dashed, label=\"pdl, waits at its end\""
+                    }
                 };
                 let _ = writeln!(out, "    d{d}n{} -> d{d}n{} [style={style}];", e.from, e.to);
             }

@@ -24,8 +24,9 @@
 //!   tiles of the same n-tile. Each loads its own A tile and half of the shared B tile, which
 //!   TMA multicasts into both blocks; a slot is free only when the consumers of *both* blocks
 //!   have released it, so consumers arrive on the `empty` barrier of every block in the cluster.
-//! - **prologue hook**: every thread executes `griddepcontrol.wait` (PDL) after the barrier set-up;
-//!   thread 0 then signals/waits on cross-GPU flags as [`StageHook`] says. The producer issues
+//! - **prologue hook**: every thread executes `griddepcontrol.wait` (PDL) after the barrier set-up
+//!   (unless [`HOOK_DEFER_GRID_WAIT`] moves it to the end, for thread 0); thread 0 then
+//!   signals/waits on cross-GPU flags as [`StageHook`] says. The producer issues
 //!   `griddepcontrol.launch_dependents` after its last load.
 use crate::device::flags::{self, WaitOutcome};
 use crate::device::mbarrier::{MBarrier, PipelineState};
@@ -642,9 +643,16 @@ unsafe fn gemm<T: InputType, C: Config>(p: &GemmParams) {
         fence::mbarrier_init();
     }
     // Everything above touched only this block's shared memory; from here on we read
-    // what earlier grids wrote (and may write what they read).
-    gdc::wait_for_prerequisites();
+    // what earlier grids wrote (and may write what they read) — unless the host says this
+    // stage touches nothing its predecessor guards, which it then waits for at the end.
+    let defer_grid_wait = p.hook.flags & HOOK_DEFER_GRID_WAIT != 0;
+    if !defer_grid_wait {
+        gdc::wait_for_prerequisites();
+    }
     if !unsafe { prologue_hook(&p.hook, ring) } {
+        if defer_grid_wait && tid == 0 {
+            gdc::wait_for_prerequisites();
+        }
         return;
     }
     let tiles = Tiles::new(p, C::TILE);
@@ -661,6 +669,11 @@ unsafe fn gemm<T: InputType, C: Config>(p: &GemmParams) {
         // Neither block may exit while its partner can still multicast into its shared memory
         // or arrive on its barriers.
         cluster::cluster_sync();
+    }
+    if defer_grid_wait && tid == 0 {
+        // The grid completes only after the predecessor has: whoever waits for this grid
+        // (the next stage) is ordered after the predecessor too.
+        gdc::wait_for_prerequisites();
     }
 }
 
