@@ -649,26 +649,22 @@ unsafe fn gemm<T: InputType, C: Config>(p: &GemmParams) {
     if !defer_grid_wait {
         gdc::wait_for_prerequisites();
     }
-    if !unsafe { prologue_hook(&p.hook, ring) } {
-        if defer_grid_wait && tid == 0 {
-            gdc::wait_for_prerequisites();
+    if unsafe { prologue_hook(&p.hook, ring) } {
+        let tiles = Tiles::new(p, C::TILE);
+        if index::warpgroup_idx() == 0 {
+            regs::decrease_to::<40>();
+            if tid == 0 {
+                unsafe { produce(p, ring, tiles) };
+            }
+        } else {
+            regs::increase_to::<232>();
+            unsafe { consume::<T, C>(p, ring, tiles, index::warpgroup_idx_uniform() - 1) };
         }
-        return;
-    }
-    let tiles = Tiles::new(p, C::TILE);
-    if index::warpgroup_idx() == 0 {
-        regs::decrease_to::<40>();
-        if tid == 0 {
-            unsafe { produce(p, ring, tiles) };
+        if C::TILE.cluster_m > 1 {
+            // Neither block may exit while its partner can still multicast into its shared
+            // memory or arrive on its barriers.
+            cluster::cluster_sync();
         }
-    } else {
-        regs::increase_to::<232>();
-        unsafe { consume::<T, C>(p, ring, tiles, index::warpgroup_idx_uniform() - 1) };
-    }
-    if C::TILE.cluster_m > 1 {
-        // Neither block may exit while its partner can still multicast into its shared memory
-        // or arrive on its barriers.
-        cluster::cluster_sync();
     }
     if defer_grid_wait && tid == 0 {
         // The grid completes only after the predecessor has: whoever waits for this grid
