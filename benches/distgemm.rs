@@ -13,7 +13,7 @@
 //! | (c) | the P stage GEMMs of the family's pipelined plan, back to back with PDL, no communication, our kernel, every device's on its own GPU | all TP GPUs |
 //! | (d) | distgemm itself (`host/src/cuda` `DistGemm`, graphs built once): one `run()` per repetition, `wait()` checked afterwards | all TP GPUs |
 //! | (e) | NCCL collective + cuBLASLt GEMM in sequence on every GPU (all-gather of A for `ag-a*`, of B for `ag-b*`, GEMM then reduce-scatter of row blocks for `rs-*`) | all TP GPUs |
-//! | (f) | PyTorch async TP: `torch.ops.symm_mem.fused_all_gather_matmul` (gathers A) for the all-gather families, `fused_matmul_reduce_scatter` (scatters rows) for the reduce-scatter ones, from `peers/torch_async_tp.py` (`--settle-ms` = `SETTLE_MS`: it settles like our blocks) | all TP GPUs, separate processes |
+//! | (f) | PyTorch async TP: `torch.ops.symm_mem.fused_all_gather_matmul` (gathers A) for the all-gather families, `fused_matmul_reduce_scatter` (scatters rows) for the reduce-scatter ones, from `peers/torch_async_tp.py` (`--settle-ms` = `SETTLE_MS` and `--rounds` = `ROUNDS`: it settles and interleaves like our blocks, the fused op in turns with PyTorch's own local matmul) | all TP GPUs, separate processes |
 //!
 //! With `--diagnose`, also for the pipelined schedules, in the same rounds: for all-gather the
 //! `DIAGNOSTICS`, variants of (c) and (d) that leave parts out ((c) as one CUDA graph per
@@ -126,7 +126,9 @@ fn run_torch(o: &Options, presets: &[Preset], tokens: &[usize], tp: usize) -> To
         .arg("--dtype")
         .arg(o.dtype.name())
         .arg("--reps")
-        .arg(o.reps.unwrap_or(20).to_string())
+        .arg(o.reps.unwrap_or(30).to_string())
+        .arg("--rounds")
+        .arg(ROUNDS.to_string())
         .arg("--settle-ms")
         .arg(SETTLE_MS.to_string())
         .env("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
@@ -1134,7 +1136,8 @@ fn table<T: NcclElement>(
          `distgemm_per_rep_max_ms` in the JSON, and PyTorch's `ms_per_call_max`). Every timed block \
          starts with ≥ {SETTLE_MS:.0} ms of untimed work (a GPU that idled runs at boost clock \
          at first); a family's (b), (c), (d) and (e) are timed together in interleaved rounds \
-         on all TP GPUs; PyTorch settles the same way (--settle-ms {SETTLE_MS:.0}).\n\n",
+         on all TP GPUs; PyTorch settles and interleaves the same way (--settle-ms {SETTLE_MS:.0} \
+         --rounds {ROUNDS}: its fused op and its local matmul take turns).\n\n",
         prov.gpu,
         prov.driver,
         prov.date,

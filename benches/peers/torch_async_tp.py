@@ -9,10 +9,17 @@ token count and collective it measures, with CUDA events on the current stream o
     fused_all_gather_matmul     torch.ops.symm_mem.fused_all_gather_matmul(A, [B], 0, group)
     nccl_all_gather+matmul      dist.all_gather_into_tensor(A_full, A) ; torch.mm(A_full, B)
     matmul_ag_local             torch.mm(A_full, B) alone (M x N/P x K, no communication)
+    matmul_ag_split             the same in P row chunks, back to back (the fused op's GEMMs)
+    matmul_ag_split+peer_pull   the chunks plus a 4 KiB copy from the next GPU per call
   reduce-scatter family (fc2-style: A K-sharded M x K/P, W K-sharded N x K/P, B = W^T):
     fused_matmul_reduce_scatter torch.ops.symm_mem.fused_matmul_reduce_scatter(A, B, "sum", 0, group)
     matmul+nccl_reduce_scatter  torch.mm(A, B) ; dist.reduce_scatter_tensor(out, partial)
     matmul_rs_local             torch.mm(A, B) alone (M x N x K/P, no communication)
+    matmul_rs_split             the same in P row chunks, back to back
+    matmul_rs_split+peer_pull   the chunks plus a 4 KiB copy from the next GPU per call
+The split ops (kinds "split" and "link", not run by default) say what the stage split and
+NVLink in use cost cuBLAS: any traffic keeps the links at high speed, whose power the SMs lose
+under the board's power cap (kernels-gpu/NOTES.md, steps 21-22).
 
 Each measurement: --warmup calls, then untimed calls until at least --settle-ms of GPU work
 has run (the GPUs are power-capped and run at boost clock for the first ~100-250 ms after
@@ -20,7 +27,10 @@ idling, so a block timed straight away reads fast; distgemm's bench settles ever
 same way): one call is timed on the wall clock between two synchronizes, and
 ceil(settle_ms / t) more calls follow, t being the fastest rank's time so that every rank makes
 the same number of calls (the collectives need that) and each at least --settle-ms of work;
-then --reps timed calls, each bracketed by CUDA events. The reported "ms" is the slowest
+then --reps timed calls, each bracketed by CUDA events. With --rounds R the ops of one
+preset and token count take turns: R blocks each (the order reversed every other round), each
+block settled as above and timing ceil(reps / R) calls, the samples pooled; ops timed in the
+same rounds see the same drift of clocks and power. The reported "ms" is the slowest
 rank's median call, as distgemm's bench reports every contender (distgemm::timing: ranks that
 meet in a collective every call make each other wait, so the per-call maximum counts a slow
 rank's excess twice); "ms_per_call_max" is the median of the per-call maxima, and
@@ -33,8 +43,8 @@ A first line {"op": "info", ...} gives the PyTorch / NCCL / GPU versions. Diagno
 stderr. Standard library + torch only.
 
 Usage: torch_async_tp.py [--presets a,b] [--tokens 16384[,8192,...]] [--tp N] [--dtype bf16]
-                         [--reps 20] [--warmup 3] [--settle-ms 250] [--collectives ag,rs]
-                         [--ops async,nccl,local]
+                         [--reps 20] [--rounds 1] [--warmup 3] [--settle-ms 250]
+                         [--collectives ag,rs] [--ops async,nccl,local[,split,link]]
 """
 
 import os
@@ -66,13 +76,20 @@ OPS = {
         "async": "fused_all_gather_matmul",
         "nccl": "nccl_all_gather+matmul",
         "local": "matmul_ag_local",
+        "split": "matmul_ag_split",
+        "link": "matmul_ag_split+peer_pull",
     },
     "rs": {
         "async": "fused_matmul_reduce_scatter",
         "nccl": "matmul+nccl_reduce_scatter",
         "local": "matmul_rs_local",
+        "split": "matmul_rs_split",
+        "link": "matmul_rs_split+peer_pull",
     },
 }
+
+# Bytes the "link" op pulls from the next GPU per call: enough to wake most NVLink links.
+PEER_PULL_BYTES = 4096
 
 
 def emit(record):
@@ -90,6 +107,9 @@ def parse_args(argv=None):
     p.add_argument("--tp", type=int, default=0, help="GPUs (default: all visible)")
     p.add_argument("--dtype", default="bf16", choices=["bf16", "f16"])
     p.add_argument("--reps", type=int, default=20)
+    p.add_argument(
+        "--rounds", type=int, default=1, help="interleaved blocks per op (reps split among them)"
+    )
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument(
         "--settle-ms",
@@ -111,11 +131,11 @@ def parse_args(argv=None):
     bad = [x for x in a.collectives if x not in OPS]
     if bad:
         p.error(f"unknown collective(s) {bad}; known: ag, rs")
-    bad = [x for x in a.ops if x not in ("async", "nccl", "local")]
+    bad = [x for x in a.ops if x not in OPS["ag"]]
     if bad:
-        p.error(f"unknown op kind(s) {bad}; known: async, nccl, local")
-    if a.reps < 1 or a.warmup < 0:
-        p.error("--reps must be >= 1 and --warmup >= 0")
+        p.error(f"unknown op kind(s) {bad}; known: {', '.join(OPS['ag'])}")
+    if a.reps < 1 or a.warmup < 0 or a.rounds < 1:
+        p.error("--reps and --rounds must be >= 1 and --warmup >= 0")
     if not math.isfinite(a.settle_ms) or a.settle_ms < 0:
         p.error("--settle-ms must be a finite number >= 0")
     return a
@@ -226,7 +246,7 @@ def worker(rank, args, port):
         for _ in range(math.ceil(args.settle_ms / max(t_ms.item(), 1e-6))):
             fn()
 
-    def timed(fn):
+    def timed(fn, reps):
         """Warm-up and settle, then per-call event times; returns every rank's times."""
         stream = torch.cuda.current_stream()
         for _ in range(args.warmup):
@@ -236,7 +256,7 @@ def worker(rank, args, port):
         dist.barrier()
         events = [
             (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-            for _ in range(args.reps)
+            for _ in range(reps)
         ]
         for start, end in events:
             start.record(stream)
@@ -248,6 +268,18 @@ def worker(rank, args, port):
         dist.all_gather(gathered, times)
         return [g.tolist() for g in gathered]
 
+    # A small tensor on the next GPU, which the "link" ops pull from (this process's own
+    # allocation there: the bytes, not their owner, wake the links).
+    peer_src = None
+    if "link" in args.ops and args.tp > 1:
+        peer = torch.device("cuda", (rank + 1) % args.tp)
+        peer_src = torch.randn(PEER_PULL_BYTES // 2, dtype=dtype, device=peer)
+        peer_dst = torch.empty_like(peer_src, device=device)
+
+    def pull_from_peer():
+        peer_dst.copy_(peer_src, non_blocking=True)
+
+    per_round = math.ceil(args.reps / args.rounds)
     for preset in args.presets:
         n, k = PRESETS[preset]
         for m in args.tokens:
@@ -280,54 +312,89 @@ def worker(rank, args, port):
                     big = torch.randn(big_shape, generator=gen, dtype=dtype, device=device)
                 else:
                     big = torch.empty(big_shape, dtype=dtype, device=device)
-                for kind in args.ops:
-                    op = OPS[coll][kind]
-                    try:
-                        fn = make_op(coll, kind, a, b, out, big, group, group_name)
+                extra = pull_from_peer if peer_src is not None else None
+                fns, samples, failed = {}, {}, {}
+                for rnd in range(args.rounds):
+                    for kind in args.ops if rnd % 2 == 0 else args.ops[::-1]:
+                        if kind in failed:
+                            continue
+                        op = OPS[coll][kind]
                         try:
-                            samples = timed(fn)
-                        except Exception as first:  # noqa: BLE001
-                            if kind != "async" or symm is None or not hasattr(symm, "empty"):
-                                raise
-                            # Some versions want the sharded input in symmetric memory.
-                            log(
-                                f"rank {rank}: {op} on a regular tensor failed "
-                                f"({type(first).__name__}: {first}); retrying with the "
-                                "input in symmetric memory"
-                            )
-                            a_symm = symm_alloc(a_shape)
-                            a_symm.copy_(a)
-                            fn = make_op(coll, kind, a_symm, b, out, big, group, group_name)
-                            samples = timed(fn)
-                        per_call_max = [max(call) for call in zip(*samples)]
-                        if lead:
-                            emit(
-                                {
-                                    **base,
-                                    "op": op,
-                                    "ms": max(median(r) for r in samples),
-                                    "ms_per_call_max": median(per_call_max),
-                                    "min_ms": min(per_call_max),
-                                    "max_ms": max(per_call_max),
-                                    "reps": len(per_call_max),
-                                }
-                            )
-                    except Exception as e:  # noqa: BLE001 - one failing op must not end the run
-                        log(f"rank {rank}: {op} {preset} M={m}: {traceback.format_exc()}")
-                        if lead:
-                            emit({**base, "op": op, "error": f"{type(e).__name__}: {e}"})
-                        torch.cuda.synchronize()
-                    # Keep the ranks in step between measurements.
-                    dist.barrier()
-                del a, w, b, out, big
+                            if kind not in fns:
+                                fns[kind] = make_op(
+                                    coll, kind, a, b, out, big, group, group_name, args.tp, extra
+                                )
+                            try:
+                                got = timed(fns[kind], per_round)
+                            except Exception as first:  # noqa: BLE001
+                                if kind != "async" or symm is None or not hasattr(symm, "empty"):
+                                    raise
+                                # Some versions want the sharded input in symmetric memory.
+                                log(
+                                    f"rank {rank}: {op} on a regular tensor failed "
+                                    f"({type(first).__name__}: {first}); retrying with the "
+                                    "input in symmetric memory"
+                                )
+                                a_symm = symm_alloc(a_shape)
+                                a_symm.copy_(a)
+                                fns[kind] = make_op(
+                                    coll, kind, a_symm, b, out, big, group, group_name, args.tp
+                                )
+                                got = timed(fns[kind], per_round)
+                            for r, times in enumerate(got):
+                                samples.setdefault(kind, [[] for _ in got])[r].extend(times)
+                        except Exception as e:  # noqa: BLE001 - one failing op must not end the run
+                            log(f"rank {rank}: {op} {preset} M={m}: {traceback.format_exc()}")
+                            failed[kind] = f"{type(e).__name__}: {e}"
+                            torch.cuda.synchronize()
+                        # Keep the ranks in step between measurements.
+                        dist.barrier()
+                if lead:
+                    for kind in args.ops:
+                        op = OPS[coll][kind]
+                        if kind in failed:
+                            emit({**base, "op": op, "error": failed[kind]})
+                            continue
+                        per_rank = samples[kind]
+                        per_call_max = [max(call) for call in zip(*per_rank)]
+                        emit(
+                            {
+                                **base,
+                                "op": op,
+                                "ms": max(median(r) for r in per_rank),
+                                "ms_per_call_max": median(per_call_max),
+                                "min_ms": min(per_call_max),
+                                "max_ms": max(per_call_max),
+                                "reps": len(per_call_max),
+                                "rounds": args.rounds,
+                            }
+                        )
+                del a, w, b, out, big, fns
                 torch.cuda.empty_cache()
     dist.barrier()
     dist.destroy_process_group()
 
 
-def make_op(coll, kind, a, b, out, big, group, group_name):
+def make_op(coll, kind, a, b, out, big, group, group_name, tp, extra=None):
+    """The call that op `kind` of collective `coll` times; `extra` (the "link" ops) runs first."""
     import torch
     import torch.distributed as dist
+
+    if kind in ("split", "link"):
+        if kind == "link" and extra is None:
+            raise ValueError("the peer pull needs TP >= 2")
+        # The local matmul of the family, its left operand and output cut into tp row chunks.
+        lhs, res = (big, out) if coll == "ag" else (a, big)
+        rows = lhs.shape[0] // tp
+        chunks = [(lhs[i * rows : (i + 1) * rows], res[i * rows : (i + 1) * rows]) for i in range(tp)]
+
+        def split():
+            if kind == "link":
+                extra()
+            for x, y in chunks:
+                torch.mm(x, b, out=y)
+
+        return split
 
     if coll == "ag":
         if kind == "async":
