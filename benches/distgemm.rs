@@ -13,7 +13,7 @@
 //! | (c) | the P stage GEMMs of the family's pipelined plan, back to back with PDL, no communication, our kernel, every device's on its own GPU | all TP GPUs |
 //! | (d) | distgemm itself (`host/src/cuda` `DistGemm`, graphs built once): one `run()` per repetition, `wait()` checked afterwards | all TP GPUs |
 //! | (e) | NCCL collective + cuBLASLt GEMM in sequence on every GPU (all-gather of A for `ag-a*`, of B for `ag-b*`, GEMM then reduce-scatter of row blocks for `rs-*`) | all TP GPUs |
-//! | (f) | PyTorch async TP: `torch.ops.symm_mem.fused_all_gather_matmul` (gathers A) for the all-gather families, `fused_matmul_reduce_scatter` (scatters rows) for the reduce-scatter ones, from `peers/torch_async_tp.py` (`--settle-ms` = `SETTLE_MS` and `--rounds` = `ROUNDS`: it settles and interleaves like our blocks, the fused op in turns with PyTorch's own local matmul) | all TP GPUs, separate processes |
+//! | (f) | PyTorch async TP: `torch.ops.symm_mem.fused_all_gather_matmul` (gathers A) for the all-gather families, `fused_matmul_reduce_scatter` (scatters rows) for the reduce-scatter ones, from `peers/torch_async_tp.py` (the same `--settle-ms`, and `--rounds` = `ROUNDS`: it settles and interleaves like our blocks, the fused op in turns with PyTorch's own local matmul) | all TP GPUs, separate processes |
 //!
 //! With `--diagnose`, also for the pipelined schedules, in the same rounds: for all-gather the
 //! `DIAGNOSTICS`, variants of (c) and (d) that leave parts out ((c) as one CUDA graph per
@@ -25,7 +25,7 @@
 //! neighbour's partial from its own device); in the JSON's `diagnostics` and the section
 //! "Where the overhead over (c) goes"; and for every
 //! family, each contender's mean SM clock and board power per device over its blocks' timed
-//! part (NVML, sampled every `POWER_SAMPLE_PERIOD` by a thread from `POWER_SKIP` after the
+//! part (NVML, sampled every `POWER_SAMPLE_PERIOD` by a thread from `power_skip` after the
 //! block starts until it ends; the power is NVML's one-second average), in the JSON's
 //! `power` and the section "SM clock and board power per contender": under the power cap,
 //! the same power at a lower clock means more energy per cycle, less power means idle time.
@@ -35,7 +35,7 @@
 //! (dense bf16 peak of H100/H200 SXM); speed-up = (e)/(d) and (f)/(d).
 //!
 //! Method: operands filled with N(0,1)-like values on the GPU (`fill_normal`); every timed
-//! block starts with ≥ 250 ms of untimed runs (`SETTLE_MS`; the estimate is from the FLOPs per
+//! block starts with ≥ 250 ms of untimed runs (`SETTLE_MS`, or `--settle-ms`; the estimate is from the FLOPs per
 //! GPU at `PLANNING_TFLOPS`: a power-capped GPU runs at boost clock for its first ~100-250 ms
 //! after idling, and a block timed then reads 2-4 % fast), then ≥ 20 timed repetitions
 //! bracketed by CUDA events (per device for the multi-GPU columns); the slowest device's median
@@ -50,8 +50,10 @@
 //!
 //! Usage (the bundle's runner passes a FILTER and `--bench`):
 //! `distgemm [FILTER] [--bench] [--tp N] [--tokens M] [--dtype bf16|f16] [--reps N] [--quick]
-//!  [--sweep] [--diagnose] [--no-torch] [--python PATH] [--torch-timeout S]`
+//!  [--sweep] [--diagnose] [--no-torch] [--python PATH] [--torch-timeout S] [--settle-ms MS]`
 //! - `--quick`: 70B presets only, 20 repetitions;
+//! - `--settle-ms MS`: untimed work at the start of every block (default `SETTLE_MS`), for
+//!   checking that the power limiter has settled;
 //! - `--sweep`: instead of the table, the token sweep M ∈ {256, …, 16384} for 70B fc1/fc2: all
 //!   eight schedules, judged in the preset's natural family (`ag-a` for fc1, `rs-a` for fc2):
 //!   its pipelined vs its single-stage schedule vs (e), where pipelining stops paying and
@@ -83,8 +85,8 @@ use distgemm::runtime::{
 use distgemm::schedule::{BufferKind, CSource, Collective, GemmStage, ScheduleKind, View};
 use distgemm::testdata::{RandomShard, fill_normal, random_shards};
 use distgemm_benches::distgemm_report::{
-    ContenderPower, Diagnostic, Options, Record, SETTLE_MS, SWEEP_TOKENS, Sched, SweepPoint,
-    TABLE_HEADER, TORCH_AG, TorchResults, USAGE, find_peer_script, missing_notes, ms, nccl_kind_of,
+    ContenderPower, Diagnostic, Options, Record, SWEEP_TOKENS, Sched, SweepPoint, TABLE_HEADER,
+    TORCH_AG, TorchResults, USAGE, find_peer_script, missing_notes, ms, nccl_kind_of,
     overhead_split, parse_args, pipelined_of, pipelining_threshold, power_split, presets, row_id,
     run_peer_command, single_stage_of, table_row, timing_for, torch_op_of, verdicts,
 };
@@ -130,7 +132,7 @@ fn run_torch(o: &Options, presets: &[Preset], tokens: &[usize], tp: usize) -> To
         .arg("--rounds")
         .arg(ROUNDS.to_string())
         .arg("--settle-ms")
-        .arg(SETTLE_MS.to_string())
+        .arg(o.settle_ms.to_string())
         .env("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
         .env("NCCL_NVLS_ENABLE", "0")
         .env("NVSHMEM_DISABLE_NVLS", "1")
@@ -711,7 +713,7 @@ fn one_block((mut block, timing): (Block<'_>, TimingConfig)) -> Result<Timing, S
 
 /// (b), (c), (d) and (e) of one schedule family, timed together on all TP GPUs in interleaved
 /// rounds (each round a block of a third of the repetitions, at least [`MIN_TIMED_REPS`],
-/// after `SETTLE_MS` of untimed launches): the ratios (b)/(d), (c)/(d) and (e)/(d) then
+/// after `--settle-ms` of untimed launches): the ratios (b)/(d), (c)/(d) and (e)/(d) then
 /// compare measurements taken under the same drift of clocks and power, not minutes apart.
 struct FamilyTimings {
     /// (b): the single-stage schedule's GEMM without communication, and its shape.
@@ -737,8 +739,10 @@ const COPY_CAP: usize = 4096;
 const POWER_SAMPLE_PERIOD: Duration = Duration::from_millis(10);
 
 /// How long after a block starts `--diagnose` begins sampling: past its settling launches
-/// (`SETTLE_MS` of estimated GPU time, enqueued at once), with a margin.
-const POWER_SKIP: Duration = Duration::from_millis(SETTLE_MS as u64 + 30);
+/// (`settle_ms` of estimated GPU time, enqueued at once), with a margin.
+fn power_skip(settle_ms: f64) -> Duration {
+    Duration::from_millis(settle_ms as u64 + 30)
+}
 
 /// A diagnostic variant of (c) or (d) (see [`DIAGNOSTICS`]).
 enum Variant {
@@ -860,7 +864,7 @@ fn family_timings<T: NcclElement>(
         .collect();
     // Per contender, every device's means so far; None once a sampler failed.
     let mut power = vec![Some(vec![ClockPower::default(); tp]); prepared.len()];
-    // Every block starts with ≥ SETTLE_MS of untimed launches (the warm-up of `timing_for`):
+    // Every block starts with ≥ --settle-ms of untimed launches (the warm-up of `timing_for`):
     // a (d) block timed straight after a GPU had idled caught it waking up (samples up to
     // 1.4× the median in a first interleaved run).
     let samples = interleaved(prepared.len(), ROUNDS, |c, _round| {
@@ -869,10 +873,13 @@ fn family_timings<T: NcclElement>(
             warmup: timing.warmup,
             reps: (timing.reps / ROUNDS).max(MIN_TIMED_REPS),
         };
-        let sampler = ctx
-            .opts
-            .diagnose
-            .then(|| PowerSampler::start(bus_ids.clone(), POWER_SAMPLE_PERIOD, POWER_SKIP));
+        let sampler = ctx.opts.diagnose.then(|| {
+            PowerSampler::start(
+                bus_ids.clone(),
+                POWER_SAMPLE_PERIOD,
+                power_skip(ctx.opts.settle_ms),
+            )
+        });
         let timed = block(round_timing).map(|t| t.per_device_ms);
         if let Some(sampler) = sampler {
             power[c] = power[c]
@@ -1134,9 +1141,9 @@ fn table<T: NcclElement>(
          that meet at a barrier every run make each other wait, so the median of each \
          repetition's slowest device counts a slow device's excess twice; that statistic is \
          `distgemm_per_rep_max_ms` in the JSON, and PyTorch's `ms_per_call_max`). Every timed block \
-         starts with ≥ {SETTLE_MS:.0} ms of untimed work (a GPU that idled runs at boost clock \
+         starts with ≥ {settle:.0} ms of untimed work (a GPU that idled runs at boost clock \
          at first); a family's (b), (c), (d) and (e) are timed together in interleaved rounds \
-         on all TP GPUs; PyTorch settles and interleaves the same way (--settle-ms {SETTLE_MS:.0} \
+         on all TP GPUs; PyTorch settles and interleaves the same way (--settle-ms {settle:.0} \
          --rounds {ROUNDS}: its fused op and its local matmul take turns).\n\n",
         prov.gpu,
         prov.driver,
@@ -1148,6 +1155,7 @@ fn table<T: NcclElement>(
             .info
             .as_ref()
             .map_or_else(|| "did not run".into(), |v| v.to_string()),
+        settle = ctx.opts.settle_ms,
     );
     md.push_str(TABLE_HEADER);
     for r in &records {
@@ -1192,13 +1200,14 @@ fn sweep<T: NcclElement>(ctx: &Ctx, tp: usize, prov: &Provenance) -> Result<(), 
     let mut md = format!(
         "# distgemm token sweep: where pipelining stops paying\n\n\
          Machine: {} × {tp}, {}. Date: {}. Commit: {}. {}, TP = {tp}. Times in ms (the slowest \
-         device's median; every timed block starts with ≥ {SETTLE_MS:.0} ms of untimed work). \
+         device's median; every timed block starts with ≥ {settle:.0} ms of untimed work). \
          (e) = NCCL collective + cuBLASLt in sequence.\n\n",
         prov.gpu,
         prov.driver,
         prov.date,
         prov.commit,
-        o.dtype.name()
+        o.dtype.name(),
+        settle = o.settle_ms,
     );
     for preset in [Preset::Llama3_70bFc1, Preset::Llama3_70bFc2] {
         if o.filter

@@ -136,6 +136,9 @@ pub struct Options {
     pub torch: bool,
     pub python: Option<String>,
     pub torch_timeout_s: u64,
+    /// Untimed work at the start of every timed block, ms (`--settle-ms`, default
+    /// [`SETTLE_MS`]).
+    pub settle_ms: f64,
 }
 
 impl Default for Options {
@@ -152,6 +155,7 @@ impl Default for Options {
             torch: true,
             python: None,
             torch_timeout_s: 300,
+            settle_ms: SETTLE_MS,
         }
     }
 }
@@ -207,6 +211,12 @@ pub fn parse_args(args: &[String]) -> Result<Options, String> {
             }
             "--python" => o.python = Some(value(&mut it, a)?),
             "--torch-timeout" => o.torch_timeout_s = number(&value(&mut it, a)?, a)?,
+            "--settle-ms" => {
+                o.settle_ms = number(&value(&mut it, a)?, a)?;
+                if !(o.settle_ms.is_finite() && o.settle_ms >= 0.0) {
+                    return Err(format!("--settle-ms {}: use a number ≥ 0", o.settle_ms));
+                }
+            }
             "-h" | "--help" => return Err(String::new()),
             s if s.starts_with('-') => return Err(format!("unknown option {s}")),
             s => {
@@ -221,7 +231,8 @@ pub fn parse_args(args: &[String]) -> Result<Options, String> {
 }
 
 pub const USAGE: &str = "usage: distgemm [FILTER] [--bench] [--tp N] [--tokens M] [--dtype bf16|f16] \
-[--reps N] [--quick] [--sweep] [--diagnose] [--no-torch] [--python PATH] [--torch-timeout SECONDS]";
+[--reps N] [--quick] [--sweep] [--diagnose] [--no-torch] [--python PATH] [--torch-timeout SECONDS] \
+[--settle-ms MS]";
 
 /// Presets of a run.
 pub fn presets(quick: bool) -> Vec<Preset> {
@@ -231,7 +242,7 @@ pub fn presets(quick: bool) -> Vec<Preset> {
         .collect()
 }
 
-/// Untimed work at the start of every timed block, in milliseconds. The GPUs are power-capped:
+/// Default untimed work at the start of every timed block, in milliseconds. The GPUs are power-capped:
 /// for the first ~100-250 ms after idling one runs at boost clock, so a short block timed
 /// right after idle reads 2-4 % fast.
 pub const SETTLE_MS: f64 = 250.0;
@@ -242,15 +253,15 @@ fn estimated_ms(flops_per_gpu: f64) -> f64 {
     (flops_per_gpu / (PLANNING_TFLOPS * 1e12) * 1e3).max(1e-3)
 }
 
-/// Untimed repetitions of `flops_per_gpu` that make at least [`SETTLE_MS`] of GPU work:
-/// ceil(`SETTLE_MS` / estimated ms).
-pub fn settle_warmup(flops_per_gpu: f64) -> usize {
-    (SETTLE_MS / estimated_ms(flops_per_gpu)).ceil() as usize
+/// Untimed repetitions of `flops_per_gpu` that make at least `settle_ms` of GPU work:
+/// ceil(`settle_ms` / estimated ms).
+pub fn settle_warmup(flops_per_gpu: f64, settle_ms: f64) -> usize {
+    (settle_ms / estimated_ms(flops_per_gpu)).ceil() as usize
 }
 
 /// Warm-up and repetitions for work of `flops_per_gpu`: about 1.5 s of timed work, between 20
 /// and 50 repetitions (20 with `--quick`), unless `--reps` says otherwise; the warm-up is
-/// max(2 or 5, [`settle_warmup`]), so every block starts with ≥ [`SETTLE_MS`] of untimed work.
+/// max(2 or 5, [`settle_warmup`]), so every block starts with ≥ `o.settle_ms` of untimed work.
 pub fn timing_for(flops_per_gpu: f64, o: &Options) -> TimingConfig {
     let est_ms = estimated_ms(flops_per_gpu);
     let reps = o.reps.unwrap_or(if o.quick {
@@ -260,7 +271,7 @@ pub fn timing_for(flops_per_gpu: f64, o: &Options) -> TimingConfig {
     });
     let warmup = if est_ms > 20.0 { 2 } else { 5 };
     TimingConfig {
-        warmup: warmup.max(settle_warmup(flops_per_gpu)),
+        warmup: warmup.max(settle_warmup(flops_per_gpu, o.settle_ms)),
         reps,
     }
 }
@@ -849,9 +860,21 @@ mod tests {
         assert!(o.quick && !o.sweep && o.torch);
         assert_eq!(o.tp, Some(2));
         assert_eq!(o.tokens, DEFAULT_TOKENS);
-        let o = parse_args(&args("--sweep --dtype f16 --reps 30 --no-torch")).unwrap();
+        assert_eq!(o.settle_ms, SETTLE_MS);
+        let o = parse_args(&args(
+            "--sweep --dtype f16 --reps 30 --no-torch --settle-ms 1000",
+        ))
+        .unwrap();
         assert!(o.sweep && !o.torch);
-        assert_eq!((o.dtype, o.reps), (Dtype::F16, Some(30)));
+        assert_eq!(
+            (o.dtype, o.reps, o.settle_ms),
+            (Dtype::F16, Some(30), 1000.0)
+        );
+        // A longer settle means more warm-up launches: 1 s of ~5.6 ms GEMMs (70B fc2, TP = 2).
+        let fc2 = 2.0 * 16384.0 * 8192.0 * 28672.0 / 2.0;
+        assert!(timing_for(fc2, &o).warmup > 3 * timing_for(fc2, &Options::default()).warmup);
+        assert!(parse_args(&args("--settle-ms -1")).is_err());
+        assert!(parse_args(&args("--settle-ms NaN")).is_err());
         assert!(parse_args(&args("--reps 5")).is_err());
         assert!(parse_args(&args("--tp 0")).is_err());
         assert!(parse_args(&args("--tokens")).is_err());
@@ -968,7 +991,7 @@ mod tests {
         assert!(t.warmup as f64 * est_ms >= SETTLE_MS);
         assert!((t.warmup - 1) as f64 * est_ms < SETTLE_MS);
         // Work estimated above 250 ms: the plain minimum of 2 warm-ups.
-        assert_eq!(settle_warmup(400e-3 * PLANNING_TFLOPS * 1e12), 1);
+        assert_eq!(settle_warmup(400e-3 * PLANNING_TFLOPS * 1e12, SETTLE_MS), 1);
         assert_eq!(timing_for(400e-3 * PLANNING_TFLOPS * 1e12, &o).warmup, 2);
         let quick = Options {
             quick: true,
