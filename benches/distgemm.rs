@@ -62,7 +62,9 @@
 //!   all-gather schedules (about twice as long);
 //! - FILTER keeps rows whose id `distgemm/<preset>/<schedule>` contains it.
 //!
-//! Writes `distgemm-<date>-<commit>.{json,md}` under `DISTGEMM_BENCH_RESULTS` or
+//! Writes `distgemm-<date>-<commit>[-<options>].{json,md}` (`results_stem`: a suffix for each
+//! option that changes the measurement, so runs with different options keep their own files)
+//! under `DISTGEMM_BENCH_RESULTS` or
 //! `benches/results/`. The PyTorch script is found in `DISTGEMM_PEERS_DIR`, else
 //! `<bench binary>/../peers/`, else `benches/peers/` of the source tree; the interpreter is
 //! `--python`, else `DISTGEMM_PYTHON`, else `python3`.
@@ -87,8 +89,9 @@ use distgemm::testdata::{RandomShard, fill_normal, random_shards};
 use distgemm_benches::distgemm_report::{
     ContenderPower, Diagnostic, Options, Record, SWEEP_TOKENS, Sched, SweepPoint, TABLE_HEADER,
     TORCH_AG, TorchResults, USAGE, find_peer_script, missing_notes, ms, nccl_kind_of,
-    overhead_split, parse_args, pipelined_of, pipelining_threshold, power_split, presets, row_id,
-    run_peer_command, single_stage_of, table_row, timing_for, torch_op_of, verdicts,
+    overhead_split, parse_args, pipelined_of, pipelining_threshold, power_split, presets,
+    results_stem, row_id, run_peer_command, single_stage_of, table_row, timing_for, torch_op_of,
+    verdicts,
 };
 use distgemm_benches::energy::{ClockPower, PowerSampler};
 use distgemm_benches::{
@@ -1180,7 +1183,7 @@ fn table<T: NcclElement>(
     if !notes.is_empty() {
         md.push_str(&format!("\n## Missing columns\n\n{notes}"));
     }
-    let stem = format!("distgemm-{}-{}", &prov.date[..10], prov.commit);
+    let stem = results_stem("distgemm", &prov.date, &prov.commit, &ctx.opts);
     let (jp, mp) = write_outputs(
         &stem,
         &(serde_json::to_string_pretty(&records)? + "\n"),
@@ -1347,7 +1350,7 @@ fn sweep<T: NcclElement>(ctx: &Ctx, tp: usize, prov: &Provenance) -> Result<(), 
             md.push_str(&line);
         }
     }
-    let stem = format!("distgemm-sweep-{}-{}", &prov.date[..10], prov.commit);
+    let stem = results_stem("distgemm-sweep", &prov.date, &prov.commit, o);
     let (jp, mp) = write_outputs(&stem, &(serde_json::to_string_pretty(&points)? + "\n"), &md)?;
     println!("wrote {} and {}", jp.display(), mp.display());
     Ok(())

@@ -234,6 +234,41 @@ pub const USAGE: &str = "usage: distgemm [FILTER] [--bench] [--tp N] [--tokens M
 [--reps N] [--quick] [--sweep] [--diagnose] [--no-torch] [--python PATH] [--torch-timeout SECONDS] \
 [--settle-ms MS]";
 
+/// File stem of a run's results: `<what>-<date>-<commit>`, then one suffix per option that
+/// changes what was measured (`-quick`, `-diagnose`, `-m<tokens>`, `-settle<ms>`, and the
+/// FILTER with every character other than letters, digits and `-` as `_`), so that runs of
+/// one commit with different options do not overwrite each other.
+pub fn results_stem(what: &str, date: &str, commit: &str, o: &Options) -> String {
+    let mut stem = format!("{what}-{}-{commit}", &date[..date.len().min(10)]);
+    if o.quick {
+        stem.push_str("-quick");
+    }
+    if o.diagnose {
+        stem.push_str("-diagnose");
+    }
+    if o.tokens != DEFAULT_TOKENS && !o.sweep {
+        stem.push_str(&format!("-m{}", o.tokens));
+    }
+    if o.settle_ms != SETTLE_MS {
+        stem.push_str(&format!("-settle{}", o.settle_ms));
+    }
+    if let Some(f) = &o.filter {
+        let f: String = f
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '-' {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        stem.push('-');
+        stem.push_str(&f);
+    }
+    stem
+}
+
 /// Presets of a run.
 pub fn presets(quick: bool) -> Vec<Preset> {
     Preset::ALL
@@ -880,6 +915,37 @@ mod tests {
         assert!(parse_args(&args("--tokens")).is_err());
         assert!(parse_args(&args("--frobnicate")).is_err());
         assert!(parse_args(&args("a b")).is_err());
+    }
+
+    #[test]
+    fn results_stems_name_the_options_that_change_the_measurement() {
+        let stem = |a: &str| {
+            results_stem(
+                "distgemm",
+                "2026-11-30T16:10:42Z",
+                "abc1234",
+                &parse_args(&args(a)).unwrap(),
+            )
+        };
+        assert_eq!(stem(""), "distgemm-2026-11-30-abc1234");
+        // The runner's --bench and options that only change how it runs leave the name alone.
+        assert_eq!(
+            stem("--bench --no-torch --reps 60"),
+            "distgemm-2026-11-30-abc1234"
+        );
+        assert_eq!(
+            stem("--quick --diagnose --tokens 4096 --settle-ms 1000 llama3-70b-fc2/ag-"),
+            "distgemm-2026-11-30-abc1234-quick-diagnose-m4096-settle1000-llama3-70b-fc2_ag-"
+        );
+        assert_eq!(
+            results_stem(
+                "distgemm-sweep",
+                "2026-11-30",
+                "abc1234",
+                &parse_args(&args("--sweep --tokens 512")).unwrap()
+            ),
+            "distgemm-sweep-2026-11-30-abc1234"
+        );
     }
 
     #[test]
