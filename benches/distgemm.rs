@@ -35,9 +35,10 @@
 //! (dense bf16 peak of H100/H200 SXM); speed-up = (e)/(d) and (f)/(d).
 //!
 //! Method: operands filled with N(0,1)-like values on the GPU (`fill_normal`); every timed
-//! block starts with ≥ 250 ms of untimed runs (`SETTLE_MS`, or `--settle-ms`; the estimate is from the FLOPs per
-//! GPU at `PLANNING_TFLOPS`: a power-capped GPU runs at boost clock for its first ~100-250 ms
-//! after idling, and a block timed then reads 2-4 % fast), then ≥ 20 timed repetitions
+//! block starts with ≥ 1 s of untimed runs (`SETTLE_MS`, or `--settle-ms`; the estimate is
+//! from the FLOPs per GPU at `PLANNING_TFLOPS`: the GPUs are power-capped, and a block timed
+//! before the limiter has converged on its load reads fast after idle and depends on what ran
+//! before it), then ≥ 20 timed repetitions
 //! bracketed by CUDA events (per device for the multi-GPU columns); the slowest device's median
 //! repetition is reported (`distgemm::timing` explains why not the median of each
 //! repetition's slowest device, which the JSON keeps for (d) as `distgemm_per_rep_max_ms`).

@@ -22,9 +22,9 @@ NVLink in use cost cuBLAS: any traffic keeps the links at high speed, whose powe
 under the board's power cap (kernels-gpu/NOTES.md, steps 21-22).
 
 Each measurement: --warmup calls, then untimed calls until at least --settle-ms of GPU work
-has run (the GPUs are power-capped and run at boost clock for the first ~100-250 ms after
-idling, so a block timed straight away reads fast; distgemm's bench settles every block the
-same way): one call is timed on the wall clock between two synchronizes, and
+has run (the GPUs are power-capped and the limiter takes up to a second to converge on a new
+load, so a block timed straight away reads fast; distgemm's bench settles every block the
+same way and passes its own --settle-ms): one call is timed on the wall clock between two synchronizes, and
 ceil(settle_ms / t) more calls follow, t being the fastest rank's time so that every rank makes
 the same number of calls (the collectives need that) and each at least --settle-ms of work;
 then --reps timed calls, each bracketed by CUDA events. With --rounds R the ops of one
@@ -43,7 +43,7 @@ A first line {"op": "info", ...} gives the PyTorch / NCCL / GPU versions. Diagno
 stderr. Standard library + torch only.
 
 Usage: torch_async_tp.py [--presets a,b] [--tokens 16384[,8192,...]] [--tp N] [--dtype bf16]
-                         [--reps 20] [--rounds 1] [--warmup 3] [--settle-ms 250]
+                         [--reps 20] [--rounds 1] [--warmup 3] [--settle-ms 1000]
                          [--collectives ag,rs] [--ops async,nccl,local[,split,link]]
 """
 
@@ -114,7 +114,7 @@ def parse_args(argv=None):
     p.add_argument(
         "--settle-ms",
         type=float,
-        default=250.0,
+        default=1000.0,
         help="untimed GPU work after the warm-up, before the timed calls (0: none)",
     )
     p.add_argument("--collectives", default="ag,rs")

@@ -12,8 +12,8 @@
 # only a few files).
 #
 # With --steps LIST (comma-separated: tests, gemm-variants, gemm-all, distgemm,
-# distgemm-sweep, nvlink-states) only those steps run, e.g. to split the matrix over two
-# calls.
+# distgemm-sweep, nvlink-states) only those steps run, e.g. to split the matrix over several
+# calls: the distgemm table alone takes ~8 minutes (1 s of settling per block).
 #
 # Usage: ./run-gpu-matrix.sh [--tp N] [--skip-tests] [--steps LIST] [--quick] [--pack] [RESULTS_DIR]
 set -uo pipefail
@@ -70,8 +70,8 @@ fi
 
 step gemm-variants 150 "$HERE/benches/gemm" --quick --variants --reps 20
 step gemm-all 300 "$HERE/benches/gemm" --reps 20 "${quick[@]+"${quick[@]}"}"
-step distgemm 480 "$HERE/benches/distgemm" ${tp:+--tp "$tp"} "${quick[@]+"${quick[@]}"}"
-step distgemm-sweep 120 "$HERE/benches/distgemm" ${tp:+--tp "$tp"} --sweep --no-torch
+step distgemm 590 "$HERE/benches/distgemm" ${tp:+--tp "$tp"} "${quick[@]+"${quick[@]}"}"
+step distgemm-sweep 300 "$HERE/benches/distgemm" ${tp:+--tp "$tp"} --sweep --no-torch
 step nvlink-states 60 "$HERE/benches/nvlink_states"
 
 [ -n "$dmon_pid" ] && kill "$dmon_pid" 2>/dev/null
