@@ -68,32 +68,27 @@ pub struct MachineModel {
 impl MachineModel {
     /// H200 (machine.md): 650 TFLOP/s stage GEMMs, 390 GB/s peer copies, 132 SMs; HBM at
     /// 3.5 TB/s (a device-to-device copy moves 4.25 TB/s, machine.md; a GEMM's operand reads
-    /// are less regular); a 30 µs "tiny" threshold (an estimate). Hand-offs fitted to four
-    /// 2×H200 token sweeps, distgemm-sweep-2026-11-30-{47abde6,afb4f73,7447fa8,d42e5b6} (70B
-    /// fc1 ag-a and 70B fc2 rs-a at 256–16384 tokens; kernels-gpu/NOTES.md step 20), as the
-    /// values whose choices are within 3 % of the fastest option at every point of all four
-    /// (worst 2.6 %):
-    /// - all-gather stage 30 µs;
-    /// - single-stage 45 µs: more than an all-gather stage, because the whole wait is exposed
-    ///   (the copy starts after the barrier, ends, its flag is set, and only then does the
-    ///   GEMM start), where a later stage's flag was set long before and only the kernel
-    ///   boundary is left;
-    /// - reduce-scatter stage 150 µs: a stage also waits for the neighbour's previous stage
-    ///   and reads its partial over NVLink; any value between the partial copy time at 4096
-    ///   tokens (86 µs) and at 8192 (172 µs) separates rs-a-single (faster at 2048 and 4096
-    ///   tokens in all four sweeps, by 0.5–16 %) from rs-a (faster at 8192 in all four).
-    ///
-    /// The choice at 512 tokens of 70B fc1 rests on a few µs of a 0.4 ms estimate: there the
-    /// two schedules swapped places between sweeps (single-stage 0.7–2.5 % faster in three,
-    /// pipelined 3.6 % in the fourth), and the rule pipelines, the smaller worst case.
+    /// are less regular); a 30 µs "tiny" threshold (an estimate). Hand-offs fitted to the 2×H200
+    /// token sweep distgemm-sweep-2026-11-30-3b382b1 (70B fc1 ag-a and 70B fc2 rs-a at
+    /// 256–16384 tokens, every block settled for 1 s; kernels-gpu/NOTES.md step 28), so that
+    /// the rule picks the faster of the two schedules wherever they differ by more than 1 %.
+    /// The earlier sweeps, settled for only 250 ms right after each schedule was built, read
+    /// the pipelined schedules up to 16 % slow (step 27) and are not used. What the fit says:
+    /// - a pipelined all-gather stage costs 10 µs more than the single-stage hand-off
+    ///   (30 µs against 20 µs): its second kernel boundary, another ragged last wave and an L2
+    ///   that the previous stage filled with other operands; at 512 tokens of 70B fc1 that
+    ///   makes single-stage faster (measured 0.397 against 0.419 ms) and at 1024 a tie;
+    /// - a reduce-scatter stage costs 25 µs more (45 µs): it also waits for the neighbour's
+    ///   previous stage and reads its partial over NVLink in the epilogue; pipelining then
+    ///   pays from 2048 tokens of 70B fc2 (a tie there, 4 % at 4096).
     pub const H200: MachineModel = MachineModel {
         gemm_flops: 650e12,
         hbm_bandwidth: 3.5e12,
         peer_bandwidth: 390e9,
         sm_count: 132,
         gather_stage_overhead: 30e-6,
-        scatter_stage_overhead: 150e-6,
-        single_stage_overhead: 45e-6,
+        scatter_stage_overhead: 45e-6,
+        single_stage_overhead: 20e-6,
         tiny_seconds: 30e-6,
     };
 
@@ -255,16 +250,16 @@ mod tests {
 
     #[test]
     fn follows_the_measured_token_sweep_of_the_all_gather_family() {
-        // 2×H200, 70B fc1, ag-a vs ag-a-single (distgemm-sweep-2026-11-30-{47abde6,afb4f73,
-        // 7447fa8,d42e5b6}.md): single-stage 16–25 % faster at 256 tokens; at 512 either within
-        // 3.7 % of the other (see `MachineModel::H200`); pipelined 1–10 % faster from 1024 on.
+        // 2×H200, 70B fc1, ag-a vs ag-a-single (distgemm-sweep-2026-11-30-3b382b1.md, ms):
+        // 0.265/0.223, 0.419/0.397, 0.766/0.761 (a tie), 1.453/1.521, 2.900/3.042,
+        // 5.812/5.897, 11.576/12.048.
         assert_follows(
             Preset::Llama3_70bFc1,
             ScheduleKind::AllGatherRotatingA,
             [
                 (256, false),
-                (512, true),
-                (1024, true),
+                (512, false),
+                (1024, false),
                 (2048, true),
                 (4096, true),
                 (8192, true),
@@ -275,9 +270,9 @@ mod tests {
 
     #[test]
     fn follows_the_measured_token_sweeps_of_the_reduce_scatter_family() {
-        // 2×H200, 70B fc2, rs-a vs rs-a-single (distgemm-sweep-2026-11-30-{47abde6,afb4f73,
-        // 7447fa8,d42e5b6}.md): single-stage faster up to 4096 tokens in all four but at
-        // 1024 in d42e5b6 (0.7 % slower), pipelined at 8192 in all four and at 16384 in three.
+        // 2×H200, 70B fc2, rs-a vs rs-a-single (distgemm-sweep-2026-11-30-3b382b1.md, ms):
+        // 0.194/0.120, 0.217/0.206, 0.392/0.388 (a tie), 0.748/0.752 (a tie), 1.484/1.547,
+        // 2.936/3.084, 6.023/6.217.
         assert_follows(
             Preset::Llama3_70bFc2,
             ScheduleKind::ReduceScatterTilingA,
@@ -285,8 +280,8 @@ mod tests {
                 (256, false),
                 (512, false),
                 (1024, false),
-                (2048, false),
-                (4096, false),
+                (2048, true),
+                (4096, true),
                 (8192, true),
                 (16384, true),
             ],
