@@ -24,8 +24,8 @@ under the board's power cap (kernels-gpu/NOTES.md, steps 21-22).
 Each measurement: --warmup calls, then untimed calls until at least --settle-ms of GPU work
 has run (the GPUs are power-capped and the limiter takes up to a second to converge on a new
 load, so a block timed straight away reads fast; distgemm's bench settles every block the
-same way and passes its own --settle-ms): one call is timed on the wall clock between two synchronizes, and
-ceil(settle_ms / t) more calls follow, t being the fastest rank's time so that every rank makes
+same way and passes its own --settle-ms): one call is timed on the wall clock between two
+synchronizes, and ceil(settle_ms / t) more calls follow, t being the fastest rank's time so that every rank makes
 the same number of calls (the collectives need that) and each at least --settle-ms of work;
 then --reps timed calls, each bracketed by CUDA events. With --rounds R the ops of one
 preset and token count take turns: R blocks each (the order reversed every other round), each
