@@ -60,7 +60,8 @@
 //!   its pipelined vs its single-stage schedule vs (e), where pipelining stops paying and
 //!   whether `Auto` follows; writes `distgemm-sweep-<date>-<commit>.{json,md}`.
 //! - `--diagnose`: the table with the diagnostic variants (below) beside the pipelined
-//!   all-gather schedules (about twice as long);
+//!   all-gather schedules (three times as many blocks: with 1 s of settling each, use
+//!   `--quick` or a FILTER to stay within a 10-minute call);
 //! - FILTER keeps rows whose id `distgemm/<preset>/<schedule>` contains it.
 //!
 //! Writes `distgemm-<date>-<commit>[-<options>].{json,md}` (`results_stem`: a suffix for each
