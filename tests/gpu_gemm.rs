@@ -252,9 +252,8 @@ const EDGE_CASES: &[Case] = &[
     },
     case("many tiles", 2048, 2048, 2048),
     // Several tiles per block with a k-block count (7) that no ring size divides: a block's
-    // tiles start at different ring slots, so the main loop runs its single k-blocks up to
-    // the ring's first slot, whole unrolled passes, and a short tail.
-    case("ring passes across tiles", 4096, 4096, 392),
+    // tiles start at different ring slots and parities.
+    case("ring position across tiles", 4096, 4096, 392),
     // More tiles than SMs with C read through the staging buffers: a block's later tiles
     // continue the buffers' phase parities (odd chunk counts per tile with 224-wide tiles).
     Case {

@@ -66,10 +66,6 @@ trait Config {
     );
 }
 
-/// The most ring slots a configuration may have: the unrolled pass over the ring in
-/// [`consume`] is written for up to this many.
-const MAX_STAGES: u32 = 6;
-
 /// Bytes between the A rows of consecutive 64-row slabs in a stage's A tile (128-byte rows).
 const SLAB_A_BYTES: u32 = SLAB_M * BLOCK_K * 2;
 
@@ -86,7 +82,6 @@ macro_rules! config {
             let t = $tile;
             assert!($slabs == t.slabs() && $regs == t.wg_cols() / 2 && $blocks == t.wg_cols() / 8);
             assert!($chunks * t.epilogue_cols() == t.wg_cols() && $pairs * 16 == t.epilogue_cols());
-            assert!(t.stages <= MAX_STAGES);
         };
         impl Config for $name {
             const TILE: TileConfig = $tile;
@@ -521,46 +516,6 @@ unsafe fn load_c_chunk(p: &GemmParams, ring: Ring, half: u32, g: u32, row: u32, 
     }
 }
 
-/// One k-block of a consumer warpgroup's main loop, in ring slot `stage` on the pass of parity
-/// `phase`: waits until the slot is full, issues one wgmma per slab and k16 step (the first
-/// of a tile's `first` k-block overwrites the accumulators instead of adding to them),
-/// commits them, waits until only this batch is in flight and hands the slot before `stage`
-/// back to the producer — unless this is the tile's first k-block: the previous tile's last
-/// slot went back after its drain.
-#[inline(always)]
-unsafe fn k_block<T: InputType, C: Config>(
-    acc: &mut C::Acc,
-    ring: Ring,
-    wg_row: u32,
-    wg_col: u32,
-    stage: u32,
-    phase: u32,
-    first: bool,
-) {
-    unsafe { ring.full(stage).wait_warp(phase) };
-    C::fence(acc);
-    wgmma::fence();
-    let a = descriptor::k_major_sw128(ring.a_tile(stage) + wg_row * BLOCK_K * 2);
-    let b = descriptor::k_major_sw128(ring.b_tile(stage) + wg_col * BLOCK_K * 2);
-    seq!(K in 0..4 {
-        unsafe {
-            C::mma::<T>(
-                acc,
-                descriptor::offset_in_atom(a, K * descriptor::K16_STEP_BYTES),
-                descriptor::offset_in_atom(b, K * descriptor::K16_STEP_BYTES),
-                if K == 0 { !first as u32 } else { 1 },
-            )
-        };
-    });
-    wgmma::commit_group();
-    wgmma::wait_group::<1>();
-    C::fence(acc);
-    if !first {
-        let stages = C::TILE.stages;
-        unsafe { release(ring, (stage + stages - 1) % stages) };
-    }
-}
-
 /// Consumer warpgroup `half` (0 or 1): main loop and epilogue for every tile of this block.
 #[inline(always)]
 unsafe fn consume<T: InputType, C: Config>(p: &GemmParams, ring: Ring, tiles: Tiles, half: u32) {
@@ -568,8 +523,7 @@ unsafe fn consume<T: InputType, C: Config>(p: &GemmParams, ring: Ring, tiles: Ti
     let staged = p.map_d != 0 && (p.beta == 0.0 || p.map_c != 0);
     // Chunks this warpgroup has staged so far (which buffer is next, and its use count).
     let mut chunks_staged = 0;
-    let stages = C::TILE.stages;
-    let mut slot = PipelineState::new(stages);
+    let mut slot = PipelineState::new(C::TILE.stages);
     let mut acc = C::new_acc();
     // This warpgroup's share of each tile, and where its operand rows start in a slot.
     let (wg_row, wg_col) = C::TILE.wg_origin(half);
@@ -584,62 +538,36 @@ unsafe fn consume<T: InputType, C: Config>(p: &GemmParams, ring: Ring, tiles: Ti
             tma::wait_group_read::<1>();
             unsafe { load_c_chunk(p, ring, half, chunks_staged, row, col, 0) };
         }
-        let mut kb = 0;
-        while kb < k_blocks {
-            if slot.stage == 0 && kb + stages <= k_blocks {
-                // A whole pass over the ring, unrolled: every slot number, and with it every
-                // barrier address and wgmma descriptor of the pass, is a constant (the
-                // remote barrier addresses hoist out of the loop), so a k-block costs its
-                // wait, its wgmmas and its hand-off, not the ring's bookkeeping.
-                let mut step = |s: u32| unsafe {
-                    k_block::<T, C>(
-                        &mut acc,
-                        ring,
-                        wg_row,
-                        wg_col,
-                        s,
-                        slot.phase,
-                        s == 0 && kb == 0,
-                    )
-                };
-                if C::TILE.slabs() == 1 {
-                    // `seq!` unrolls for certain (LLVM's unroller gives up on the wider
-                    // bodies); its bound is `MAX_STAGES`.
-                    seq!(S in 0..6 {
-                        if S < stages {
-                            step(S);
-                        }
-                    });
-                } else {
-                    // Three slabs' descriptors for every slot would not fit in registers
-                    // (the unrolled 192×192 pass spills): leave the unrolling to LLVM.
-                    for s in 0..stages {
-                        step(s);
-                    }
-                }
-                slot.phase ^= 1;
-                kb += stages;
-            } else {
-                // Up to the ring's first slot, or a tail shorter than a pass.
+        let mut previous = 0;
+        for kb in 0..k_blocks {
+            unsafe { ring.full(slot.stage).wait_warp(slot.phase) };
+            C::fence(&mut acc);
+            wgmma::fence();
+            let a = descriptor::k_major_sw128(ring.a_tile(slot.stage) + wg_row * BLOCK_K * 2);
+            let b = descriptor::k_major_sw128(ring.b_tile(slot.stage) + wg_col * BLOCK_K * 2);
+            seq!(K in 0..4 {
                 unsafe {
-                    k_block::<T, C>(
+                    C::mma::<T>(
                         &mut acc,
-                        ring,
-                        wg_row,
-                        wg_col,
-                        slot.stage,
-                        slot.phase,
-                        kb == 0,
+                        descriptor::offset_in_atom(a, K * descriptor::K16_STEP_BYTES),
+                        descriptor::offset_in_atom(b, K * descriptor::K16_STEP_BYTES),
+                        if K == 0 { (kb > 0) as u32 } else { 1 },
                     )
                 };
-                slot.advance();
-                kb += 1;
+            });
+            wgmma::commit_group();
+            wgmma::wait_group::<1>();
+            C::fence(&mut acc);
+            if kb > 0 {
+                unsafe { release(ring, previous) };
             }
+            previous = slot.stage;
+            slot.advance();
         }
         wgmma::wait_group::<0>();
         C::fence(&mut acc);
         if k_blocks > 0 {
-            unsafe { release(ring, (slot.stage + stages - 1) % stages) };
+            unsafe { release(ring, previous) };
         }
         if staged {
             unsafe { C::epilogue_staged::<T>(p, &acc, ring, half, row, col, chunks_staged) };
