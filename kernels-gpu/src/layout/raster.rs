@@ -29,7 +29,11 @@ pub const fn tile_coord(tile: u32, num_m: u32, num_n: u32, group_m: u32) -> (u32
     };
     let within = tile % per_band;
     let step = within / rows_in_band;
-    let n_tile = if band.is_multiple_of(2) { step } else { num_n - 1 - step };
+    let n_tile = if band.is_multiple_of(2) {
+        step
+    } else {
+        num_n - 1 - step
+    };
     (first_m + within % rows_in_band, n_tile)
 }
 
