@@ -1,8 +1,13 @@
 //! `cargo xtask build-ptx`: kernels-gpu → nvptx64 PTX, checked and patched, at
 //! `target/ptx/kernels_gpu.ptx`.
+//!
+//! The committed copy: `host/ptx/kernels_gpu.ptx` is what a crate that depends on distgemm
+//! embeds (it has no `target/ptx`; see `host/build.rs`). `build-ptx --update-committed` copies
+//! the fresh build there, and `check-ptx` fails when the committed copy no longer matches the
+//! kernels' source ([`committed_ptx_mismatch`]).
 
 use std::collections::BTreeSet;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use kernels_gpu::meta::{KERNELS, KernelInfo};
@@ -19,6 +24,11 @@ pub const TARGET: &str = "nvptx64-nvidia-cuda";
 /// The newest PTX ISA the GPU machines' driver JIT accepts.
 pub const MAX_PTX_ISA: (u32, u32) = (9, 0);
 pub const SM: &str = "sm_90a";
+/// The committed PTX, relative to the workspace root: embedded by `host/build.rs` when
+/// `target/ptx/kernels_gpu.ptx` does not exist (a dependent crate, a packaged crate).
+pub const COMMITTED_PTX_REL_PATH: &str = "host/ptx/kernels_gpu.ptx";
+/// The command that brings the committed PTX up to date (quoted in check-ptx's failure).
+pub const UPDATE_COMMITTED_CMD: &str = "cargo xtask build-ptx --update-committed";
 
 /// Builds, checks and patches the PTX; returns the path of the written file.
 pub fn build_ptx() -> Result<PathBuf> {
@@ -97,6 +107,114 @@ pub fn build_ptx() -> Result<PathBuf> {
         started.elapsed().as_secs_f64()
     );
     Ok(out)
+}
+
+/// `build-ptx --update-committed`: copies the freshly built PTX at `fresh` to
+/// [`COMMITTED_PTX_REL_PATH`] (rewritten only when it differs), for the maintainer to commit.
+pub fn update_committed(fresh: &Path) -> Result<()> {
+    let committed = util::workspace_root().join(COMMITTED_PTX_REL_PATH);
+    let text = util::read_to_string(fresh)?;
+    if std::fs::read_to_string(&committed).ok().as_deref() == Some(text.as_str()) {
+        println!(
+            "xtask build-ptx: {} is already up to date",
+            util::rel(&committed)
+        );
+        return Ok(());
+    }
+    if let Some(dir) = committed.parent() {
+        util::create_dir_all(dir)?;
+    }
+    util::write(&committed, &text)?;
+    println!(
+        "xtask build-ptx: updated {} ({}); commit it so that crates depending on distgemm get \
+         these kernels",
+        util::rel(&committed),
+        util::human_bytes(text.len() as u64)
+    );
+    Ok(())
+}
+
+/// Compares the committed PTX ([`COMMITTED_PTX_REL_PATH`] under `root`) with `fresh`, the PTX
+/// just built from the kernels' source. `None` when they agree or nothing is committed;
+/// otherwise a message naming the first differing line and the command that fixes it.
+///
+/// The comparison ignores the hashes in compiler-generated symbol names ([`without_symbol_hashes`]):
+/// `core`'s crate disambiguator in `_R…` names depends on where the toolchain's `rust-src`
+/// is installed, so two machines that build the same source may differ there and nowhere else.
+pub fn committed_ptx_mismatch(root: &Path, fresh: &str) -> Result<Option<String>> {
+    let path = root.join(COMMITTED_PTX_REL_PATH);
+    let committed = match std::fs::read_to_string(&path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => bail!("cannot read {}: {e}", path.display()),
+    };
+    let (ours, theirs) = (
+        without_symbol_hashes(fresh),
+        without_symbol_hashes(&committed),
+    );
+    if ours == theirs {
+        return Ok(None);
+    }
+    let line = ours
+        .lines()
+        .zip(theirs.lines())
+        .position(|(a, b)| a != b)
+        .unwrap_or_else(|| ours.lines().count().min(theirs.lines().count()))
+        + 1;
+    Ok(Some(format!(
+        "{COMMITTED_PTX_REL_PATH} (the PTX that crates depending on distgemm embed) differs from \
+         the PTX built from kernels-gpu ({}) from line {line} on: run `{UPDATE_COMMITTED_CMD}` \
+         and commit {COMMITTED_PTX_REL_PATH}",
+        util::PTX_REL_PATH
+    )))
+}
+
+/// `ptx` with the machine-dependent hashes in symbol names blanked: the crate disambiguator
+/// `Cs<base62>_` inside v0-mangled names (`_R…`) becomes `Cs_`, and the hash of an anonymous
+/// global `anon_$_<hex>_$_N` becomes `anon_$__$_N`. Everything else is kept byte for byte.
+pub fn without_symbol_hashes(ptx: &str) -> String {
+    const ANON: &str = "anon_$_";
+    let bytes = ptx.as_bytes();
+    let is_ident = |b: u8| b.is_ascii_alphanumeric() || b == b'_' || b == b'$';
+    let mut out = String::with_capacity(ptx.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let starts_ident = i == 0 || !is_ident(bytes[i - 1]);
+        if starts_ident && ptx[i..].starts_with("_R") {
+            let end = i + bytes[i..]
+                .iter()
+                .position(|&b| !is_ident(b))
+                .unwrap_or(bytes.len() - i);
+            let name = &ptx[i..end];
+            let mut rest = name;
+            while let Some(at) = rest.find("Cs") {
+                let after = &rest[at + 2..];
+                match after.find(|c: char| !c.is_ascii_alphanumeric()) {
+                    Some(len) if after.as_bytes()[len] == b'_' => {
+                        out.push_str(&rest[..at]);
+                        out.push_str("Cs_");
+                        rest = &after[len + 1..];
+                    }
+                    _ => {
+                        out.push_str(&rest[..at + 2]);
+                        rest = after;
+                    }
+                }
+            }
+            out.push_str(rest);
+            i = end;
+        } else if starts_ident && ptx[i..].starts_with(ANON) {
+            let after = &ptx[i + ANON.len()..];
+            let hex = after.bytes().take_while(u8::is_ascii_hexdigit).count();
+            out.push_str(ANON);
+            i += ANON.len() + hex;
+        } else {
+            let ch = ptx[i..].chars().next().unwrap_or_default();
+            out.push(ch);
+            i += ch.len_utf8().max(1);
+        }
+    }
+    out
 }
 
 /// Checks rustc's PTX (ISA version, target, entries against `meta::KERNELS`) and applies the
@@ -194,6 +312,46 @@ mod tests {
             err.0.contains("not found as `.entry`") && err.0.contains("gone"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn symbol_hashes_are_ignored_and_code_is_not() {
+        let a = ".func _RNvNtCs34ojFt4RIcT_4core9panicking9panic_fmt\n\
+                 .extern .shared .b8 anon_$_22926aad92799c81_$_0[];\nadd.s32 %r1, %r2, 1;\n";
+        let b = a
+            .replace("Cs34ojFt4RIcT_", "CsZZ9Yq_")
+            .replace("22926aad92799c81", "0123abcd");
+        assert_eq!(
+            without_symbol_hashes(a),
+            ".func _RNvNtCs_4core9panicking9panic_fmt\n\
+             .extern .shared .b8 anon_$__$_0[];\nadd.s32 %r1, %r2, 1;\n"
+        );
+        assert_eq!(without_symbol_hashes(a), without_symbol_hashes(&b));
+        let c = a.replace("%r2, 1;", "%r2, 2;");
+        assert_ne!(without_symbol_hashes(a), without_symbol_hashes(&c));
+        // Names that merely contain `Cs` or `_R` elsewhere are left alone.
+        let plain = "mov.u32 %rCs1, 0; // x_R y\n";
+        assert_eq!(without_symbol_hashes(plain), plain);
+    }
+
+    #[test]
+    fn committed_ptx_is_compared_when_present() {
+        let root = std::env::temp_dir().join(format!("xtask-committed-{}", std::process::id()));
+        let committed = root.join(COMMITTED_PTX_REL_PATH);
+        let _ = std::fs::remove_dir_all(&root);
+        assert_eq!(committed_ptx_mismatch(&root, PTX).expect("absent"), None);
+        std::fs::create_dir_all(committed.parent().expect("parent")).expect("mkdir");
+        std::fs::write(&committed, PTX).expect("write");
+        assert_eq!(committed_ptx_mismatch(&root, PTX).expect("same"), None);
+        let newer = PTX.replace("add()", "add2()");
+        let msg = committed_ptx_mismatch(&root, &newer)
+            .expect("read")
+            .expect("differs");
+        assert!(
+            msg.contains(UPDATE_COMMITTED_CMD) && msg.contains("line 10"),
+            "{msg}"
+        );
+        std::fs::remove_dir_all(&root).expect("cleanup");
     }
 
     #[test]

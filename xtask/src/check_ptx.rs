@@ -94,7 +94,8 @@ pub fn check_ptx(opts: &Options) -> Result<()> {
     );
 
     print_table(&report, &hgmma, KERNELS);
-    let failures = failures(&report, &ptx_text, &hgmma, KERNELS);
+    let mut failures = failures(&report, &ptx_text, &hgmma, KERNELS);
+    failures.extend(build_ptx::committed_ptx_mismatch(&root, &ptx_text)?);
     if failures.is_empty() {
         println!(
             "xtask check-ptx: OK ({} kernels, {})",

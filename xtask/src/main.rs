@@ -4,7 +4,8 @@
 //!   with launch bounds from `kernels_gpu::meta::KERNELS` patched in.
 //! - `check-ptx`: `ptxas -arch=sm_90a -v` (CUDA 13.0) + `cuobjdump --dump-sass`; per-kernel
 //!   resource table; fails on C7508/C7510/C7511/C7515/C7517, on stack/spills in
-//!   register-resident kernels and on wgmma kernels without `HGMMA`.
+//!   register-resident kernels, on wgmma kernels without `HGMMA`, and on a committed
+//!   `host/ptx/kernels_gpu.ptx` that differs from the fresh build (`build-ptx --update-committed`).
 //! - `bundle [--out DIR]`: PTX + host, test and bench binaries + `run-gpu-tests.sh` for a
 //!   machine with only a CUDA driver.
 
@@ -23,7 +24,10 @@ const USAGE: &str = "\
 usage: cargo xtask <task> [options]
 
 tasks:
-  build-ptx               compile kernels-gpu to PTX -> target/ptx/kernels_gpu.ptx
+  build-ptx [--update-committed]
+                          compile kernels-gpu to PTX -> target/ptx/kernels_gpu.ptx; with
+                          --update-committed also copy it to host/ptx/kernels_gpu.ptx (the
+                          PTX that crates depending on distgemm embed; commit it)
   check-ptx [--no-build]  build-ptx, then ptxas -v / cuobjdump gates (CUDA 13.0 tools from
                           PATH or PyPI wheels cached in target/cuda-tools)
   bundle [--out DIR]      release build + PTX + test/bench binaries + run-gpu-tests.sh
@@ -48,8 +52,18 @@ fn dispatch(args: &[String]) -> util::Result<()> {
     };
     match task.as_str() {
         "build-ptx" => {
-            no_more_args(rest)?;
-            build_ptx::build_ptx().map(|_| ())
+            let mut update_committed = false;
+            for a in rest {
+                match a.as_str() {
+                    "--update-committed" => update_committed = true,
+                    other => bail!("build-ptx: unknown argument `{other}`\n{USAGE}"),
+                }
+            }
+            let fresh = build_ptx::build_ptx()?;
+            if update_committed {
+                build_ptx::update_committed(&fresh)?;
+            }
+            Ok(())
         }
         "check-ptx" => {
             let mut no_build = false;
@@ -81,12 +95,5 @@ fn dispatch(args: &[String]) -> util::Result<()> {
             Ok(())
         }
         other => bail!("unknown task `{other}`\n{USAGE}"),
-    }
-}
-
-fn no_more_args(rest: &[String]) -> util::Result<()> {
-    match rest.first() {
-        Some(a) => bail!("unexpected argument `{a}`\n{USAGE}"),
-        None => Ok(()),
     }
 }
