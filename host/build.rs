@@ -1,15 +1,26 @@
-//! Embeds the kernels' PTX when `cargo xtask build-ptx` has written it.
+//! Embeds the kernels' PTX, so that the library and the `distgemm` binary carry their kernels.
 //!
-//! If `<workspace>/target/ptx/kernels_gpu.ptx` exists it is copied to `OUT_DIR` and the cfg
-//! `distgemm_embedded_ptx` is set, so `runtime::module` can `include_str!` it. Otherwise the
-//! binary is built without PTX and says so at run time (or reads `DISTGEMM_PTX`).
+//! Two sources, in this order:
+//! 1. `<workspace>/target/ptx/kernels_gpu.ptx`, written by `cargo xtask build-ptx` — looked for
+//!    only inside the distgemm workspace (next to `kernels-gpu/`), where it is the PTX of the
+//!    kernels' current source;
+//! 2. `host/ptx/kernels_gpu.ptx`, the committed copy (`cargo xtask build-ptx
+//!    --update-committed`; `cargo xtask check-ptx` fails when it no longer matches the
+//!    source) — what a crate that depends on distgemm by path, by git or from a registry gets.
 //!
-//! Re-running: Cargo re-runs a build script whenever a `rerun-if-changed` path is *missing*,
-//! so the directory `target/ptx` is created if absent and watched (Cargo scans a watched
-//! directory for modified files, which catches a later `build-ptx`); the file itself is
-//! watched only when it exists.
+//! The one found is copied to `OUT_DIR` and the cfg `distgemm_embedded_ptx` is set, so that
+//! `runtime::module` can `include_str!` it; with neither, the binary is built without PTX and
+//! says so at run time (or reads `DISTGEMM_PTX`).
+//!
+//! Re-running: Cargo re-runs a build script whenever a `rerun-if-changed` path is *missing*, so
+//! in the workspace the directory `target/ptx` is created if absent and watched (Cargo scans a
+//! watched directory for modified files, which catches a later `build-ptx`); files are watched
+//! only when they exist. Outside the workspace nothing is created.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+
+/// The committed PTX, relative to this crate's root.
+const COMMITTED_PTX: &str = "ptx/kernels_gpu.ptx";
 
 fn main() {
     println!("cargo::rustc-check-cfg=cfg(distgemm_embedded_ptx)");
@@ -21,20 +32,35 @@ fn main() {
     let Some(out_dir) = std::env::var_os("OUT_DIR").map(PathBuf::from) else {
         return;
     };
-    let ptx_dir = manifest_dir.join("..").join("target").join("ptx");
-    let ptx = ptx_dir.join("kernels_gpu.ptx");
 
-    if std::fs::create_dir_all(&ptx_dir).is_ok() {
-        println!("cargo::rerun-if-changed={}", ptx_dir.display());
+    let candidates = [
+        workspace_ptx(&manifest_dir),
+        Some(manifest_dir.join(COMMITTED_PTX)),
+    ];
+    let Some(ptx) = candidates.into_iter().flatten().find(|p| p.is_file()) else {
+        return;
+    };
+    println!("cargo::rerun-if-changed={}", ptx.display());
+    match std::fs::copy(&ptx, out_dir.join("kernels_gpu.ptx")) {
+        Ok(_) => println!("cargo::rustc-cfg=distgemm_embedded_ptx"),
+        Err(e) => println!(
+            "cargo::warning=could not copy {} into OUT_DIR ({e}); building without embedded PTX",
+            ptx.display()
+        ),
     }
-    if ptx.is_file() {
-        println!("cargo::rerun-if-changed={}", ptx.display());
-        match std::fs::copy(&ptx, out_dir.join("kernels_gpu.ptx")) {
-            Ok(_) => println!("cargo::rustc-cfg=distgemm_embedded_ptx"),
-            Err(e) => println!(
-                "cargo::warning=could not copy {} into OUT_DIR ({e}); building without embedded PTX",
-                ptx.display()
-            ),
-        }
+}
+
+/// In the distgemm workspace (this crate's parent holds `kernels-gpu/`): the path where
+/// `cargo xtask build-ptx` writes the PTX, with its directory created and watched. Elsewhere
+/// (a packaged copy of this crate): `None`.
+fn workspace_ptx(manifest_dir: &Path) -> Option<PathBuf> {
+    let root = manifest_dir.parent()?;
+    if !root.join("kernels-gpu").join("Cargo.toml").is_file() {
+        return None;
     }
+    let dir = root.join("target").join("ptx");
+    if std::fs::create_dir_all(&dir).is_ok() {
+        println!("cargo::rerun-if-changed={}", dir.display());
+    }
+    Some(dir.join("kernels_gpu.ptx"))
 }
