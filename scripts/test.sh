@@ -36,6 +36,12 @@ cargo_test() { cargo test --workspace 2>&1 | tee "$log_dir/cargo-test.log"; }
 step "cargo fmt --all --check" cargo fmt --all --check || true
 step "cargo clippy --workspace --all-targets -- -D warnings" \
   cargo clippy --workspace --all-targets -- -D warnings || true
+# The library alone (no `cli`, `baselines`, `diagnostics` or `testing` features) is what a
+# tensor-parallel user builds: it must be lint- and doc-clean on its own.
+step "cargo clippy -p distgemm --no-default-features -- -D warnings" \
+  cargo clippy -p distgemm --no-default-features -- -D warnings || true
+step "cargo doc -p distgemm --no-default-features --no-deps" \
+  env RUSTDOCFLAGS="-D warnings" cargo doc -p distgemm --no-default-features --no-deps || true
 step "cargo test --workspace" cargo_test || true
 # check-ptx also fails unless the PTX contains .target sm_90a, wgmma.mma_async,
 # cp.async.bulk.tensor and griddepcontrol (the instructions the GEMM kernels are built on).
