@@ -171,6 +171,46 @@ impl ScheduleKind {
                 | ScheduleKind::ReduceScatterTilingB
         )
     }
+
+    /// The pipelined schedule of this schedule's family: the one with the same collective and
+    /// shard layout (itself when pipelined). `ag-a-single` → `ag-a`.
+    #[must_use]
+    pub const fn pipelined(self) -> ScheduleKind {
+        match self {
+            ScheduleKind::AllGatherRotatingA | ScheduleKind::AllGatherSingleStageA => {
+                ScheduleKind::AllGatherRotatingA
+            }
+            ScheduleKind::AllGatherRotatingB | ScheduleKind::AllGatherSingleStageB => {
+                ScheduleKind::AllGatherRotatingB
+            }
+            ScheduleKind::ReduceScatterTilingA | ScheduleKind::ReduceScatterSingleStageA => {
+                ScheduleKind::ReduceScatterTilingA
+            }
+            ScheduleKind::ReduceScatterTilingB | ScheduleKind::ReduceScatterSingleStageB => {
+                ScheduleKind::ReduceScatterTilingB
+            }
+        }
+    }
+
+    /// The single-stage schedule of this schedule's family (itself when single-stage).
+    /// `ag-a` → `ag-a-single`.
+    #[must_use]
+    pub const fn single_stage(self) -> ScheduleKind {
+        match self {
+            ScheduleKind::AllGatherRotatingA | ScheduleKind::AllGatherSingleStageA => {
+                ScheduleKind::AllGatherSingleStageA
+            }
+            ScheduleKind::AllGatherRotatingB | ScheduleKind::AllGatherSingleStageB => {
+                ScheduleKind::AllGatherSingleStageB
+            }
+            ScheduleKind::ReduceScatterTilingA | ScheduleKind::ReduceScatterSingleStageA => {
+                ScheduleKind::ReduceScatterSingleStageA
+            }
+            ScheduleKind::ReduceScatterTilingB | ScheduleKind::ReduceScatterSingleStageB => {
+                ScheduleKind::ReduceScatterSingleStageB
+            }
+        }
+    }
 }
 
 impl fmt::Display for ScheduleKind {
@@ -196,6 +236,28 @@ mod tests {
         assert_eq!(ring(3, 1, 4), 0);
         assert_eq!(ring(1, -5, 4), 0);
         assert_eq!(ring(0, 0, 1), 0);
+    }
+
+    #[test]
+    fn a_family_is_one_pipelined_and_one_single_stage_schedule_with_the_same_layout() {
+        for k in ScheduleKind::ALL {
+            let (piped, single) = (k.pipelined(), k.single_stage());
+            assert!(piped.is_pipelined() && !single.is_pipelined(), "{k}");
+            for member in [piped, single] {
+                assert_eq!(member.collective(), k.collective(), "{k}");
+                assert_eq!(member.tiles_rows(), k.tiles_rows(), "{k}");
+                assert_eq!((member.pipelined(), member.single_stage()), (piped, single));
+            }
+            assert!(k == piped || k == single, "{k}");
+        }
+        assert_eq!(
+            ScheduleKind::AllGatherSingleStageA.pipelined(),
+            ScheduleKind::AllGatherRotatingA
+        );
+        assert_eq!(
+            ScheduleKind::ReduceScatterTilingB.single_stage(),
+            ScheduleKind::ReduceScatterSingleStageB
+        );
     }
 
     #[test]
