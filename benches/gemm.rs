@@ -14,6 +14,7 @@
 //! Usage: `gemm [--quick] [--variants] [--raster G[,G…]] [--filter SUBSTRING | SUBSTRING]
 //! [--reps N] [--min-block-ms T]`. Writes `benches/results/gemm-<date>-<commit>.{json,md}` (or under
 //! `DISTGEMM_BENCH_RESULTS`).
+use clap::Parser;
 use distgemm::baseline::{CublasLtElement, CublasLtGemm, TnGemmShape};
 use distgemm::dtype::{Dtype, Element};
 use distgemm::gemm::{GemmArgs, GemmKernel, GemmLaunchError, GemmVariant, PreparedGemm, VARIANTS};
@@ -23,7 +24,7 @@ use distgemm::testdata::fill_normal;
 use distgemm_benches::energy::EnergyMeter;
 use distgemm_benches::{
     BenchError, Provenance, ROUNDS, RotatingInputs, Timing, TimingConfig, gemm_tflops, interleaved,
-    results_dir, time_on_stream,
+    parse_reps, results_dir, time_on_stream,
 };
 use serde::Serialize;
 use std::cell::RefCell;
@@ -235,6 +236,36 @@ fn bench_shape<T: Element + CublasLtElement + DeviceCopy>(
     Ok((ours, cublas))
 }
 
+/// Our GEMM stage kernel against cuBLASLt (see `benches/gemm.rs`).
+#[derive(Debug, Parser)]
+#[command(name = "gemm")]
+struct Args {
+    /// Only the 8192³ and stage shapes.
+    #[arg(long)]
+    quick: bool,
+    /// Also time every compiled tile configuration (the data behind the rule).
+    #[arg(long)]
+    variants: bool,
+    /// Also time the rule's configuration with these band heights of the tile order.
+    #[arg(long, value_name = "G[,G…]", value_delimiter = ',')]
+    raster: Vec<u32>,
+    /// Keep only shapes whose name contains this.
+    #[arg(long)]
+    filter: Option<String>,
+    /// The same as `--filter`, as `run-gpu-tests.sh --benches FILTER` passes it.
+    #[arg(value_name = "FILTER", conflicts_with = "filter")]
+    filter_word: Option<String>,
+    /// Fewest timed repetitions per block (at least `MIN_TIMED_REPS`).
+    #[arg(long, default_value_t = 30, value_parser = parse_reps)]
+    reps: usize,
+    /// Shortest timed block, ms.
+    #[arg(long, value_name = "T", default_value_t = DEFAULT_MIN_BLOCK_MS)]
+    min_block_ms: f64,
+    /// Passed by `cargo bench` and the bundle's runner; ignored.
+    #[arg(long, hide = true)]
+    bench: bool,
+}
+
 fn main() {
     if let Err(e) = run() {
         eprintln!("gemm bench: {e}");
@@ -243,54 +274,14 @@ fn main() {
 }
 
 fn run() -> Result<(), BenchError> {
-    let args: Vec<String> = std::env::args().collect();
-    let quick = args.iter().any(|a| a == "--quick");
-    // `--filter X`, or a bare word as `run-gpu-tests.sh --benches FILTER` passes it (with the
-    // `--bench` flag libtest benches get, which this harness-less bench ignores).
-    let filter = args
-        .iter()
-        .position(|a| a == "--filter")
-        .and_then(|i| args.get(i + 1))
-        .or_else(|| {
-            args.iter().enumerate().skip(1).find_map(|(i, a)| {
-                let is_value = matches!(
-                    args[i - 1].as_str(),
-                    "--filter" | "--reps" | "--raster" | "--min-block-ms"
-                );
-                (!a.starts_with("--") && !is_value).then_some(a)
-            })
-        })
-        .cloned();
-    let reps = args
-        .iter()
-        .position(|a| a == "--reps")
-        .and_then(|i| args.get(i + 1))
-        .and_then(|r| r.parse().ok())
-        .unwrap_or(30);
-    let min_block_ms = args
-        .iter()
-        .position(|a| a == "--min-block-ms")
-        .and_then(|i| args.get(i + 1))
-        .and_then(|r| r.parse().ok())
-        .unwrap_or(DEFAULT_MIN_BLOCK_MS);
-    // `--variants`: also time every compiled tile configuration (the data behind the rule).
+    let args = Args::parse();
+    let (quick, reps, min_block_ms) = (args.quick, args.reps, args.min_block_ms);
+    let filter = args.filter.or(args.filter_word);
     let mut extra: Vec<Extra> = Vec::new();
-    if args.iter().any(|a| a == "--variants") {
+    if args.variants {
         extra.extend(VARIANTS.iter().map(Extra::Variant));
     }
-    // `--raster G[,G…]`: also time the rule's configuration with these band heights.
-    if let Some(list) = args
-        .iter()
-        .position(|a| a == "--raster")
-        .and_then(|i| args.get(i + 1))
-    {
-        for g in list.split(',') {
-            let g = g
-                .parse()
-                .map_err(|_| BenchError::Config(format!("--raster: bad band height {g:?}")))?;
-            extra.push(Extra::Raster(g));
-        }
-    }
+    extra.extend(args.raster.into_iter().map(Extra::Raster));
     let gpu = Gpu::open(0)?;
     let module = Module::load(&gpu)?;
     let kernel = GemmKernel::new(&module)?;

@@ -22,6 +22,7 @@
 //! Usage: `nvlink_states [--ms N]`; needs two GPUs with peer access (with one it says so and
 //! exits 0). Writes
 //! `nvlink-states-<date>-<commit>.md` under `DISTGEMM_BENCH_RESULTS` (or `benches/results`).
+use clap::Parser;
 use distgemm::cuda::{REDUCE_SMEM_BYTES, REDUCE_THREADS, ReduceParams};
 use distgemm::runtime::{
     CudaStream, DeviceBuffer, Gpu, Graph, GraphExec, KernelArgs, LaunchConfig, Module,
@@ -209,6 +210,19 @@ impl Launchers {
     }
 }
 
+/// Which NVLink traffic puts the links into their high-speed power state (see
+/// `benches/nvlink_states.rs`).
+#[derive(Debug, Parser)]
+#[command(name = "nvlink_states")]
+struct Args {
+    /// How long each traffic pattern is kept up, ms.
+    #[arg(long, default_value_t = 800)]
+    ms: u64,
+    /// Passed by `cargo bench` and the bundle's runner; ignored.
+    #[arg(long, hide = true)]
+    bench: bool,
+}
+
 fn main() {
     if let Err(e) = run() {
         eprintln!("nvlink_states: {e}");
@@ -217,25 +231,7 @@ fn main() {
 }
 
 fn run() -> Res<()> {
-    let mut length = Duration::from_millis(800);
-    let mut args = std::env::args().skip(1);
-    while let Some(a) = args.next() {
-        match a.as_str() {
-            "--ms" => {
-                let v = args.next().ok_or("--ms needs a value")?;
-                length = Duration::from_millis(
-                    v.parse().map_err(|_| format!("--ms {v}: not a number"))?,
-                );
-            }
-            // Passed by `cargo bench` and the bundle's runner.
-            "--bench" => {}
-            other => {
-                return Err(format!(
-                    "unknown argument '{other}' (usage: nvlink_states [--ms N])"
-                ));
-            }
-        }
-    }
+    let length = Duration::from_millis(Args::parse().ms);
     let gpus = hopper_gpus().map_err(err)?;
     if gpus.len() < 2 {
         // Like the other benches on a machine that lacks what a column needs: say so, pass.

@@ -1,6 +1,6 @@
 //! Shared helpers of the benchmarks: timing, cache hygiene, provenance and result files.
 //!
-//! Method (hopper-gemm.md P12): random inputs, warm-up launches, then at least
+//! Method: random inputs, warm-up launches, then at least
 //! [`MIN_TIMED_REPS`] repetitions each timed with a pair of CUDA events on the benchmark's
 //! stream(s); the median is reported with min and max. The timing core ([`Timing`], the event
 //! loop behind [`time_on_streams`], [`max_over_devices`]) is `distgemm::timing`, shared with
@@ -21,6 +21,16 @@ use std::sync::Arc;
 
 /// Fewest timed repetitions a measurement may use.
 pub const MIN_TIMED_REPS: usize = 20;
+
+/// `--reps`: a whole number of timed repetitions, at least [`MIN_TIMED_REPS`] (a clap value
+/// parser).
+pub fn parse_reps(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(r) if r >= MIN_TIMED_REPS => Ok(r),
+        Ok(r) => Err(format!("{r}: use at least {MIN_TIMED_REPS}")),
+        Err(_) => Err(format!("'{s}' is not a whole number")),
+    }
+}
 
 /// How many times the L2 size the rotating input sets must exceed together.
 pub const L2_MULTIPLE: u64 = 3;
