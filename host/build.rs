@@ -2,8 +2,8 @@
 //!
 //! Two sources, in this order:
 //! 1. `<workspace>/target/ptx/kernels_gpu.ptx`, written by `cargo xtask build-ptx` — looked for
-//!    only inside the distgemm workspace (next to `kernels-gpu/`), where it is the PTX of the
-//!    kernels' current source;
+//!    only in a distgemm checkout (next to `kernels-gpu/`), where it is the PTX of the kernels'
+//!    current source;
 //! 2. `host/ptx/kernels_gpu.ptx`, the committed copy (`cargo xtask build-ptx
 //!    --update-committed`; `cargo xtask check-ptx` fails when it no longer matches the
 //!    source) — what a crate that depends on distgemm by path, by git or from a registry gets.
@@ -50,12 +50,13 @@ fn main() {
     }
 }
 
-/// In the distgemm workspace (this crate's parent holds `kernels-gpu/`): the path where
+/// In a distgemm checkout (this crate's parent holds `kernels-gpu/`): the path where
 /// `cargo xtask build-ptx` writes the PTX, with its directory created and watched. Elsewhere
-/// (a packaged copy of this crate): `None`.
+/// (a registry package, or Cargo's own checkout of a git dependency, which Cargo marks with a
+/// `.cargo-ok` file and which no one runs `build-ptx` in): `None`.
 fn workspace_ptx(manifest_dir: &Path) -> Option<PathBuf> {
     let root = manifest_dir.parent()?;
-    if !root.join("kernels-gpu").join("Cargo.toml").is_file() {
+    if !root.join("kernels-gpu").join("Cargo.toml").is_file() || root.join(".cargo-ok").exists() {
         return None;
     }
     let dir = root.join("target").join("ptx");
