@@ -36,7 +36,7 @@ pub enum ConsumerSplit {
 }
 
 /// A tile configuration of the GEMM kernel. Each one is compiled into its own pair of entry
-/// points (bf16, f16); the host picks one per problem (`distgemm::gemm::choose_config`).
+/// points (bf16, f16); the host picks one per problem (`distgemm::gemm::choose_variant`).
 ///
 /// Shared memory: `stages` slots of (A tile `block_m × 64`, B tile `block_n × 64`), each
 /// 1024-byte aligned (128-byte swizzle), then the epilogue's staging buffers (two output
@@ -159,10 +159,6 @@ impl TileConfig {
     pub const fn d_box(&self) -> (u32, u32) {
         (self.epilogue_cols(), EPILOGUE_CHUNK)
     }
-    /// Number of output tiles of an `m × n` problem.
-    pub const fn tile_count(&self, m: u32, n: u32) -> u32 {
-        m.div_ceil(self.block_m) * n.div_ceil(self.block_n)
-    }
     /// Whether the configuration is one the kernel implements, fits, and keeps every tile
     /// 1024-byte aligned: 128-row tiles split by rows (N of 128, 224 or 256), or 192×192 tiles
     /// split by columns (three `m64n96k16` slabs per warpgroup).
@@ -241,45 +237,63 @@ pub struct GemmVariant {
     pub config: TileConfig,
 }
 
-/// Every compiled configuration.
-pub const VARIANTS: [GemmVariant; 6] = [
-    GemmVariant {
-        name: "128x256",
-        kernel_bf16: "gemm_bf16",
-        kernel_f16: "gemm_f16",
-        config: TILE_128X256,
-    },
-    GemmVariant {
-        name: "128x256c2",
-        kernel_bf16: "gemm_bf16_c2",
-        kernel_f16: "gemm_f16_c2",
-        config: TILE_128X256_CLUSTER2,
-    },
-    GemmVariant {
-        name: "192x192",
-        kernel_bf16: "gemm_bf16_192x192",
-        kernel_f16: "gemm_f16_192x192",
-        config: TILE_192X192,
-    },
-    GemmVariant {
-        name: "128x224",
-        kernel_bf16: "gemm_bf16_n224",
-        kernel_f16: "gemm_f16_n224",
-        config: TILE_128X224,
-    },
-    GemmVariant {
-        name: "128x128",
-        kernel_bf16: "gemm_bf16_n128",
-        kernel_f16: "gemm_f16_n128",
-        config: TILE_128X128,
-    },
-    GemmVariant {
-        name: "128x128c2",
-        kernel_bf16: "gemm_bf16_n128_c2",
-        kernel_f16: "gemm_f16_n128_c2",
-        config: TILE_128X128_CLUSTER2,
-    },
-];
+/// The one table of compiled GEMM variants. Each row is a variant name, its bf16 and f16
+/// entry points (always `gemm_<dtype>_<name>`: checked below), its [`TileConfig`] and the
+/// device-side configuration type (`kernels/gemm.rs`). `gemm_variants!(callback)` hands the
+/// rows to `callback!`, which generates from them the entry points (`kernels/gemm.rs`),
+/// [`VARIANTS`] and the kernel table `meta::KERNELS`, so the three cannot drift.
+macro_rules! gemm_variants {
+    ($callback:ident) => {
+        $callback! {
+            "128x256" => gemm_bf16_128x256, gemm_f16_128x256, TILE_128X256, Tile128x256;
+            "128x256c2" => gemm_bf16_128x256c2, gemm_f16_128x256c2, TILE_128X256_CLUSTER2, Tile128x256C2;
+            "192x192" => gemm_bf16_192x192, gemm_f16_192x192, TILE_192X192, Tile192x192;
+            "128x224" => gemm_bf16_128x224, gemm_f16_128x224, TILE_128X224, Tile128x224;
+            "128x128" => gemm_bf16_128x128, gemm_f16_128x128, TILE_128X128, Tile128x128;
+            "128x128c2" => gemm_bf16_128x128c2, gemm_f16_128x128c2, TILE_128X128_CLUSTER2, Tile128x128C2;
+        }
+    };
+}
+pub(crate) use gemm_variants;
+
+/// Builds [`VARIANTS`] from the rows of [`gemm_variants`], checking each entry name.
+macro_rules! variant_array {
+    ($($name:literal => $bf16:ident, $f16:ident, $tile:ident, $config:ident;)*) => {
+        /// Every compiled configuration.
+        pub const VARIANTS: [GemmVariant; [$($name),*].len()] = [$(
+            GemmVariant {
+                name: $name,
+                kernel_bf16: stringify!($bf16),
+                kernel_f16: stringify!($f16),
+                config: $tile,
+            },
+        )*];
+        $(
+            const _: () = assert!(
+                str_eq(stringify!($bf16), concat!("gemm_bf16_", $name))
+                    && str_eq(stringify!($f16), concat!("gemm_f16_", $name)),
+                "entry points are named gemm_<dtype>_<variant name>"
+            );
+        )*
+    };
+}
+gemm_variants!(variant_array);
+
+/// `a == b`, usable in constants.
+const fn str_eq(a: &str, b: &str) -> bool {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    if a.len() != b.len() {
+        return false;
+    }
+    let mut i = 0;
+    while i < a.len() {
+        if a[i] != b[i] {
+            return false;
+        }
+        i += 1;
+    }
+    true
+}
 
 const _: () = {
     let mut i = 0;

@@ -48,34 +48,30 @@ const fn gemm(name: &'static str) -> KernelInfo {
     }
 }
 
-/// Every kernel in the PTX module.
-pub const KERNELS: &[KernelInfo] = &[
-    gemm("gemm_bf16"),
-    gemm("gemm_f16"),
-    gemm("gemm_bf16_c2"),
-    gemm("gemm_f16_c2"),
-    gemm("gemm_bf16_192x192"),
-    gemm("gemm_f16_192x192"),
-    gemm("gemm_bf16_n224"),
-    gemm("gemm_f16_n224"),
-    gemm("gemm_bf16_n128"),
-    gemm("gemm_f16_n128"),
-    gemm("gemm_bf16_n128_c2"),
-    gemm("gemm_f16_n128_c2"),
-    plain("collective_barrier"),
-    plain("reduce_sum_bf16"),
-    plain("reduce_sum_f16"),
-    plain("fill_normal_bf16"),
-    plain("fill_normal_f16"),
-    plain("smoke_vector_add"),
-    plain("smoke_tma_roundtrip"),
-    wgmma_smoke("smoke_wgmma_m64n64k16_bf16"),
-    wgmma_smoke("smoke_wgmma_m64n64k16_f16"),
-    wgmma_smoke("smoke_wgmma_m64n256k16_bf16"),
-    wgmma_smoke("smoke_wgmma_m64n256k16_f16"),
-    plain("smoke_pdl_primary"),
-    plain("smoke_pdl_secondary"),
-];
+/// Builds [`KERNELS`]: the GEMM entry points from the rows of `gemm_abi::gemm_variants!`,
+/// then the other kernels.
+macro_rules! kernel_table {
+    ($($name:literal => $bf16:ident, $f16:ident, $tile:ident, $config:ident;)*) => {
+        /// Every kernel in the PTX module.
+        pub const KERNELS: &[KernelInfo] = &[
+            $(gemm(stringify!($bf16)), gemm(stringify!($f16)),)*
+            plain("collective_barrier"),
+            plain("reduce_sum_bf16"),
+            plain("reduce_sum_f16"),
+            plain("fill_normal_bf16"),
+            plain("fill_normal_f16"),
+            plain("smoke_vector_add"),
+            plain("smoke_tma_roundtrip"),
+            wgmma_smoke("smoke_wgmma_m64n64k16_bf16"),
+            wgmma_smoke("smoke_wgmma_m64n64k16_f16"),
+            wgmma_smoke("smoke_wgmma_m64n256k16_bf16"),
+            wgmma_smoke("smoke_wgmma_m64n256k16_f16"),
+            plain("smoke_pdl_primary"),
+            plain("smoke_pdl_secondary"),
+        ];
+    };
+}
+crate::gemm_abi::gemm_variants!(kernel_table);
 
 /// Looks a kernel up by name.
 pub fn kernel(name: &str) -> Option<&'static KernelInfo> {

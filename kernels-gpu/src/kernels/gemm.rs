@@ -673,11 +673,11 @@ unsafe fn gemm<T: InputType, C: Config>(p: &GemmParams) {
     }
 }
 
-/// Defines a bf16 and an f16 entry point for a configuration. Launch: block [`THREADS`],
-/// `smem_bytes()` dynamic shared memory, a persistent grid of at most one block per SM (a
-/// multiple of `cluster_m`, launched with that cluster size).
+/// Defines a bf16 and an f16 entry point for each row of `gemm_abi::gemm_variants!`. Launch:
+/// block [`THREADS`], `smem_bytes()` dynamic shared memory, a persistent grid of at most one
+/// block per SM (a multiple of `cluster_m`, launched with that cluster size).
 macro_rules! entries {
-    ($bf16:ident, $f16:ident, $config:ty) => {
+    ($($name:literal => $bf16:ident, $f16:ident, $tile:ident, $config:ty;)*) => {$(
         /// bf16 × bf16 → f32 accumulate → bf16.
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $bf16(p: GemmParams) {
@@ -688,12 +688,7 @@ macro_rules! entries {
         pub unsafe extern "ptx-kernel" fn $f16(p: GemmParams) {
             unsafe { gemm::<F16, $config>(&p) }
         }
-    };
+    )*};
 }
 
-entries!(gemm_bf16, gemm_f16, Tile128x256);
-entries!(gemm_bf16_c2, gemm_f16_c2, Tile128x256C2);
-entries!(gemm_bf16_192x192, gemm_f16_192x192, Tile192x192);
-entries!(gemm_bf16_n224, gemm_f16_n224, Tile128x224);
-entries!(gemm_bf16_n128, gemm_f16_n128, Tile128x128);
-entries!(gemm_bf16_n128_c2, gemm_f16_n128_c2, Tile128x128C2);
+crate::gemm_abi::gemm_variants!(entries);
