@@ -1,0 +1,384 @@
+"""The ops: distgemm's all-gather and reduce-scatter GEMMs on torch tensors.
+
+Each call is collective over a torch.distributed group (every rank calls the same op with
+matching shapes, in the same order). It checks the arguments, finds or builds the rank's
+``RankGemm`` for (group, problem, dtype, schedule) in the cache, and enqueues one run on
+``torch.cuda.current_stream()`` with the tensors' device addresses: no host synchronisation, and
+the output comes from PyTorch's caching allocator (``torch.empty``) unless ``out=`` is given.
+
+Why passing raw addresses is sound here: the tensors are checked (device, dtype, contiguity,
+alignment, sizes against the instance's shard shapes, no overlap of output and inputs), and
+PyTorch's caching allocator hands freed memory out again only to work ordered behind the
+stream it was used on — the current stream, on which the run is enqueued. distgemm ends every
+run with an end-of-run release (each peer tells a rank when it is done reading the rank's
+shard), so a rank's stream order alone makes its inputs reusable.
+
+Errors of a run that failed on the GPU (e.g. a peer that never launched: a timeout naming rank,
+stage and flag) are raised by the next op on that instance or by :func:`synchronize`.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import warnings
+from typing import NamedTuple
+
+from . import _checks
+from ._cache import CACHE
+from ._distgemm import RankGemm
+from ._rendezvous import GroupRendezvous
+
+_HOPPER = (9, 0)
+_checked_devices: dict = {}
+_warned_copies: set = set()
+_lock = threading.Lock()
+
+
+def _torch():
+    """torch, or an ImportError that says why distgemm's ops need it."""
+    try:
+        import torch
+        import torch.distributed as dist
+    except ImportError as e:
+        raise ImportError(
+            "distgemm's ops run on torch tensors: install PyTorch with CUDA support "
+            f"(import failed: {e})"
+        ) from e
+    if not dist.is_available():
+        raise RuntimeError("this PyTorch build has no torch.distributed, which distgemm's ops need")
+    return torch
+
+
+class _Context(NamedTuple):
+    group: object
+    group_key: tuple
+    rank: int
+    tp: int
+    device: int
+
+
+def _context(torch, group) -> _Context:
+    """The calling rank's group, rank, group size and CUDA device (checked: Hopper)."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        raise RuntimeError(
+            "torch.distributed is not initialized: call torch.distributed.init_process_group() "
+            "(any backend; gloo lets ranks share a GPU) before distgemm's ops"
+        )
+    if group is None:
+        group = dist.group.WORLD
+    rank = dist.get_rank(group)
+    if rank < 0:
+        raise ValueError("this process is not a member of the given process group")
+    tp = dist.get_world_size(group)
+    if not torch.cuda.is_available():
+        raise RuntimeError("no CUDA device is available: distgemm runs on Hopper GPUs")
+    device = torch.cuda.current_device()
+    if device not in _checked_devices:
+        cap = torch.cuda.get_device_capability(device)
+        if tuple(cap) != _HOPPER:
+            raise RuntimeError(
+                f"cuda:{device} is a {torch.cuda.get_device_name(device)} (compute capability "
+                f"{cap[0]}.{cap[1]}); distgemm's kernels need a Hopper GPU (9.0: H100, H200)"
+            )
+        _checked_devices[device] = True
+    name = getattr(group, "group_name", None)
+    group_key = (name, tuple(dist.get_process_group_ranks(group)))
+    return _Context(group, group_key, rank, tp, device)
+
+
+def _group_from_name(group_name):
+    """The process group torch.ops.symm_mem's ops name by ``group_name``."""
+    from torch.distributed import distributed_c10d as c10d
+
+    if not isinstance(group_name, str):
+        raise TypeError(
+            f"group_name must be a str (a ProcessGroup's group_name), got {type(group_name).__name__}"
+        )
+    try:
+        return c10d._resolve_process_group(group_name)
+    except Exception as e:
+        raise ValueError(
+            f"group_name={group_name!r} names no process group of this process ({e})"
+        ) from e
+
+
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _timeout_s() -> float | None:
+    raw = os.environ.get("DISTGEMM_TIMEOUT_S", "")
+    if not raw:
+        return None
+    try:
+        return float(raw)
+    except ValueError:
+        raise ValueError(f"DISTGEMM_TIMEOUT_S={raw!r} is not a number of seconds") from None
+
+
+def _instance(
+    ctx: _Context, schedule: str, auto: bool, shapes, dtype: str, alpha: float, expect: dict
+):
+    """The cached instance for this call's key, built (collectively) on a miss; checks that its
+    shard shapes are the tensors' (so every launch stays inside the tensors)."""
+    key = (
+        ctx.group_key,
+        ctx.device,
+        schedule,
+        auto,
+        shapes.m,
+        shapes.n,
+        shapes.k,
+        dtype,
+        alpha,
+        0.0,
+    )
+
+    def build():
+        inst = RankGemm(
+            GroupRendezvous.for_group(ctx.group),
+            ctx.device,
+            schedule,
+            auto,
+            shapes.m,
+            shapes.n,
+            shapes.k,
+            dtype,
+            alpha=alpha,
+            beta=0.0,
+            timeout_s=_timeout_s(),
+            allow_shared_gpu=_env_flag("DISTGEMM_ALLOW_SHARED_GPU"),
+        )
+        for operand, shape in expect.items():
+            got = inst.shard_shape(operand)
+            if tuple(got) != shape:
+                inst.close()
+                raise RuntimeError(
+                    f"internal error: distgemm's {inst.schedule} shard of {operand} is {tuple(got)}, "
+                    f"the op expected {shape}"
+                )
+        return inst
+
+    with _lock:
+        inst = CACHE.get(key, build)
+    # An error of an earlier run of this instance (non-blocking) surfaces here.
+    inst.check()
+    return inst
+
+
+def _output(torch, out, shape, like, name="out"):
+    """``out`` checked against the result's shape and dtype, or a new tensor from torch."""
+    if out is None:
+        return torch.empty(shape, dtype=like.dtype, device=like.device)
+    _checks.check_tensor(name, out, like.device.index)
+    if out.dtype != like.dtype:
+        raise TypeError(f"{name} has dtype {out.dtype}; the result is {like.dtype}")
+    if tuple(out.shape) != tuple(shape):
+        raise ValueError(f"{name} has shape {tuple(out.shape)}; the result is {tuple(shape)}")
+    return out
+
+
+def _extent(t):
+    return (t.data_ptr(), t.numel() * t.element_size())
+
+
+def _check_no_overlap(out, inputs):
+    for name, t in inputs:
+        if _checks.overlaps(_extent(out), _extent(t)):
+            raise ValueError(
+                f"the output overlaps {name}: distgemm writes its result to separate memory"
+            )
+
+
+def _weight_from_b(torch, B, name):
+    """nn.Linear's layout (N×K, K-contiguous) of a ``K×N`` right operand B of torch's ops.
+
+    ``W.t()`` is that layout already (a free view); a row-major B is copied once per call,
+    with a one-time warning, since it costs a weight-sized copy every call.
+    """
+    if not hasattr(B, "dim") or B.dim() != 2:
+        raise ValueError(
+            f"{name} must be a matrix (K × N), got shape {tuple(getattr(B, 'shape', ()))}"
+        )
+    w = B.t()
+    if not w.is_contiguous():
+        if name not in _warned_copies:
+            _warned_copies.add(name)
+            warnings.warn(
+                f"distgemm: {name} is not the transpose of a contiguous (N × K) weight, so it is "
+                "copied to that layout on every call; pass weight.t() of an nn.Linear-style weight "
+                "to avoid the copy",
+                stacklevel=3,
+            )
+        w = w.contiguous()
+    return w
+
+
+def _gather_rows(torch, ctx, x, tp):
+    """all_gather(x, dim 0) through torch.distributed: the op's optional gathered input.
+
+    distgemm's own all-gather lands in its workspace, which is overwritten by the next run, so
+    returning the gathered input costs this extra collective of M×K elements (NCCL:
+    all_gather_into_tensor; other backends: all_gather into views of one tensor)."""
+    import torch.distributed as dist
+
+    gathered = torch.empty((tp * x.shape[0], *x.shape[1:]), dtype=x.dtype, device=x.device)
+    if "nccl" in str(dist.get_backend(ctx.group)).lower():
+        dist.all_gather_into_tensor(gathered, x, group=ctx.group)
+    else:
+        dist.all_gather(list(gathered.chunk(tp)), x, group=ctx.group)
+    return gathered
+
+
+def _all_gather_linear(torch, ctx, x, weight, schedule, out, names):
+    xn, wn = names
+    sched, auto = _checks.resolve_schedule("all_gather", schedule)
+    dtypes = (_checks.check_tensor(xn, x, ctx.device), _checks.check_tensor(wn, weight, ctx.device))
+    _checks.same_dtype(names, dtypes)
+    shapes = _checks.all_gather_shapes(tuple(x.shape), tuple(weight.shape), ctx.tp, names)
+    _checks.check_problem(sched, shapes.m, shapes.n, shapes.k, ctx.tp)
+    m_local, n_local = shapes.m // ctx.tp, shapes.n // ctx.tp
+    inst = _instance(
+        ctx,
+        sched,
+        auto,
+        shapes,
+        dtypes[0],
+        1.0,
+        {"A": (m_local, shapes.k), "B": (n_local, shapes.k), "D": (shapes.m, n_local)},
+    )
+    out = _output(torch, out, shapes.out, x)
+    _check_no_overlap(out, ((xn, x), (wn, weight)))
+    stream = torch.cuda.current_stream(ctx.device).cuda_stream
+    inst.launch(stream, x.data_ptr(), weight.data_ptr(), None, out.data_ptr())
+    return out
+
+
+def _linear_reduce_scatter(torch, ctx, x, weight, schedule, out, alpha, names):
+    xn, wn = names
+    sched, auto = _checks.resolve_schedule("reduce_scatter", schedule)
+    dtypes = (_checks.check_tensor(xn, x, ctx.device), _checks.check_tensor(wn, weight, ctx.device))
+    _checks.same_dtype(names, dtypes)
+    shapes = _checks.reduce_scatter_shapes(tuple(x.shape), tuple(weight.shape), ctx.tp, names)
+    _checks.check_problem(sched, shapes.m, shapes.n, shapes.k, ctx.tp)
+    k_local = shapes.k // ctx.tp
+    inst = _instance(
+        ctx,
+        sched,
+        auto,
+        shapes,
+        dtypes[0],
+        alpha,
+        {"A": (shapes.m, k_local), "B": (shapes.n, k_local), "D": (shapes.m // ctx.tp, shapes.n)},
+    )
+    out = _output(torch, out, shapes.out, x)
+    _check_no_overlap(out, ((xn, x), (wn, weight)))
+    stream = torch.cuda.current_stream(ctx.device).cuda_stream
+    inst.launch(stream, x.data_ptr(), weight.data_ptr(), None, out.data_ptr())
+    return out
+
+
+def all_gather_linear(
+    x_shard, weight, group=None, schedule="auto", return_gathered=False, out=None
+):
+    """``all_gather(x_shard, dim=0) @ weight.T`` in one fused, pipelined op (column-parallel
+    linear layer, e.g. a Llama MLP's fused gate+up projection under tensor parallelism).
+
+    Args:
+        x_shard: this rank's tokens, ``(T, ..., K)``, bf16 or f16, contiguous, on this rank's
+            current CUDA device; the group's shards in rank order are the whole input.
+        weight: this rank's weight shard as ``nn.Linear`` stores it, ``(N/TP, K)``, contiguous.
+        group: the torch.distributed process group (default: the world).
+        schedule: ``"auto"`` (distgemm picks pipelined or single-stage by its cost model),
+            ``"ag-a"`` (pipelined) or ``"ag-a-single"``.
+        return_gathered: also return the gathered input ``(TP·T, ..., K)`` (an extra
+            all-gather through torch.distributed).
+        out: optional output ``(TP·T, ..., N/TP)``; a new tensor otherwise.
+
+    Returns:
+        ``out``, or ``(out, gathered)`` with ``return_gathered``.
+    """
+    torch = _torch()
+    ctx = _context(torch, group)
+    result = _all_gather_linear(torch, ctx, x_shard, weight, schedule, out, ("x_shard", "weight"))
+    if return_gathered:
+        return result, _gather_rows(torch, ctx, x_shard, ctx.tp)
+    return result
+
+
+def linear_reduce_scatter(x, weight, group=None, schedule="auto", out=None):
+    """``reduce_scatter(x @ weight.T, dim=0)`` (sum) in one fused, pipelined op (row-parallel
+    linear layer, e.g. a Llama MLP's down projection under tensor parallelism).
+
+    Args:
+        x: this rank's activation, ``(T, ..., K/TP)`` (all T tokens, this rank's K-slice),
+            bf16 or f16, contiguous, on this rank's current CUDA device; T divisible by TP.
+        weight: this rank's weight shard as ``nn.Linear`` stores it, ``(N, K/TP)``, contiguous.
+        group: the torch.distributed process group (default: the world).
+        schedule: ``"auto"``, ``"rs-a"`` (pipelined) or ``"rs-a-single"``.
+        out: optional output ``(T/TP, ..., N)``; a new tensor otherwise.
+
+    Returns:
+        This rank's block of token rows of the summed product, ``(T/TP, ..., N)``.
+    """
+    torch = _torch()
+    ctx = _context(torch, group)
+    return _linear_reduce_scatter(torch, ctx, x, weight, schedule, out, 1.0, ("x", "weight"))
+
+
+def fused_all_gather_matmul(A_shard, Bs, gather_dim, group_name, *, return_A=True):
+    """Drop-in for ``torch.ops.symm_mem.fused_all_gather_matmul`` (same arguments and results)
+    for ``gather_dim=0`` and bf16/f16: returns ``(A or None, [all_gather(A_shard) @ B for B in
+    Bs])``.
+
+    Each ``B`` is ``K × N/TP``; ``W.t()`` of a contiguous ``(N/TP, K)`` weight is used as is,
+    any other layout is copied per call (with a one-time warning). Each B is one distgemm run
+    (the gather is repeated per B). ``return_A=True`` (torch's default) costs an extra
+    all-gather through torch.distributed; pass ``return_A=False`` when A is not needed.
+    """
+    torch = _torch()
+    group = _group_from_name(group_name)
+    ctx = _context(torch, group)
+    if not hasattr(A_shard, "dim"):
+        raise TypeError(f"A_shard must be a torch.Tensor, got {type(A_shard).__name__}")
+    _checks.normalize_dim("gather_dim", gather_dim, A_shard.dim())
+    if not isinstance(Bs, (list, tuple)) or not Bs:
+        raise ValueError("Bs must be a non-empty list of matrices (K × N/TP)")
+    outs = []
+    for i, B in enumerate(Bs):
+        weight = _weight_from_b(torch, B, f"Bs[{i}]")
+        outs.append(
+            _all_gather_linear(torch, ctx, A_shard, weight, "auto", None, ("A_shard", f"Bs[{i}]"))
+        )
+    gathered = _gather_rows(torch, ctx, A_shard, ctx.tp) if return_A else None
+    return gathered, outs
+
+
+def fused_matmul_reduce_scatter(A, B, reduce_op, scatter_dim, group_name):
+    """Drop-in for ``torch.ops.symm_mem.fused_matmul_reduce_scatter`` (same arguments and
+    result) for ``scatter_dim=0``, bf16/f16 and ``reduce_op`` "sum" or "avg": this rank's row
+    block of ``reduce(A @ B)`` over the group.
+
+    ``B`` is ``K/TP × N``; ``W.t()`` of a contiguous ``(N, K/TP)`` weight is used as is, any other
+    layout is copied per call (with a one-time warning). "avg" scales by 1/TP in the epilogue.
+    """
+    torch = _torch()
+    group = _group_from_name(group_name)
+    ctx = _context(torch, group)
+    if reduce_op not in ("sum", "avg"):
+        raise ValueError(f"reduce_op={reduce_op!r}: distgemm supports 'sum' and 'avg'")
+    if not hasattr(A, "dim"):
+        raise TypeError(f"A must be a torch.Tensor, got {type(A).__name__}")
+    _checks.normalize_dim("scatter_dim", scatter_dim, A.dim())
+    weight = _weight_from_b(torch, B, "B")
+    alpha = 1.0 if reduce_op == "sum" else 1.0 / ctx.tp
+    return _linear_reduce_scatter(torch, ctx, A, weight, "auto", None, alpha, ("A", "B"))
+
+
+def synchronize():
+    """Waits for every cached instance's last run (this rank) and raises its error, if any."""
+    for inst in CACHE.values():
+        inst.synchronize()

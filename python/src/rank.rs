@@ -1,0 +1,245 @@
+//! `RankGemm`: one rank's tensor-parallel GEMM, built collectively and launched on a caller's
+//! stream with raw device addresses.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use distgemm::cuda::{RankArgs, RankGemm, Rendezvous};
+use distgemm::dtype::Dtype;
+use distgemm::problem::Problem;
+use distgemm::runtime::Gpu;
+use distgemm::schedule::{BufferKind, ScheduleKind};
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+
+use crate::rendezvous::PyRendezvous;
+use crate::{DistGemmError, guard, to_py_err};
+
+/// One rank of a distgemm GEMM in a group of processes (one process per GPU).
+///
+/// Private to the package: `distgemm._ops` builds and caches these, checks the tensors and
+/// passes their addresses. Building and `close()` are collective: every rank of the group
+/// calls them, in the same order.
+#[pyclass(name = "RankGemm", module = "distgemm._distgemm")]
+pub struct PyRankGemm {
+    /// `None` after `close()`.
+    inner: Option<RankGemm>,
+    rank: usize,
+    tp: usize,
+}
+
+fn parse_schedule(name: &str) -> PyResult<ScheduleKind> {
+    ScheduleKind::ALL
+        .into_iter()
+        .find(|k| k.cli_name() == name)
+        .ok_or_else(|| {
+            let known: Vec<&str> = ScheduleKind::ALL.iter().map(|k| k.cli_name()).collect();
+            PyValueError::new_err(format!(
+                "unknown schedule {name:?}; known: {}",
+                known.join(", ")
+            ))
+        })
+}
+
+fn parse_dtype(name: &str) -> PyResult<Dtype> {
+    Dtype::ALL
+        .into_iter()
+        .find(|d| d.name() == name)
+        .ok_or_else(|| PyValueError::new_err(format!("unknown dtype {name:?}; known: bf16, f16")))
+}
+
+fn parse_buffer(name: &str) -> PyResult<BufferKind> {
+    match name {
+        "A" => Ok(BufferKind::A),
+        "B" => Ok(BufferKind::B),
+        "C" => Ok(BufferKind::C),
+        "D" => Ok(BufferKind::D),
+        _ => Err(PyValueError::new_err(format!(
+            "unknown operand {name:?}; known: A, B, C, D"
+        ))),
+    }
+}
+
+impl PyRankGemm {
+    fn live(&mut self) -> PyResult<&mut RankGemm> {
+        self.inner
+            .as_mut()
+            .ok_or_else(|| DistGemmError::new_err("this RankGemm was closed"))
+    }
+}
+
+#[pymethods]
+impl PyRankGemm {
+    /// Builds this rank's GEMM of the GLOBAL problem `D = alpha·A·Bᵀ + beta·C` (M×N×K) on CUDA
+    /// device `device`, exchanging handles through `rendezvous` (an object with `rank`,
+    /// `world_size` and `all_gather(bytes) -> list[bytes]`). `auto=True` lets distgemm pick
+    /// the pipelined or single-stage schedule of `schedule`'s family. Collective; the GIL is
+    /// released except while the rendezvous runs.
+    #[new]
+    #[pyo3(signature = (rendezvous, device, schedule, auto, m, n, k, dtype, alpha=1.0, beta=0.0, timeout_s=None, allow_shared_gpu=false))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        rendezvous: &Bound<'_, PyAny>,
+        device: usize,
+        schedule: &str,
+        auto: bool,
+        m: usize,
+        n: usize,
+        k: usize,
+        dtype: &str,
+        alpha: f32,
+        beta: f32,
+        timeout_s: Option<f64>,
+        allow_shared_gpu: bool,
+    ) -> PyResult<Self> {
+        guard("build", || {
+            let kind = parse_schedule(schedule)?;
+            let dtype = parse_dtype(dtype)?;
+            let timeout = timeout_s
+                .map(|s| {
+                    Duration::try_from_secs_f64(s).map_err(|_| {
+                        PyValueError::new_err(format!(
+                            "timeout_s={s} is not a finite, non-negative number of seconds"
+                        ))
+                    })
+                })
+                .transpose()?;
+            let rdv = PyRendezvous::new(rendezvous)?;
+            let (rank, tp) = (rdv.rank(), rdv.world_size());
+            let rdv: Arc<dyn Rendezvous> = Arc::new(rdv);
+            let problem = Problem::new(m, n, k)
+                .with_dtype(dtype)
+                .with_scalars(alpha, beta);
+            let built = py.detach(move || {
+                let gpu = Gpu::open(device)?;
+                let mut builder = RankGemm::builder().gpu(gpu).problem(problem);
+                builder = if auto {
+                    builder.auto_schedule(kind)
+                } else {
+                    builder.schedule(kind)
+                };
+                if let Some(t) = timeout {
+                    builder = builder.timeout(t);
+                }
+                builder.allow_shared_gpu(allow_shared_gpu).build(rdv)
+            });
+            let inner = built.map_err(to_py_err)?;
+            Ok(PyRankGemm {
+                inner: Some(inner),
+                rank,
+                tp,
+            })
+        })
+    }
+
+    /// This process's rank in the group.
+    #[getter]
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// The group's size (TP).
+    #[getter]
+    fn tp(&self) -> usize {
+        self.tp
+    }
+
+    /// The schedule that runs (its command-line name, e.g. `ag-a` or `rs-a-single`).
+    #[getter]
+    fn schedule(&mut self) -> PyResult<&'static str> {
+        Ok(self.live()?.schedule().cli_name())
+    }
+
+    /// `(rows, cols)` of this rank's packed row-major shard of operand `which` ("A".."D").
+    fn shard_shape(&mut self, which: &str) -> PyResult<(usize, usize)> {
+        let kind = parse_buffer(which)?;
+        guard("shard_shape", || Ok(self.live()?.shard_shape(kind)))
+    }
+
+    /// The distgemm-owned, peer-mapped input buffer a rank may write its shard into
+    /// (zero-copy path), as `(operand, address, bytes)`, or `None` for this schedule.
+    fn input_slot(&mut self) -> PyResult<Option<(&'static str, u64, usize)>> {
+        guard("input_slot", || {
+            Ok(self
+                .live()?
+                .input_slot()
+                .map(|s| (s.kind.name(), s.ptr, s.bytes)))
+        })
+    }
+
+    /// Enqueues one run on the CUDA stream `stream` (a `cudaStream_t` as int), reading A, B
+    /// (and C when given) and writing D at the given device addresses. Returns at once.
+    #[pyo3(signature = (stream, a, b, c, d))]
+    fn launch(&mut self, stream: u64, a: u64, b: u64, c: Option<u64>, d: u64) -> PyResult<()> {
+        guard("launch", || {
+            let dg = self.live()?;
+            let args = RankArgs {
+                a,
+                b,
+                c: c.unwrap_or(0),
+                d,
+            };
+            // SAFETY: this module is private to the `distgemm` package, whose `_ops` layer
+            // calls it only with the `data_ptr()` of torch tensors it has checked to be on
+            // this rank's GPU, contiguous, 16-byte aligned and at least the shard sizes
+            // (`shard_shape`), with an output that does not overlap the inputs. The tensors
+            // come from PyTorch's caching allocator, which reuses their memory only behind
+            // `stream` (the current stream they were used on), so they stay alive and
+            // unwritten until `stream` has passed this launch; distgemm's end-of-run release
+            // covers the peers' reads of this rank's shards. Every rank launches once per op
+            // call, the op being collective.
+            unsafe { dg.launch_raw(stream, args) }.map_err(to_py_err)
+        })
+    }
+
+    /// Raises the error of a finished launch, if any (non-blocking).
+    fn check(&mut self) -> PyResult<()> {
+        guard("check", || self.live()?.check_errors().map_err(to_py_err))
+    }
+
+    /// Waits for this rank's last launch (GIL released), then raises its error, if any.
+    fn synchronize(&mut self, py: Python<'_>) -> PyResult<()> {
+        guard("synchronize", || {
+            let dg = self.live()?;
+            py.detach(|| dg.synchronize()).map_err(to_py_err)
+        })
+    }
+
+    /// Releases the instance. With `collective=True` (the default) this is distgemm's
+    /// collective teardown: every rank closes its instances in the same order. With
+    /// `collective=False` the instance is abandoned without a rendezvous — its GPU memory,
+    /// mappings and handles stay until the process exits — which is what interpreter exit
+    /// does when other ranks may never arrive. Idempotent; the instance cannot be used
+    /// afterwards.
+    #[pyo3(signature = (collective=true))]
+    fn close(&mut self, py: Python<'_>, collective: bool) -> PyResult<()> {
+        guard("close", || {
+            if let Some(dg) = self.inner.take() {
+                if collective {
+                    py.detach(move || drop(dg));
+                } else {
+                    std::mem::forget(dg);
+                }
+            }
+            Ok(())
+        })
+    }
+
+    /// Whether `close()` has run.
+    #[getter]
+    fn closed(&self) -> bool {
+        self.inner.is_none()
+    }
+
+    fn __repr__(&mut self) -> String {
+        let schedule = self
+            .inner
+            .as_ref()
+            .map_or("closed", |dg| dg.schedule().cli_name());
+        format!(
+            "RankGemm(rank={}, tp={}, schedule={schedule})",
+            self.rank, self.tp
+        )
+    }
+}

@@ -1,0 +1,210 @@
+"""Stand-ins for torch, torch.distributed and the extension's RankGemm, so the ops' checks,
+keys and launches can be tested in CI, where there is neither torch nor a GPU."""
+
+from __future__ import annotations
+
+import math
+import sys
+import types
+from typing import ClassVar
+
+
+class Dtype:
+    def __init__(self, name: str, size: int):
+        self.name, self.size = name, size
+
+    def __str__(self) -> str:
+        return f"torch.{self.name}"
+
+    __repr__ = __str__
+
+
+BF16, F16, F32 = Dtype("bfloat16", 2), Dtype("float16", 2), Dtype("float32", 4)
+
+
+class Device:
+    def __init__(self, type_: str, index):
+        self.type, self.index = type_, index
+
+    def __str__(self) -> str:
+        return self.type if self.index is None else f"{self.type}:{self.index}"
+
+
+class FakeTensor:
+    """Shape, dtype, device, strides and an address: what the ops look at."""
+
+    _next_ptr = 1 << 20
+
+    def __init__(self, shape, dtype=BF16, device=None, ptr=None, strides=None):
+        self.shape = tuple(shape)
+        self.dtype = dtype
+        self.device = device or Device("cuda", 0)
+        self._strides = strides or self._contiguous_strides(self.shape)
+        if ptr is None:
+            ptr = FakeTensor._next_ptr
+            FakeTensor._next_ptr += max(1, self.numel() * dtype.size + 4096) // 512 * 512 + 512
+        self._ptr = ptr
+
+    @staticmethod
+    def _contiguous_strides(shape):
+        strides, acc = [], 1
+        for d in reversed(shape):
+            strides.append(acc)
+            acc *= d
+        return tuple(reversed(strides))
+
+    def dim(self):
+        return len(self.shape)
+
+    def numel(self):
+        return math.prod(self.shape)
+
+    def element_size(self):
+        return self.dtype.size
+
+    def stride(self):
+        return self._strides
+
+    def is_contiguous(self):
+        return self._strides == self._contiguous_strides(self.shape)
+
+    def data_ptr(self):
+        return self._ptr
+
+    def t(self):
+        assert self.dim() == 2
+        return FakeTensor(self.shape[::-1], self.dtype, self.device, self._ptr, self._strides[::-1])
+
+    def chunk(self, n):
+        rows = self.shape[0] // n
+        step = rows * math.prod(self.shape[1:]) * self.dtype.size
+        return [
+            FakeTensor((rows, *self.shape[1:]), self.dtype, self.device, self._ptr + i * step)
+            for i in range(n)
+        ]
+
+    def contiguous(self):
+        return self if self.is_contiguous() else FakeTensor(self.shape, self.dtype, self.device)
+
+
+class FakeRankGemm:
+    """Records what the ops build and launch; shard shapes as distgemm's contract states."""
+
+    built: ClassVar[list] = []
+
+    def __init__(
+        self,
+        rendezvous,
+        device,
+        schedule,
+        auto,
+        m,
+        n,
+        k,
+        dtype,
+        alpha=1.0,
+        beta=0.0,
+        timeout_s=None,
+        allow_shared_gpu=False,
+    ):
+        self.rank, self.tp = rendezvous.rank, rendezvous.world_size
+        self.args = {
+            "device": device,
+            "schedule": schedule,
+            "auto": auto,
+            "m": m,
+            "n": n,
+            "k": k,
+            "dtype": dtype,
+            "alpha": alpha,
+            "beta": beta,
+            "timeout_s": timeout_s,
+            "allow_shared_gpu": allow_shared_gpu,
+        }
+        self.schedule = schedule
+        self.launches = []
+        self.closed = False
+        self.checks = 0
+        FakeRankGemm.built.append(self)
+
+    def shard_shape(self, which):
+        a = self.args
+        p, m, n, k = self.tp, a["m"], a["n"], a["k"]
+        if self.schedule.startswith("ag-"):
+            return {"A": (m // p, k), "B": (n // p, k), "D": (m, n // p)}[which]
+        return {"A": (m, k // p), "B": (n, k // p), "D": (m // p, n)}[which]
+
+    def launch(self, stream, a, b, c, d):
+        assert not self.closed
+        self.launches.append((stream, a, b, c, d))
+
+    def check(self):
+        self.checks += 1
+
+    def synchronize(self):
+        pass
+
+    def close(self, collective=True):
+        self.closed = True
+
+
+def install_fake_torch(
+    monkeypatch, *, rank=0, world=2, capability=(9, 0), backend="gloo", initialized=True
+):
+    """Puts a fake `torch` (with `torch.cuda` and `torch.distributed`) into sys.modules."""
+    torch = types.ModuleType("torch")
+    torch.bfloat16, torch.float16, torch.float32 = BF16, F16, F32
+    torch.empty = lambda shape, dtype, device: FakeTensor(shape, dtype, device)
+
+    cuda = types.ModuleType("torch.cuda")
+    cuda.is_available = lambda: True
+    cuda.current_device = lambda: 0
+    cuda.get_device_capability = lambda d: capability
+    cuda.get_device_name = lambda d: "NVIDIA H200" if capability == (9, 0) else "NVIDIA A100"
+    cuda.current_stream = lambda d: types.SimpleNamespace(cuda_stream=0xABC)
+    torch.cuda = cuda
+
+    world_group = types.SimpleNamespace(group_name="0")
+    gathered = []
+    dist = types.ModuleType("torch.distributed")
+    dist.is_available = lambda: True
+    dist.is_initialized = lambda: initialized
+    dist.group = types.SimpleNamespace(WORLD=world_group)
+    dist.get_rank = lambda g=None: rank
+    dist.get_world_size = lambda g=None: world
+    dist.get_process_group_ranks = lambda g: list(range(world))
+    dist.get_backend = lambda g=None: backend
+
+    def all_gather_object(out, obj, group=None):
+        for i in range(len(out)):
+            out[i] = obj
+
+    def all_gather(outs, x, group=None):
+        gathered.append(("all_gather", len(outs), x.shape))
+
+    def all_gather_into_tensor(out, x, group=None):
+        gathered.append(("all_gather_into_tensor", out.shape, x.shape))
+
+    dist.all_gather_object = all_gather_object
+    dist.all_gather = all_gather
+    dist.all_gather_into_tensor = all_gather_into_tensor
+    dist.gathered = gathered
+    c10d = types.ModuleType("torch.distributed.distributed_c10d")
+
+    def resolve(name):
+        if name != world_group.group_name:
+            raise KeyError(name)
+        return world_group
+
+    c10d._resolve_process_group = resolve
+    dist.distributed_c10d = c10d
+    torch.distributed = dist
+
+    for name, mod in (
+        ("torch", torch),
+        ("torch.cuda", cuda),
+        ("torch.distributed", dist),
+        ("torch.distributed.distributed_c10d", c10d),
+    ):
+        monkeypatch.setitem(sys.modules, name, mod)
+    return torch
