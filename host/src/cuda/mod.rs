@@ -5,9 +5,14 @@
 //!   reduce kernels, peer memcpy, flag memset) with all addresses, prologue hooks and error
 //!   codes resolved, every plan edge one graph edge (programmatic between kernels where the
 //!   plan says so). Unit-tested without a GPU.
-//! - [`DistGemm`]: the host API — validation, peer access, workspaces, graph construction
-//!   and instantiation, `run` / `wait`, pointer updates through `cuGraphExec*SetParams`, and
-//!   errors that name the device, stage and flag of a wait that timed out.
+//! - [`DistGemm`]: one process drives every GPU — validation, peer access, workspaces, graph
+//!   construction and instantiation, `run` / `wait`, pointer updates through
+//!   `cuGraphExec*SetParams`, and errors that name the device, stage and flag of a wait that
+//!   timed out.
+//! - [`RankGemm`] ([`rank`]): one process per GPU (torchrun, Megatron, vLLM): peer memory
+//!   over CUDA IPC, a rendezvous the caller supplies, runs on the caller's stream.
+//! - `graphs` (private): one device's graph, built and updated in place — the code both modes
+//!   share; `args`: the user's buffers ([`BufferRef`] borrows them).
 //! - [`auto`]: the deterministic `Auto` schedule rule.
 //! - [`error`]: [`DistGemmError`] and the timeout codes the kernels write.
 //!
@@ -18,18 +23,27 @@
 //! by the configured timeout and leaves a code in the device's error word on expiry, which
 //! [`DistGemm::wait`] turns into [`DistGemmError::Timeout`].
 
+mod args;
 pub mod auto;
 mod dist;
 pub mod error;
+mod graphs;
 pub mod lower;
+pub mod rank;
 
+pub use args::{BufferRef, DeviceArgs};
 pub use auto::{AutoChoice, MachineModel, choose_schedule};
-pub use dist::{BufferRef, DEFAULT_TIMEOUT, DeviceArgs, DistGemm, DistGemmBuilder, ScheduleChoice};
+pub use dist::{DEFAULT_TIMEOUT, DistGemm, DistGemmBuilder, ScheduleChoice};
 pub use error::{DistGemmError, TimeoutSite, WaitingNode};
 /// The barrier kernel's parameter block (in [`LoweredNode::Barrier`]).
+#[cfg(feature = "diagnostics")]
 pub use kernels_gpu::collective_abi::BarrierParams;
 /// The reduction kernel's parameter block (in [`LoweredNode::Reduce`]) and its launch shape.
+#[cfg(feature = "diagnostics")]
 pub use kernels_gpu::collective_abi::{REDUCE_SMEM_BYTES, REDUCE_THREADS, ReduceParams};
-pub use lower::{
-    DeviceAddresses, LowerOptions, LoweredGraph, LoweredNode, TimingDiagnostics, lower_device,
+#[cfg(feature = "diagnostics")]
+pub use lower::TimingDiagnostics;
+pub use lower::{DeviceAddresses, LowerOptions, LoweredGraph, LoweredNode, lower_device};
+pub use rank::{
+    InputSlot, LocalRendezvous, RankArgs, RankGemm, RankGemmBuilder, Rendezvous, RendezvousError,
 };

@@ -3,8 +3,8 @@ use super::choose::{choose_variant, raster_group_m};
 use super::{GemmArgs, GemmError, MatrixView, check};
 use crate::dtype::Dtype;
 use crate::runtime::{
-    CudaStream, Gpu, Kernel, KernelArgs, LaunchConfig, Module, RuntimeError, Swizzle, TensorMap2d,
-    TensorMapDtype, TensorMapSpec, launch, max_active_clusters,
+    CudaStream, Gpu, Kernel, KernelArgs, LaunchConfig, Module, RawStream, RuntimeError, Swizzle,
+    TensorMap2d, TensorMapDtype, TensorMapSpec, launch, max_active_clusters,
 };
 use kernels_gpu::gemm_abi::{self, GemmParams, GemmVariant, StageHook};
 use std::sync::Arc;
@@ -252,6 +252,16 @@ impl PreparedGemm {
         self.params.raster_group_m = group_m.max(1);
     }
 
+    /// Caps the persistent grid at `max_blocks` blocks (rounded down to whole clusters, at
+    /// least one cluster). Every tile still runs, since each block loops over tiles with the
+    /// grid's stride; fewer run at a time. For ranks that share one GPU, so that every rank's
+    /// kernels can be resident together.
+    pub fn cap_grid(&mut self, max_blocks: u32) {
+        let cluster = self.variant.config.cluster_m.max(1);
+        let cap = (max_blocks / cluster).max(1) * cluster;
+        self.grid = self.grid.min(cap);
+    }
+
     /// The tile configuration this GEMM runs with.
     pub fn variant(&self) -> &'static GemmVariant {
         self.variant
@@ -267,6 +277,61 @@ impl PreparedGemm {
     /// kernel in the stream up to the kernel's `griddepcontrol.wait`.
     pub fn launch_config(&self, pdl: bool) -> LaunchConfig {
         launch_config(self.variant, self.grid, pdl)
+    }
+
+    /// Points this GEMM at operands at new addresses with the same shapes, leading
+    /// dimensions, type and scalars (`args` must differ from the prepared ones in addresses
+    /// only): re-encodes the tensor maps in place, in stream order on `stream`, so the
+    /// parameter block keeps its map addresses and only its D and C pointers change. No host
+    /// synchronisation. Returns an error, and changes nothing, if anything but an address
+    /// differs.
+    ///
+    /// # Safety
+    /// Every launch that uses this GEMM's tensor maps must be enqueued on `stream`, and the
+    /// new operands must stay valid for the launches enqueued after this call.
+    pub unsafe fn retarget(
+        &mut self,
+        gpu: &Gpu,
+        previous: &GemmArgs,
+        args: &GemmArgs,
+        stream: RawStream,
+    ) -> Result<(), GemmLaunchError> {
+        let same_shape =
+            |a: &MatrixView, b: &MatrixView| (a.rows, a.cols, a.ld) == (b.rows, b.cols, b.ld);
+        let same_c = match (&previous.c, &args.c) {
+            (Some(p), Some(c)) => same_shape(p, c),
+            (None, None) => true,
+            _ => false,
+        };
+        if previous.dtype != args.dtype
+            || previous.alpha.to_bits() != args.alpha.to_bits()
+            || previous.beta.to_bits() != args.beta.to_bits()
+            || !same_shape(&previous.a, &args.a)
+            || !same_shape(&previous.b, &args.b)
+            || !same_shape(&previous.d, &args.d)
+            || !same_c
+        {
+            return Err(GemmError::Shape(
+                "a pointer update may change addresses only, not shapes, types or scalars".into(),
+            )
+            .into());
+        }
+        check(args)?;
+        let targets = [
+            Some(args.a.ptr),
+            Some(args.b.ptr),
+            Some(args.d.ptr),
+            args.c.map(|c| c.ptr),
+        ];
+        for (map, target) in self._maps.iter_mut().zip(targets) {
+            if let (Some(map), Some(base)) = (map.as_mut(), target) {
+                // SAFETY: the caller's contract (launches on `stream`, operands alive).
+                unsafe { map.retarget_async(gpu, base, stream)? };
+            }
+        }
+        self.params.d = args.d.ptr;
+        self.params.c = args.c.map_or(0, |c| c.ptr);
+        Ok(())
     }
 
     /// The kernel arguments (the parameter block by value).

@@ -1,0 +1,180 @@
+//! The user's shard buffers as a distributed GEMM sees them, and their validation against a
+//! plan.
+//!
+//! A [`BufferRef`] borrows the buffer it names: a [`super::DistGemm`] built from it cannot
+//! outlive the memory its graphs read and write. Dropping a buffer while the GEMM still holds
+//! a reference to it does not compile:
+//!
+//! ```compile_fail
+//! # use distgemm::cuda::{BufferRef, DistGemm};
+//! # use distgemm::runtime::{DeviceBuffer, Gpu};
+//! # fn misuse(gpu: &Gpu) -> Result<(), Box<dyn std::error::Error>> {
+//! let buffer = DeviceBuffer::<u16>::alloc(gpu, 1024)?;
+//! let reference = BufferRef::of(&buffer);
+//! drop(buffer); // error[E0505]: cannot move out of `buffer` because it is borrowed
+//! let _keep = reference;
+//! # Ok(())
+//! # }
+//! ```
+
+use std::marker::PhantomData;
+
+use super::error::DistGemmError;
+use crate::plan::Plan;
+use crate::runtime::{DeviceBuffer, DeviceCopy};
+use crate::schedule::BufferKind;
+
+/// A user buffer: device address, size and owning GPU, borrowed for `'a`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BufferRef<'a> {
+    ptr: u64,
+    bytes: usize,
+    ordinal: usize,
+    _borrow: PhantomData<&'a ()>,
+}
+
+impl<'a> BufferRef<'a> {
+    /// The whole of `buffer`, borrowed.
+    #[must_use]
+    pub fn of<T: DeviceCopy>(buffer: &'a DeviceBuffer<T>) -> Self {
+        BufferRef {
+            ptr: buffer.device_ptr(),
+            bytes: buffer.size_bytes(),
+            ordinal: buffer.ordinal(),
+            _borrow: PhantomData,
+        }
+    }
+
+    /// A raw allocation (e.g. another library's tensor).
+    ///
+    /// # Safety
+    /// `ptr..ptr + bytes` must be `cuMemAlloc` (or VMM) memory of GPU `ordinal` that stays
+    /// allocated for `'a` and for every run enqueued while it is used.
+    #[must_use]
+    pub unsafe fn from_raw(ptr: u64, bytes: usize, ordinal: usize) -> Self {
+        BufferRef {
+            ptr,
+            bytes,
+            ordinal,
+            _borrow: PhantomData,
+        }
+    }
+
+    /// Device address.
+    #[must_use]
+    pub fn ptr(&self) -> u64 {
+        self.ptr
+    }
+
+    /// Size in bytes.
+    #[must_use]
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// The GPU that owns the memory.
+    #[must_use]
+    pub fn ordinal(&self) -> usize {
+        self.ordinal
+    }
+}
+
+impl<'a, T: DeviceCopy> From<&'a DeviceBuffer<T>> for BufferRef<'a> {
+    fn from(buffer: &'a DeviceBuffer<T>) -> Self {
+        BufferRef::of(buffer)
+    }
+}
+
+/// One device's shard buffers, packed row-major as the plan's shard layout says
+/// (sizes: [`crate::plan::DevicePlan::buffer_elements`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeviceArgs<'a> {
+    /// Shard of A.
+    pub a: BufferRef<'a>,
+    /// Shard of B.
+    pub b: BufferRef<'a>,
+    /// Shard of C (required exactly when beta ≠ 0; ignored otherwise).
+    pub c: Option<BufferRef<'a>>,
+    /// Shard of D (the output).
+    pub d: BufferRef<'a>,
+}
+
+/// Checks device `device`'s buffers against the plan: on GPU `ordinal`, large enough, 16-byte
+/// aligned, C present exactly when the problem reads it.
+pub(crate) fn validate_device_args(
+    plan: &Plan,
+    device: usize,
+    ordinal: usize,
+    args: &DeviceArgs<'_>,
+) -> Result<(), DistGemmError> {
+    let dev = plan
+        .devices
+        .get(device)
+        .ok_or(DistGemmError::NoSuchDevice {
+            device,
+            tp: plan.tp,
+        })?;
+    let elem = plan.problem.dtype.size_bytes();
+    let needs_c = dev.shards.c.is_some();
+    let buffers = [
+        (BufferKind::A, Some(args.a)),
+        (BufferKind::B, Some(args.b)),
+        (BufferKind::C, if needs_c { args.c } else { None }),
+        (BufferKind::D, Some(args.d)),
+    ];
+    for (kind, buffer) in buffers {
+        let needed = dev.buffer_elements(kind).saturating_mul(elem);
+        let bad = |reason: String| DistGemmError::BadBuffer {
+            device,
+            buffer: kind,
+            reason,
+        };
+        let Some(b) = buffer else {
+            if kind == BufferKind::C && needs_c {
+                return Err(bad(format!(
+                    "beta = {} needs a C shard of {needed} bytes",
+                    plan.problem.beta
+                )));
+            }
+            continue;
+        };
+        if b.ordinal != ordinal {
+            return Err(bad(format!(
+                "it lives on GPU {} but rank {device} runs on GPU {ordinal}",
+                b.ordinal
+            )));
+        }
+        if b.bytes < needed {
+            return Err(bad(format!(
+                "it has {} bytes, the plan needs {needed} ({} elements)",
+                b.bytes,
+                dev.buffer_elements(kind)
+            )));
+        }
+        if b.ptr == 0 || !b.ptr.is_multiple_of(16) {
+            return Err(bad(format!(
+                "address {:#x} is not a 16-byte-aligned allocation",
+                b.ptr
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// [`validate_device_args`] for every device (`ordinals[d]` = rank d's GPU).
+pub(crate) fn validate_args(
+    plan: &Plan,
+    ordinals: &[usize],
+    args: &[DeviceArgs<'_>],
+) -> Result<(), DistGemmError> {
+    if args.len() != plan.tp {
+        return Err(DistGemmError::ArgumentCount {
+            given: args.len(),
+            tp: plan.tp,
+        });
+    }
+    for (d, (a, &ordinal)) in args.iter().zip(ordinals).enumerate() {
+        validate_device_args(plan, d, ordinal, a)?;
+    }
+    Ok(())
+}

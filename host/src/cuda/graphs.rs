@@ -1,0 +1,343 @@
+//! One device's CUDA graph, built from its lowered plan and updated in place: the code both
+//! modes share (one process driving every GPU, [`super::DistGemm`]; one process per GPU,
+//! [`super::RankGemm`]). The modes differ only in where peer addresses come from.
+//!
+//! Node `i` of the graph is node `i` of the plan ([`super::lower`]). A pointer update
+//! re-lowers the plan with the new addresses and rewrites only the nodes whose lowered form
+//! changed: a GEMM node keeps its tensor-map blocks and gets them re-encoded in stream order
+//! ([`PreparedGemm::retarget`]), then its parameter block replaced
+//! (`cuGraphExecKernelNodeSetParams`, which affects later launches only); copy nodes get new
+//! endpoints (`cuGraphExecMemcpyNodeSetParams`).
+
+use std::sync::Arc;
+
+use kernels_gpu::collective_abi::{REDUCE_SMEM_BYTES, REDUCE_THREADS, REDUCE_VECTOR};
+
+use super::error::DistGemmError;
+use super::lower::{LoweredGraph, LoweredNode};
+use crate::dtype::Dtype;
+use crate::gemm::{GemmKernel, PreparedGemm};
+use crate::runtime::{
+    CudaStream, Gpu, Graph, GraphExec, GraphNode, Kernel, KernelArgs, LaunchConfig, Module,
+    RawStream,
+};
+
+/// The kernels one GPU's graphs launch, looked up once in its PTX module.
+pub(crate) struct DeviceKernels {
+    pub(crate) gpu: Gpu,
+    gemm: GemmKernel,
+    barrier: Kernel,
+    reduce: Kernel,
+    _module: Arc<Module>,
+}
+
+impl DeviceKernels {
+    /// Looks the kernels up in `module` (the reduction of element type `dtype`).
+    pub(crate) fn new(module: &Arc<Module>, dtype: Dtype) -> Result<Self, DistGemmError> {
+        Ok(DeviceKernels {
+            gpu: module.gpu().clone(),
+            gemm: GemmKernel::new(module)?,
+            barrier: module.kernel("collective_barrier")?,
+            reduce: module.kernel(match dtype {
+                Dtype::Bf16 => "reduce_sum_bf16",
+                Dtype::F16 => "reduce_sum_f16",
+            })?,
+            _module: Arc::clone(module),
+        })
+    }
+}
+
+/// How much of the GPU one rank's kernels may use when several ranks share it (protocol tests
+/// on one GPU, MPS): each kernel gets at most `blocks` blocks, so every rank's kernels can be
+/// resident together and a spinning wait never starves the kernel it waits for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct GridShare {
+    /// Ranks on the GPU.
+    pub(crate) ranks: usize,
+    /// Blocks per kernel.
+    pub(crate) blocks: u32,
+}
+
+impl GridShare {
+    /// `ranks` ranks on `gpu` (None for one rank): one SM is left for the 1-thread
+    /// collective kernels, the rest split evenly.
+    pub(crate) fn for_ranks(gpu: &Gpu, ranks: usize) -> Option<GridShare> {
+        (ranks > 1).then(|| GridShare {
+            ranks,
+            blocks: (gpu.sm_count().saturating_sub(1) / ranks as u32).max(1),
+        })
+    }
+}
+
+/// What a kernel node is made of: kernel, launch shape, arguments, and the prepared GEMM whose
+/// tensor maps the arguments point to (GEMM nodes only).
+type KernelLaunch = (Kernel, LaunchConfig, KernelArgs, Option<PreparedGemm>);
+
+/// A device's instantiated graph and what its nodes were built from.
+pub(crate) struct DeviceGraph {
+    exec: GraphExec,
+    graph: Graph,
+    nodes: Vec<GraphNode>,
+    lowered: LoweredGraph,
+    /// Per node: the kernel and launch shape of kernel nodes.
+    launches: Vec<Option<(Kernel, LaunchConfig)>>,
+    /// Per node: the prepared GEMM (owns the tensor maps the node's parameters point to).
+    gemms: Vec<Option<PreparedGemm>>,
+}
+
+/// The kernel, launch configuration, arguments and prepared GEMM of kernel node `node`
+/// (None for a copy or flag node). GEMM tensor maps are uploaded on `setup`.
+fn kernel_launch(
+    kernels: &DeviceKernels,
+    share: Option<GridShare>,
+    setup: &CudaStream,
+    device: usize,
+    node: &LoweredNode,
+) -> Result<Option<KernelLaunch>, DistGemmError> {
+    let launch = match node {
+        LoweredNode::Barrier(p) => Some((
+            kernels.barrier.clone(),
+            LaunchConfig::linear(1, 1),
+            KernelArgs::new().by_value(p),
+            None,
+        )),
+        LoweredNode::Gemm { stage, args, hook } => {
+            let mut prepared =
+                kernels
+                    .gemm
+                    .prepare(setup, args)
+                    .map_err(|e| match DistGemmError::from(e) {
+                        DistGemmError::Gemm { source, .. } => DistGemmError::Gemm {
+                            device,
+                            stage: *stage,
+                            source,
+                        },
+                        other => other,
+                    })?;
+            prepared.set_hook(*hook);
+            if let Some(share) = share {
+                prepared.cap_grid(share.blocks);
+            }
+            let cfg = prepared.launch_config(false);
+            let kernel = prepared.kernel().clone();
+            let kargs = prepared.kernel_args();
+            Some((kernel, cfg, kargs, Some(prepared)))
+        }
+        LoweredNode::Reduce(p) => {
+            let vectors = u64::from(p.rows) * u64::from(p.cols / REDUCE_VECTOR);
+            let mut blocks = vectors.div_ceil(u64::from(REDUCE_THREADS));
+            blocks = blocks.min(u64::from(kernels.gpu.sm_count()) * 4);
+            if let Some(share) = share {
+                blocks = blocks.min(u64::from(share.blocks));
+            }
+            let blocks = u32::try_from(blocks.max(1)).unwrap_or(1);
+            Some((
+                kernels.reduce.clone(),
+                LaunchConfig::linear(blocks, REDUCE_THREADS).with_dynamic_smem(REDUCE_SMEM_BYTES),
+                KernelArgs::new().by_value(p),
+                None,
+            ))
+        }
+        LoweredNode::Copy { .. } | LoweredNode::FlagSet { .. } => None,
+    };
+    Ok(launch)
+}
+
+/// A short name of a lowered node, for errors.
+pub(crate) fn node_name(node: &LoweredNode) -> &'static str {
+    match node {
+        LoweredNode::Barrier(_) => "barrier",
+        LoweredNode::Gemm { .. } => "gemm",
+        LoweredNode::Reduce(_) => "reduce",
+        LoweredNode::Copy { .. } => "copy",
+        LoweredNode::FlagSet { .. } => "flag",
+    }
+}
+
+impl DeviceGraph {
+    /// Builds and instantiates the graph of `lowered` on `kernels.gpu`; GEMM tensor maps are
+    /// uploaded on `setup` (which this waits for).
+    ///
+    /// # Safety
+    /// Every address in `lowered` must be memory that stays valid, with the sizes the plan
+    /// gives, for as long as the graph may run (the callers validate the user's buffers and
+    /// own the workspaces and peer mappings).
+    pub(crate) unsafe fn build(
+        kernels: &DeviceKernels,
+        share: Option<GridShare>,
+        setup: &CudaStream,
+        lowered: LoweredGraph,
+    ) -> Result<DeviceGraph, DistGemmError> {
+        let device = lowered.device;
+        let mut graph = Graph::new(&kernels.gpu)?;
+        let mut nodes = Vec::with_capacity(lowered.nodes.len());
+        let mut launches = Vec::with_capacity(lowered.nodes.len());
+        let mut gemms = Vec::with_capacity(lowered.nodes.len());
+        for node in &lowered.nodes {
+            let handle = match (kernel_launch(kernels, share, setup, device, node)?, node) {
+                (Some((kernel, cfg, mut args, prepared)), _) => {
+                    // SAFETY: the function's contract; the tensor maps are owned by `prepared`,
+                    // kept beside the node below.
+                    let handle = unsafe { graph.add_kernel_node(&kernel, &cfg, &mut args)? };
+                    launches.push(Some((kernel, cfg)));
+                    gemms.push(prepared);
+                    handle
+                }
+                (None, LoweredNode::Copy { dst, src, bytes }) => {
+                    launches.push(None);
+                    gemms.push(None);
+                    // SAFETY: the function's contract.
+                    unsafe { graph.add_memcpy_node(*dst, *src, *bytes)? }
+                }
+                (None, LoweredNode::FlagSet { dst, value }) => {
+                    launches.push(None);
+                    gemms.push(None);
+                    // SAFETY: the function's contract (a flag of an exclusive workspace).
+                    unsafe { graph.add_memset_u32_node(*dst, *value)? }
+                }
+                (None, other) => {
+                    return Err(DistGemmError::Internal(format!(
+                        "{} node without a launch",
+                        node_name(other)
+                    )));
+                }
+            };
+            nodes.push(handle);
+        }
+        for e in &lowered.edges {
+            let (Some(&from), Some(&to)) = (nodes.get(e.from), nodes.get(e.to)) else {
+                return Err(DistGemmError::Internal(format!(
+                    "edge {e:?} leaves the graph"
+                )));
+            };
+            graph.add_dependency(from, to, e.kind)?;
+        }
+        let exec = graph.instantiate()?;
+        crate::runtime::stream::synchronize(setup)?;
+        Ok(DeviceGraph {
+            exec,
+            graph,
+            nodes,
+            lowered,
+            launches,
+            gemms,
+        })
+    }
+
+    /// The graph as lowered data.
+    pub(crate) fn lowered(&self) -> &LoweredGraph {
+        &self.lowered
+    }
+
+    /// The graph as built.
+    pub(crate) fn graph(&self) -> &Graph {
+        &self.graph
+    }
+
+    /// Enqueues one run on `stream`.
+    pub(crate) fn launch(&self, stream: RawStream) -> Result<(), DistGemmError> {
+        Ok(self.exec.launch_on(stream)?)
+    }
+
+    /// Rewrites the nodes whose lowered form differs from `lowered` (same plan, new
+    /// addresses); see the module documentation. Tensor maps are re-encoded in stream order
+    /// on `stream`; no host synchronisation.
+    ///
+    /// # Safety
+    /// As for [`DeviceGraph::build`] for the new addresses, and every launch of this graph
+    /// must be enqueued on `stream` (or be complete).
+    pub(crate) unsafe fn update(
+        &mut self,
+        kernels: &DeviceKernels,
+        lowered: LoweredGraph,
+        stream: RawStream,
+    ) -> Result<(), DistGemmError> {
+        let device = lowered.device;
+        if lowered.nodes.len() != self.lowered.nodes.len() {
+            return Err(DistGemmError::Internal(format!(
+                "device {device}'s graph would change its node count on a pointer update"
+            )));
+        }
+        for (i, node) in lowered.nodes.iter().enumerate() {
+            let old = &self.lowered.nodes[i];
+            if old == node {
+                continue;
+            }
+            let handle = self.nodes[i];
+            match (old, node) {
+                (
+                    LoweredNode::Gemm {
+                        args: old_args,
+                        hook: old_hook,
+                        ..
+                    },
+                    LoweredNode::Gemm { stage, args, hook },
+                ) if old_hook == hook => {
+                    let (Some(prepared), Some((kernel, cfg))) =
+                        (self.gemms[i].as_mut(), self.launches[i].as_ref())
+                    else {
+                        return Err(DistGemmError::Internal(format!(
+                            "GEMM node {i} of device {device} has no prepared GEMM"
+                        )));
+                    };
+                    // SAFETY: the function's contract.
+                    unsafe { prepared.retarget(&kernels.gpu, old_args, args, stream) }.map_err(
+                        |e| match DistGemmError::from(e) {
+                            DistGemmError::Gemm { source, .. } => DistGemmError::Gemm {
+                                device,
+                                stage: *stage,
+                                source,
+                            },
+                            other => other,
+                        },
+                    )?;
+                    let mut kargs = prepared.kernel_args();
+                    // SAFETY: the function's contract; same kernel and launch shape.
+                    unsafe {
+                        self.exec
+                            .set_kernel_node_params(handle, kernel, cfg, &mut kargs)?
+                    };
+                }
+                (LoweredNode::Reduce(_), LoweredNode::Reduce(_))
+                | (LoweredNode::Barrier(_), LoweredNode::Barrier(_)) => {
+                    let Some((kernel, cfg)) = self.launches[i].as_ref() else {
+                        return Err(DistGemmError::Internal(format!(
+                            "kernel node {i} of device {device} has no launch"
+                        )));
+                    };
+                    let mut kargs = match node {
+                        LoweredNode::Reduce(p) => KernelArgs::new().by_value(p),
+                        LoweredNode::Barrier(p) => KernelArgs::new().by_value(p),
+                        other => {
+                            return Err(DistGemmError::Internal(format!(
+                                "{} node {i} is not a collective kernel",
+                                node_name(other)
+                            )));
+                        }
+                    };
+                    // SAFETY: the function's contract; same kernel and launch shape.
+                    unsafe {
+                        self.exec
+                            .set_kernel_node_params(handle, kernel, cfg, &mut kargs)?
+                    };
+                }
+                (LoweredNode::Copy { .. }, LoweredNode::Copy { dst, src, bytes }) => {
+                    // SAFETY: the function's contract.
+                    unsafe {
+                        self.exec
+                            .set_memcpy_node_params(handle, *dst, *src, *bytes)?
+                    };
+                }
+                (old, new) => {
+                    return Err(DistGemmError::Internal(format!(
+                        "{} node {i} of device {device} cannot become {} on a pointer update",
+                        node_name(old),
+                        node_name(new)
+                    )));
+                }
+            }
+        }
+        self.lowered = lowered;
+        Ok(())
+    }
+}

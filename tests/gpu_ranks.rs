@@ -1,0 +1,608 @@
+//! One process per rank: [`RankGemm`] over CUDA IPC, two rank processes sharing one GPU.
+//!
+//! A kernel spinning on a flag in one process sees a flag that another process's kernel sets
+//! through a CUDA IPC mapping of the same GPU (time-sliced, with or without MPS), so the whole
+//! TP=2 protocol — barrier, flags, copies of the peer's shard, the neighbour's partials — runs
+//! on one GPU. Times mean nothing here; correctness does.
+//!
+//! The test re-executes this binary twice (`DISTGEMM_RANK_TEST=<rank>,<socket>,<section>`);
+//! each child joins a [`LocalRendezvous`] and runs the section. Inputs are hash-generated per
+//! element (values in ±[0.25, 1), never zero), so a rank makes exactly its shards and the
+//! reference needs no global copy; every D is poisoned (NaN) before every run. Checks:
+//! - `schedules`: every schedule, bf16 and f16, ragged shapes (one with beta = 1) and the four
+//!   Llama-3 presets at 2·64 tokens (the all-gather-A and reduce-scatter-A families the
+//!   PyTorch package runs): all-gather D bit-identical to distgemm's single-GPU kernel on the
+//!   gathered operand; reduce-scatter within the f64 bound of `distgemm::reference`
+//!   (every element of ragged shapes, edges + 4,096 samples of presets);
+//! - `repeat`: 1,000 queued runs alternating two input sets at new addresses (D checked
+//!   after each), then the same with the caller's shard overwritten on its stream right after
+//!   each launch, and with the zero-copy input slot;
+//! - `killed`: rank 1 exits after building; rank 0 gets a named timeout within the bound;
+//! - `cycles`: 1,000 build/run/drop cycles; open file descriptors and free device memory do
+//!   not drift.
+
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use distgemm::cuda::{DistGemmError, LocalRendezvous, RankArgs, RankGemm, Rendezvous};
+use distgemm::dtype::Element;
+use distgemm::gemm::{GemmArgs, GemmKernel, MatrixView};
+use distgemm::plan::Plan;
+use distgemm::problem::{Preset, Problem};
+use distgemm::reference::ErrorBound;
+use distgemm::runtime::{CudaStream, DeviceBuffer, DeviceCopy, Gpu, Module, RawStream};
+use distgemm::schedule::{Block, BufferKind, Collective, ScheduleKind};
+use distgemm_tests::gpu::{self, visible_line};
+use half::{bf16, f16};
+
+const CHILD_ENV: &str = "DISTGEMM_RANK_TEST";
+const TP: usize = 2;
+/// Bound of every GPU wait (a failure costs seconds).
+const TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Runs `section` in two rank processes and waits (bounded) for both.
+fn run_ranks(test: &str, section: &str, limit: Duration) {
+    if let Ok(spec) = std::env::var(CHILD_ENV) {
+        child(&spec);
+        return;
+    }
+    let Some(session) = gpu::hopper_gpu(test) else {
+        return;
+    };
+    drop(session);
+    let socket = std::env::temp_dir().join(format!(
+        "distgemm-ranks-{}-{section}.sock",
+        std::process::id()
+    ));
+    let exe = std::env::current_exe().expect("test binary");
+    let name = test.rsplit("::").next().unwrap_or(test);
+    let mut children: Vec<Child> = (0..TP)
+        .map(|rank| {
+            Command::new(&exe)
+                .args([name, "--exact", "--nocapture", "--test-threads", "1"])
+                .env(CHILD_ENV, format!("{rank},{},{section}", socket.display()))
+                .stdout(Stdio::inherit())
+                .stderr(Stdio::inherit())
+                .spawn()
+                .expect("spawn a rank")
+        })
+        .collect();
+    let start = Instant::now();
+    let mut status = vec![None; TP];
+    while status.iter().any(Option::is_none) {
+        for (rank, child) in children.iter_mut().enumerate() {
+            if status[rank].is_none() {
+                status[rank] = child.try_wait().expect("wait for a rank");
+            }
+        }
+        if start.elapsed() > limit {
+            for child in &mut children {
+                let _ = child.kill();
+            }
+            panic!("{test}: the ranks did not finish within {limit:?} (a hang)");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for (rank, s) in status.iter().enumerate() {
+        let s = s.expect("finished");
+        assert!(s.success(), "{test}: rank {rank} failed ({s})");
+    }
+    visible_line(&format!(
+        "{test}: both ranks passed in {:.1} s",
+        start.elapsed().as_secs_f64()
+    ));
+}
+
+#[test]
+fn every_schedule_across_two_processes() {
+    run_ranks(
+        "gpu_ranks::every_schedule_across_two_processes",
+        "schedules",
+        Duration::from_secs(900),
+    );
+}
+
+#[test]
+fn repeated_runs_with_new_and_overwritten_inputs() {
+    run_ranks(
+        "gpu_ranks::repeated_runs_with_new_and_overwritten_inputs",
+        "repeat",
+        Duration::from_secs(600),
+    );
+}
+
+#[test]
+fn a_rank_that_dies_is_a_named_timeout() {
+    run_ranks(
+        "gpu_ranks::a_rank_that_dies_is_a_named_timeout",
+        "killed",
+        Duration::from_secs(120),
+    );
+}
+
+#[test]
+fn build_and_drop_cycles_leak_nothing() {
+    run_ranks(
+        "gpu_ranks::build_and_drop_cycles_leak_nothing",
+        "cycles",
+        Duration::from_secs(600),
+    );
+}
+
+/// One rank process.
+struct Rank {
+    rank: usize,
+    gpu: Gpu,
+    module: Arc<Module>,
+    stream: Arc<CudaStream>,
+    rendezvous: Arc<dyn Rendezvous>,
+}
+
+fn child(spec: &str) {
+    let mut parts = spec.splitn(3, ',');
+    let rank: usize = parts.next().and_then(|r| r.parse().ok()).expect("rank");
+    let socket = parts.next().expect("socket").to_owned();
+    let section = parts.next().expect("section").to_owned();
+    let gpu = Gpu::open(0).expect("GPU 0");
+    let module = Module::load(&gpu).expect("PTX module");
+    let stream = gpu.new_stream().expect("stream");
+    let rendezvous: Arc<dyn Rendezvous> = Arc::new(
+        LocalRendezvous::join(socket.as_ref(), rank, TP, Duration::from_secs(120))
+            .expect("rendezvous"),
+    );
+    let r = Rank {
+        rank,
+        gpu,
+        module,
+        stream,
+        rendezvous,
+    };
+    match section.as_str() {
+        "schedules" => schedules(&r),
+        "repeat" => repeat(&r),
+        "killed" => killed(&r),
+        "cycles" => cycles(&r),
+        other => panic!("unknown section {other}"),
+    }
+}
+
+// ---- inputs and references ----------------------------------------------------------------
+
+/// Element (row, col) of matrix `which` (0 = A, 1 = B, 2 = C) for `seed`: ±[0.25, 1).
+fn value(seed: u64, which: u64, row: usize, col: usize) -> f32 {
+    let mut x = seed
+        .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        .wrapping_add(which << 60)
+        .wrapping_add((row as u64) << 32)
+        .wrapping_add(col as u64);
+    x ^= x >> 30;
+    x = x.wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x ^= x >> 27;
+    x = x.wrapping_mul(0x94D0_49BB_1331_11EB);
+    x ^= x >> 31;
+    let u = (x >> 40) as f32 / (1u64 << 24) as f32;
+    let v = 0.25 + 0.75 * u;
+    if x & 1 == 1 { -v } else { v }
+}
+
+/// The packed block of matrix `which`, rounded to `T` (multi-threaded).
+fn block_of<T: Element>(seed: u64, which: u64, b: Block) -> Vec<T> {
+    let mut out = vec![T::from_f32(0.0); b.rows * b.cols];
+    let threads = std::thread::available_parallelism().map_or(4, |n| n.get().min(16));
+    let rows_per = b.rows.div_ceil(threads).max(1);
+    std::thread::scope(|s| {
+        for (t, chunk) in out.chunks_mut(rows_per * b.cols.max(1)).enumerate() {
+            s.spawn(move || {
+                for (i, x) in chunk.iter_mut().enumerate() {
+                    let (r, c) = (t * rows_per + i / b.cols, i % b.cols);
+                    *x = T::from_f32(value(seed, which, b.row0 + r, b.col0 + c));
+                }
+            });
+        }
+    });
+    out
+}
+
+fn whole(rows: usize, cols: usize) -> Block {
+    Block {
+        row0: 0,
+        col0: 0,
+        rows,
+        cols,
+    }
+}
+
+/// This rank's shards and output of one problem, on the GPU.
+struct Shards<T: DeviceCopy> {
+    a: DeviceBuffer<T>,
+    b: DeviceBuffer<T>,
+    c: Option<DeviceBuffer<T>>,
+    d: DeviceBuffer<T>,
+}
+
+impl<T: DeviceCopy> Shards<T> {
+    fn args(&self) -> RankArgs {
+        RankArgs {
+            a: self.a.device_ptr(),
+            b: self.b.device_ptr(),
+            c: self.c.as_ref().map_or(0, DeviceBuffer::device_ptr),
+            d: self.d.device_ptr(),
+        }
+    }
+}
+
+fn upload<T: Element + DeviceCopy>(r: &Rank, plan: &Plan, seed: u64) -> Shards<T> {
+    let shards = &plan.devices[r.rank].shards;
+    let up = |which, b| DeviceBuffer::from_host(&r.gpu, &r.stream, &block_of::<T>(seed, which, b));
+    Shards {
+        a: up(0, shards.a).expect("A"),
+        b: up(1, shards.b).expect("B"),
+        c: shards.c.map(|c| up(2, c).expect("C")),
+        d: DeviceBuffer::alloc(&r.gpu, shards.d.elements()).expect("D"),
+    }
+}
+
+/// distgemm's single-GPU kernel on the rows of A and B that make this rank's D block: each
+/// element is the same dot product in the same order as in the distributed run.
+fn single_gpu_block<T: Element + DeviceCopy>(r: &Rank, plan: &Plan, seed: u64) -> Vec<T> {
+    let p = &plan.problem;
+    let d = plan.devices[r.rank].shards.d;
+    let a = DeviceBuffer::from_host(
+        &r.gpu,
+        &r.stream,
+        &block_of::<T>(
+            seed,
+            0,
+            Block {
+                row0: d.row0,
+                col0: 0,
+                rows: d.rows,
+                cols: p.k,
+            },
+        ),
+    )
+    .expect("A rows");
+    let b = DeviceBuffer::from_host(
+        &r.gpu,
+        &r.stream,
+        &block_of::<T>(
+            seed,
+            1,
+            Block {
+                row0: d.col0,
+                col0: 0,
+                rows: d.cols,
+                cols: p.k,
+            },
+        ),
+    )
+    .expect("B rows");
+    let c = plan.devices[r.rank].shards.c.map(|c| {
+        DeviceBuffer::from_host(&r.gpu, &r.stream, &block_of::<T>(seed, 2, c)).expect("C")
+    });
+    let mut out = DeviceBuffer::<T>::alloc(&r.gpu, d.elements()).expect("D");
+    out.fill_bytes(&r.stream, 0xFF).expect("poison");
+    let (m, n, k) = (d.rows as u64, d.cols as u64, p.k as u64);
+    let args = GemmArgs {
+        dtype: p.dtype,
+        a: MatrixView::dense(a.device_ptr(), m, k),
+        b: MatrixView::dense(b.device_ptr(), n, k),
+        c: c.as_ref().map(|c| MatrixView::dense(c.device_ptr(), m, n)),
+        d: MatrixView::dense(out.device_ptr(), m, n),
+        alpha: p.alpha,
+        beta: p.beta,
+    };
+    let kernel = GemmKernel::new(&r.module).expect("GEMM kernels");
+    let prepared = kernel.prepare(&r.stream, &args).expect("prepare");
+    prepared.launch(&r.stream, false).expect("launch");
+    out.download(&r.stream).expect("download")
+}
+
+/// Checks this rank's D against the f64 reference at `indices` of its block (all when None):
+/// the per-element bound of `distgemm::reference` for the schedule's roundings.
+fn check_f64<T: Element>(what: &str, r: &Rank, plan: &Plan, seed: u64, d: &[T], sample: bool) {
+    let p = &plan.problem;
+    let blk = plan.devices[r.rank].shards.d;
+    let bound = ErrorBound::new(p.dtype, plan.schedule.roundings(plan.tp), p.k, plan.tp);
+    let indices: Vec<usize> = if sample {
+        let mut v: Vec<usize> = Vec::new();
+        for i in 0..blk.rows {
+            for j in [0, blk.cols - 1] {
+                v.push(i * blk.cols + j);
+            }
+        }
+        for j in 0..blk.cols {
+            for i in [0, blk.rows - 1] {
+                v.push(i * blk.cols + j);
+            }
+        }
+        v.extend((0..4096u64).map(|s| {
+            (value(seed ^ 0x5A5A, 3, s as usize, 0).to_bits() as usize) % (blk.rows * blk.cols)
+        }));
+        v
+    } else {
+        (0..blk.rows * blk.cols).collect()
+    };
+    let round = |x: f32| f64::from(T::from_f32(x).to_f32());
+    let mut bad = 0;
+    let mut worst = 0.0f64;
+    for &idx in &indices {
+        let (i, j) = (blk.row0 + idx / blk.cols, blk.col0 + idx % blk.cols);
+        let (mut exact, mut magnitude) = (0.0f64, 0.0f64);
+        for k in 0..p.k {
+            let prod = round(value(seed, 0, i, k)) * round(value(seed, 1, j, k));
+            exact += prod;
+            magnitude += prod.abs();
+        }
+        let c = if p.has_c() {
+            round(value(seed, 2, i, j))
+        } else {
+            0.0
+        };
+        let want = f64::from(p.alpha) * exact + f64::from(p.beta) * c;
+        let tol = bound.relative
+            * (f64::from(p.alpha).abs() * magnitude + (f64::from(p.beta) * c).abs())
+            + bound.absolute;
+        let got = f64::from(d[idx].to_f32());
+        let ratio = (got - want).abs() / tol;
+        if !(ratio <= 1.0) {
+            bad += 1;
+        }
+        if ratio.is_nan() || ratio > worst {
+            worst = if ratio.is_nan() { f64::INFINITY } else { ratio };
+        }
+    }
+    assert_eq!(
+        bad,
+        0,
+        "{what}: {bad} of {} elements outside the f64 bound (worst {worst:.2}×)",
+        indices.len()
+    );
+}
+
+fn assert_bit_identical<T: Element>(what: &str, got: &[T], want: &[T]) {
+    assert_eq!(got.len(), want.len(), "{what}: sizes differ");
+    let diff = got
+        .iter()
+        .zip(want)
+        .filter(|(g, w)| g.to_bits() != w.to_bits())
+        .count();
+    assert_eq!(
+        diff, 0,
+        "{what}: {diff} elements differ from the single-GPU kernel"
+    );
+}
+
+fn build(r: &Rank, kind: ScheduleKind, problem: Problem) -> Result<RankGemm, DistGemmError> {
+    RankGemm::builder()
+        .gpu(r.gpu.clone())
+        .module(Arc::clone(&r.module))
+        .schedule(kind)
+        .problem(problem)
+        .timeout(TIMEOUT)
+        .allow_shared_gpu(true)
+        .build(Arc::clone(&r.rendezvous))
+}
+
+/// One launch on the test's stream, waited for and checked for GPU errors.
+fn run_once(r: &Rank, dg: &mut RankGemm, args: RankArgs) {
+    // SAFETY: the shards are live allocations of the plan's sizes on this GPU, and stay
+    // untouched until the synchronisation below.
+    unsafe { dg.launch_raw(RawStream::of(&r.stream), args) }.expect("launch");
+    dg.synchronize().expect("run");
+}
+
+// ---- sections -------------------------------------------------------------------------------
+
+fn check_case<T: Element + DeviceCopy>(
+    r: &Rank,
+    kind: ScheduleKind,
+    problem: Problem,
+    sample: bool,
+) {
+    let problem = problem.with_dtype(T::DTYPE);
+    let what = format!("rank {} {kind} {problem}", r.rank);
+    let mut dg = build(r, kind, problem).unwrap_or_else(|e| panic!("{what}: build: {e}"));
+    let plan = dg.plan().clone();
+    let seed = (problem.m * 31 + problem.n * 7 + problem.k) as u64;
+    let mut shards = upload::<T>(r, &plan, seed);
+    shards.d.fill_bytes(&r.stream, 0xFF).expect("poison D");
+    run_once(r, &mut dg, shards.args());
+    let d = shards.d.download(&r.stream).expect("D");
+    match kind.collective() {
+        Collective::AllGather => {
+            assert_bit_identical(&what, &d, &single_gpu_block::<T>(r, &plan, seed));
+        }
+        Collective::ReduceScatter => check_f64(&what, r, &plan, seed, &d, sample),
+    }
+    visible_line(&format!("{what}: ok"));
+}
+
+fn schedules(r: &Rank) {
+    let ragged = [
+        Problem::new(200, 336, 272),
+        Problem::new(72, 1040, 528).with_scalars(1.0, 1.0),
+    ];
+    for kind in ScheduleKind::ALL {
+        for problem in ragged {
+            check_case::<bf16>(r, kind, problem, false);
+            check_case::<f16>(r, kind, problem, false);
+        }
+    }
+    let families = [
+        ScheduleKind::AllGatherRotatingA,
+        ScheduleKind::AllGatherSingleStageA,
+        ScheduleKind::ReduceScatterTilingA,
+        ScheduleKind::ReduceScatterSingleStageA,
+    ];
+    for preset in Preset::ALL {
+        for kind in families {
+            check_case::<bf16>(r, kind, preset.problem(TP * 64), true);
+        }
+    }
+}
+
+fn repeat(r: &Rank) {
+    for kind in [
+        ScheduleKind::AllGatherRotatingA,
+        ScheduleKind::ReduceScatterTilingA,
+    ] {
+        let problem = Problem::new(256, 512, 384);
+        let what = format!("rank {} {kind} repeat", r.rank);
+        let mut dg = build(r, kind, problem).expect("build");
+        let plan = dg.plan().clone();
+        let sets = [11u64, 12];
+        let mut shards: Vec<Shards<bf16>> = sets.iter().map(|&s| upload(r, &plan, s)).collect();
+        // The expected D of each input set: the first run's, proved correct once.
+        let mut expected = Vec::new();
+        for (set, &seed) in sets.iter().enumerate() {
+            shards[set].d.fill_bytes(&r.stream, 0xFF).expect("poison");
+            run_once(r, &mut dg, shards[set].args());
+            let d = shards[set].d.download(&r.stream).expect("D");
+            match kind.collective() {
+                Collective::AllGather => {
+                    assert_bit_identical(&what, &d, &single_gpu_block::<bf16>(r, &plan, seed));
+                }
+                Collective::ReduceScatter => check_f64(&what, r, &plan, seed, &d, false),
+            }
+            expected.push(d);
+        }
+        for i in 0..1000 {
+            let set = i % 2;
+            shards[set].d.fill_bytes(&r.stream, 0xFF).expect("poison");
+            run_once(r, &mut dg, shards[set].args());
+            let d = shards[set].d.download(&r.stream).expect("D");
+            assert_bit_identical(&format!("{what} run {i}"), &d, &expected[set]);
+        }
+        visible_line(&format!("{what}: 1000 runs at alternating addresses ok"));
+        // The caller's shard overwritten on its stream right after the launch (as a caching
+        // allocator reuses memory): peers must never see the new bytes.
+        let original = shards[0].a.download(&r.stream).expect("A");
+        for i in 0..50 {
+            shards[0].d.fill_bytes(&r.stream, 0xFF).expect("poison");
+            // SAFETY: as in `run_once`; the overwrite below is ordered after the launch on the
+            // same stream, which is what the contract allows.
+            unsafe { dg.launch_raw(RawStream::of(&r.stream), shards[0].args()) }.expect("launch");
+            shards[0]
+                .a
+                .fill_bytes(&r.stream, 0x3C)
+                .expect("overwrite A");
+            dg.synchronize().expect("run");
+            let d = shards[0].d.download(&r.stream).expect("D");
+            assert_bit_identical(&format!("{what} overwrite {i}"), &d, &expected[0]);
+            shards[0].a.upload(&r.stream, &original).expect("restore A");
+        }
+        if let Some(slot) = dg.input_slot() {
+            assert_eq!(slot.kind, BufferKind::A);
+            for i in 0..50 {
+                let mut args = shards[0].args();
+                // SAFETY: both are live device buffers of `slot.bytes` bytes on this GPU.
+                unsafe {
+                    distgemm::runtime::caller_stream::copy_device_async(
+                        &r.gpu,
+                        slot.ptr,
+                        args.a,
+                        slot.bytes,
+                        RawStream::of(&r.stream),
+                    )
+                }
+                .expect("fill the slot");
+                args.a = slot.ptr;
+                shards[0].d.fill_bytes(&r.stream, 0xFF).expect("poison");
+                // SAFETY: as above; the slot is overwritten only after the launch, in stream
+                // order, which the end-of-run release makes safe.
+                unsafe { dg.launch_raw(RawStream::of(&r.stream), args) }.expect("launch");
+                // SAFETY: as above.
+                unsafe {
+                    distgemm::runtime::caller_stream::copy_device_async(
+                        &r.gpu,
+                        slot.ptr,
+                        shards[1].a.device_ptr(),
+                        slot.bytes,
+                        RawStream::of(&r.stream),
+                    )
+                }
+                .expect("overwrite the slot");
+                dg.synchronize().expect("run");
+                let d = shards[0].d.download(&r.stream).expect("D");
+                assert_bit_identical(&format!("{what} zero-copy {i}"), &d, &expected[0]);
+            }
+        }
+        visible_line(&format!("{what}: overwritten inputs never reached a peer"));
+    }
+}
+
+fn killed(r: &Rank) {
+    let problem = Problem::new(256, 512, 384);
+    let mut dg = build(r, ScheduleKind::AllGatherRotatingA, problem).expect("build");
+    if r.rank == 1 {
+        // Dies without launching or tearing down.
+        std::process::exit(0);
+    }
+    let plan = dg.plan().clone();
+    let shards = upload::<bf16>(r, &plan, 5);
+    let start = Instant::now();
+    // SAFETY: as in `run_once`.
+    unsafe { dg.launch_raw(RawStream::of(&r.stream), shards.args()) }.expect("launch");
+    let err = dg.synchronize().expect_err("the peer is gone");
+    let elapsed = start.elapsed();
+    let text = err.to_string();
+    assert!(
+        matches!(err, DistGemmError::Timeout { device: 0, .. }),
+        "{text}"
+    );
+    assert!(text.contains("barrier"), "{text}");
+    assert!(elapsed < TIMEOUT * 3, "took {elapsed:?}");
+    assert!(matches!(
+        unsafe { dg.launch_raw(RawStream::of(&r.stream), shards.args()) },
+        Err(DistGemmError::Poisoned(_))
+    ));
+    let closed = dg.close();
+    assert!(closed.is_err(), "teardown with a dead peer must report it");
+    visible_line(&format!(
+        "rank 0: {text} (after {:.1} s)",
+        elapsed.as_secs_f64()
+    ));
+}
+
+fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").map_or(0, Iterator::count)
+}
+
+fn cycles(r: &Rank) {
+    let problem = Problem::new(256, 512, 384);
+    let kinds = [
+        ScheduleKind::AllGatherRotatingA,
+        ScheduleKind::ReduceScatterTilingA,
+    ];
+    let plans: Vec<Plan> = kinds
+        .iter()
+        .map(|&k| Plan::build(k, problem, TP).expect("plan"))
+        .collect();
+    let shards: Vec<Shards<bf16>> = plans.iter().map(|p| upload(r, p, 3)).collect();
+    let mut baseline = None;
+    for i in 0..1000 {
+        let which = i % 2;
+        let mut dg = build(r, kinds[which], problem).expect("build");
+        run_once(r, &mut dg, shards[which].args());
+        drop(dg);
+        if i == 19 {
+            r.gpu.synchronize().expect("sync");
+            baseline = Some((open_fds(), r.gpu.memory_info().expect("memory").0));
+        }
+    }
+    r.gpu.synchronize().expect("sync");
+    let (fds, free) = (open_fds(), r.gpu.memory_info().expect("memory").0);
+    let (fds0, free0) = baseline.expect("baseline");
+    visible_line(&format!(
+        "rank {}: after 1000 cycles: fds {fds0} -> {fds}, free device memory {free0} -> {free}",
+        r.rank
+    ));
+    assert!(fds <= fds0, "file descriptors grew from {fds0} to {fds}");
+    // The other rank allocates and frees concurrently: allow one cycle's worth of noise.
+    assert!(
+        free + (64 << 20) >= free0,
+        "device memory shrank from {free0} to {free}"
+    );
+}
