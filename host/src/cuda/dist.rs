@@ -270,8 +270,10 @@ impl<'a> DistGemmBuilder<'a> {
         for rank in &ranks {
             crate::runtime::stream::synchronize(&rank.stream)?;
         }
+        let launch_streams = ranks.iter().map(|r| RawStream::of(&r.stream)).collect();
         let mut dist = DistGemm {
             graphs: Vec::new(),
+            launch_streams,
             ranks,
             plan,
             args,
@@ -332,6 +334,8 @@ impl Rank {
 pub struct DistGemm<'a> {
     // Dropped first: graphs and the tensor maps their nodes point to.
     graphs: Vec<DeviceGraph>,
+    /// Per device: the stream of its last run (its own stream until `run_on`).
+    launch_streams: Vec<RawStream>,
     ranks: Vec<Rank>,
     plan: Plan,
     args: Vec<DeviceArgs<'a>>,
@@ -498,10 +502,44 @@ impl<'a> DistGemm<'a> {
         e
     }
 
-    /// Launches one run on every device and returns without waiting.
+    /// Launches one run on every device, each on its own stream ([`DistGemm::streams`]), and
+    /// returns without waiting.
     pub fn run(&mut self) -> Result<(), DistGemmError> {
         let all: Vec<usize> = (0..self.plan.tp).collect();
         self.run_ranks(&all)
+    }
+
+    /// Launches one run on every device on the caller's streams (`streams[d]` for device d),
+    /// behind the caller's earlier work on them and with no host synchronisation;
+    /// [`DistGemm::wait`] then waits for those streams. Every later run and pointer update
+    /// waits for them too.
+    ///
+    /// # Safety
+    /// Each stream must be a live stream of its device's GPU (primary context) or the legacy
+    /// default stream, and stay alive until [`DistGemm::wait`] (or the drop) has returned.
+    pub unsafe fn run_on(&mut self, streams: &[RawStream]) -> Result<(), DistGemmError> {
+        if streams.len() != self.plan.tp {
+            return Err(DistGemmError::ArgumentCount {
+                given: streams.len(),
+                tp: self.plan.tp,
+            });
+        }
+        self.usable()?;
+        for (r, &stream) in streams.iter().enumerate() {
+            if self.launch_streams[r] != stream {
+                // Runs of one device stay in order: the last one's stream is waited on
+                // before switching.
+                if let Err(e) = self.launch_streams[r].synchronize(&self.ranks[r].kernels.gpu) {
+                    return Err(self.poison(e.into()));
+                }
+                self.launch_streams[r] = stream;
+            }
+            if let Err(e) = self.graphs[r].launch(stream) {
+                return Err(self.poison(e));
+            }
+            self.in_flight = true;
+        }
+        Ok(())
     }
 
     /// Fault injection for tests: launches the graphs of `ranks` only, as if the other devices
@@ -525,6 +563,12 @@ impl<'a> DistGemm<'a> {
         self.usable()?;
         for &r in ranks {
             let stream = RawStream::of(&self.ranks[r].stream);
+            if self.launch_streams[r] != stream {
+                if let Err(e) = self.launch_streams[r].synchronize(&self.ranks[r].kernels.gpu) {
+                    return Err(self.poison(e.into()));
+                }
+                self.launch_streams[r] = stream;
+            }
             if let Err(e) = self.graphs[r].launch(stream) {
                 return Err(self.poison(e));
             }
@@ -537,8 +581,8 @@ impl<'a> DistGemm<'a> {
     /// [`DistGemmError::Timeout`] (the first device's, by rank), and poisons the instance.
     pub fn wait(&mut self) -> Result<(), DistGemmError> {
         let mut first: Option<DistGemmError> = None;
-        for rank in &self.ranks {
-            if let Err(e) = crate::runtime::stream::synchronize(&rank.stream) {
+        for (rank, stream) in self.ranks.iter().zip(&self.launch_streams) {
+            if let Err(e) = stream.synchronize(&rank.kernels.gpu) {
                 first.get_or_insert(e.into());
             }
         }
@@ -625,9 +669,12 @@ impl<'a> DistGemm<'a> {
         for (d, lowered) in updated.into_iter().enumerate() {
             let rank = &self.ranks[d];
             let stream = RawStream::of(&rank.stream);
-            // SAFETY: validated buffers borrowed for 'a, own workspaces; every launch of the
-            // graph goes to the rank's stream, and no run is in flight (waited above).
-            let result = unsafe { self.graphs[d].update(&rank.kernels, lowered, stream) };
+            // SAFETY: validated buffers borrowed for 'a, own workspaces; no run is in flight
+            // (waited above) and the uploads finish before this returns.
+            let result = unsafe { self.graphs[d].update(&rank.kernels, lowered, stream) }
+                // The re-encoded tensor maps are in place before any later run, whichever
+                // stream it is launched on.
+                .and_then(|()| Ok(crate::runtime::stream::synchronize(&rank.stream)?));
             if let Err(e) = result {
                 return Err(self.poison(e));
             }
@@ -684,8 +731,8 @@ impl Drop for DistGemm<'_> {
     /// buffers), then frees graphs, tensor maps and workspaces. Errors cannot be returned from
     /// `drop` and are ignored here.
     fn drop(&mut self) {
-        for rank in &self.ranks {
-            let _ = crate::runtime::stream::synchronize(&rank.stream);
+        for (rank, stream) in self.ranks.iter().zip(&self.launch_streams) {
+            let _ = stream.synchronize(&rank.kernels.gpu);
         }
         self.graphs.clear();
     }

@@ -42,6 +42,16 @@ impl RawStream {
     pub fn raw(self) -> sys::CUstream {
         self.0
     }
+
+    /// Waits on the host for all work on the stream (`cuStreamSynchronize` in `gpu`'s
+    /// context).
+    pub fn synchronize(self, gpu: &Gpu) -> Result<()> {
+        gpu.bind()?;
+        // SAFETY: the handle is live (`from_raw`'s contract or a live cudarc stream).
+        unsafe { sys::cuStreamSynchronize(self.0) }
+            .result()
+            .map_err(RuntimeError::driver("cuStreamSynchronize"))
+    }
 }
 
 /// A completion marker on a stream (`cuEventCreate` with `CU_EVENT_DISABLE_TIMING`);
