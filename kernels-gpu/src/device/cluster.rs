@@ -32,8 +32,16 @@ pub fn map_shared_rank(addr: u32, rank: u32) -> u32 {
     r
 }
 
-/// `ld.shared::cluster.u32`: reads a 32-bit word of another block's shared memory at an address
-/// from [`map_shared_rank`].
+/// Reads a 32-bit word of another block's shared memory at an address from
+/// [`map_shared_rank`].
+///
+/// Lowers to `ld.shared::cluster.u32 v, [addr]`.
+///
+/// # Safety
+/// `addr` must be a 4-byte aligned `.shared::cluster` address (from [`map_shared_rank`]) of a
+/// block of this cluster that has not exited, inside that block's shared memory; the word must
+/// have been made visible to this thread (a [`cluster_sync`] or a release/acquire pair after it
+/// was written).
 #[inline(always)]
 pub unsafe fn load_shared_cluster_u32(addr: u32) -> u32 {
     let v: u32;

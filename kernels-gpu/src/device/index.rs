@@ -43,12 +43,6 @@ pub fn lane_idx() -> u32 {
     thread_idx() % WARP_SIZE
 }
 
-/// The warp's index in its block.
-#[inline(always)]
-pub fn warp_idx() -> u32 {
-    thread_idx() / WARP_SIZE
-}
-
 /// The warpgroup's index in its block (warps 4g..4g+3 form warpgroup g).
 #[inline(always)]
 pub fn warpgroup_idx() -> u32 {
@@ -113,19 +107,4 @@ pub fn cluster_count() -> u32 {
     let r: u32;
     unsafe { asm!("mov.u32 {r}, %nclusterid.x;", r = out(reg32) r, options(pure, nomem, nostack)) };
     r
-}
-
-/// `elect.sync`: true in exactly one active lane of the warp (the lowest), false elsewhere.
-/// Every lane of the warp must execute it (`.sync.aligned` over the full mask).
-#[inline(always)]
-pub fn elect_one() -> bool {
-    let r: u32;
-    unsafe {
-        asm!(
-            "{{ .reg .pred p; elect.sync _|p, 0xffffffff; selp.u32 {r}, 1, 0, p; }}",
-            r = out(reg32) r,
-            options(nostack),
-        )
-    };
-    r != 0
 }

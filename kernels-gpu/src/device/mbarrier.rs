@@ -10,13 +10,24 @@
 //! returns at once: the "previous" phase of a fresh barrier counts as completed).
 use core::arch::asm;
 
-/// A handle to an mbarrier: its 32-bit shared-window address (8-byte aligned).
+/// A handle to an mbarrier: its 32-bit shared-window address (8-byte aligned). The address
+/// must be an 8-byte word of this block's shared memory that the kernel's layout reserves for
+/// this barrier alone (`Ring` in `kernels/gemm.rs`); every operation below says what else it
+/// needs.
 #[derive(Clone, Copy)]
 pub struct MBarrier(pub u32);
 
 impl MBarrier {
-    /// `mbarrier.init.shared::cta.b64 [bar], count`: sets the expected arrival count of every
-    /// phase. One thread initialises; then [`crate::device::fence::mbarrier_init`] and a barrier.
+    /// Sets the expected arrival count of every phase and starts phase 0. One thread
+    /// initialises; then [`crate::device::fence::mbarrier_init`] and a barrier.
+    ///
+    /// Lowers to `mbarrier.init.shared::cta.b64 [bar], count`.
+    ///
+    /// # Safety
+    /// Exactly one thread initialises each barrier, before any thread (of this block or, in a
+    /// cluster, of another) uses it, and not while any operation on it is pending; the other
+    /// users then see the initialisation only after `fence::mbarrier_init` and a block (or
+    /// cluster) barrier. `count` is at least 1.
     #[inline(always)]
     pub unsafe fn init(self, count: u32) {
         unsafe {
@@ -24,7 +35,14 @@ impl MBarrier {
         };
     }
 
-    /// `mbarrier.arrive.shared::cta.b64`: one arrival on the current phase (release, CTA scope).
+    /// One arrival on the current phase (release, CTA scope).
+    ///
+    /// Lowers to `mbarrier.arrive.shared::cta.b64 _, [bar]`.
+    ///
+    /// # Safety
+    /// The barrier is initialised (see [`Self::init`]), and this arrival is one of the phase's
+    /// expected `count`: arriving more often than the protocol plans completes a phase early,
+    /// which lets its waiters read data that is not there yet.
     #[inline(always)]
     pub unsafe fn arrive(self) {
         unsafe {
@@ -32,14 +50,20 @@ impl MBarrier {
         };
     }
 
-    /// Arrival on the barrier at the same offset in block `rank` of the cluster
-    /// (`mapa` + `mbarrier.arrive.shared::cluster`, default `.release.cta` semantics).
+    /// Arrival on the barrier at the same offset in block `rank` of the cluster, with the
+    /// default `.release.cta` semantics.
     ///
     /// Not `.release.cluster`: a cluster-scope release makes the arriving thread wait until
-    /// all its earlier memory operations are visible cluster-wide, which in a consumer that
-    /// keeps a wgmma batch in flight serialised the pipeline (the 2-block cluster
-    /// configurations ran 2–3× slower, kernels-gpu/NOTES.md). Ordering with the producer's
-    /// next TMA write into the slot comes from the wgmma `wait_group` before the arrival.
+    /// all its earlier memory operations are visible cluster-wide, which serialised the
+    /// consumers' pipeline (kernels-gpu/NOTES.md, step 3). Ordering with the producer's next
+    /// TMA write into the slot comes from the wgmma `wait_group` before the arrival.
+    ///
+    /// Lowers to `mapa.shared::cluster.u32 r, bar, rank` and
+    /// `mbarrier.arrive.shared::cluster.b64 _, [r]`.
+    ///
+    /// # Safety
+    /// As [`Self::arrive`], for the barrier of block `rank`: a rank of this cluster whose block
+    /// has initialised its barrier (made visible by a cluster barrier) and has not exited.
     #[inline(always)]
     pub unsafe fn arrive_cluster(self, rank: u32) {
         let remote = crate::device::cluster::map_shared_rank(self.0, rank);
@@ -48,8 +72,15 @@ impl MBarrier {
         };
     }
 
-    /// `mbarrier.arrive.expect_tx`: one arrival plus `bytes` more expected transaction bytes.
-    /// The producer announces a stage's TMA bytes this way *before* issuing the copies.
+    /// One arrival plus `bytes` more expected transaction bytes. The producer announces a
+    /// stage's TMA bytes this way *before* issuing the copies.
+    ///
+    /// Lowers to `mbarrier.arrive.expect_tx.shared::cta.b64 _, [bar], bytes`.
+    ///
+    /// # Safety
+    /// As [`Self::arrive`]; and exactly `bytes` bytes of asynchronous copies signalling this
+    /// barrier (TMA `complete_tx`) must follow in this phase, or the phase never completes
+    /// (too few) or completes early (too many).
     #[inline(always)]
     pub unsafe fn arrive_expect_tx(self, bytes: u32) {
         unsafe {
@@ -63,6 +94,13 @@ impl MBarrier {
     /// nanoseconds have passed, whichever comes first (the hint is an upper bound the hardware
     /// may shorten); a suspended thread issues nothing, where a bare polling loop would keep
     /// its warp issuing `try_wait`s.
+    ///
+    /// Lowers to `mbarrier.try_wait.parity.shared::cta.b64 p, [bar], parity, suspend_ns`.
+    ///
+    /// # Safety
+    /// The barrier is initialised and visible to this thread (see [`Self::init`]); `parity` is
+    /// the parity of the current or the immediately preceding phase (a wait two phases behind
+    /// cannot tell them apart and returns at the wrong time).
     #[inline(always)]
     pub unsafe fn try_wait(self, parity: u32, suspend_ns: u32) -> bool {
         let done: u32;
@@ -82,6 +120,12 @@ impl MBarrier {
     /// Waits until the phase with parity `parity` has completed (acquire, CTA scope: the data
     /// the phase guards is then visible), sleeping in [`Self::try_wait`] with
     /// [`WAIT_SUSPEND_NS`] rather than spinning.
+    ///
+    /// Lowers to a loop around `mbarrier.try_wait.parity.shared::cta.b64`.
+    ///
+    /// # Safety
+    /// As [`Self::try_wait`]; and the phase must complete (its arrivals and bytes are planned),
+    /// or the thread waits forever.
     #[inline(always)]
     pub unsafe fn wait(self, parity: u32) {
         while !unsafe { self.try_wait(parity, WAIT_SUSPEND_NS) } {}
@@ -93,6 +137,12 @@ impl MBarrier {
     /// The retry decision is a warp vote, so the wait is uniform control flow: ptxas can then
     /// keep the pipeline position of a loop around it (slot, parity, the wgmma descriptors
     /// derived from them) in uniform registers instead of per-thread ones.
+    ///
+    /// Lowers to a loop around `mbarrier.try_wait.parity.shared::cta.b64` and
+    /// `vote.sync.all.pred`.
+    ///
+    /// # Safety
+    /// As [`Self::wait`]; and every lane of the warp calls it together (converged).
     #[inline(always)]
     pub unsafe fn wait_warp(self, parity: u32) {
         while !crate::device::sync::all_lanes(unsafe { self.try_wait(parity, WAIT_SUSPEND_NS) }) {}

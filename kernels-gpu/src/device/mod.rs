@@ -1,7 +1,8 @@
 //! The device layer: small, typed wrappers over the PTX instructions the kernels use.
 //!
-//! Every wrapper states the PTX semantics it relies on. Two rules shape how they are written
-//! (see `shared/reference/hopper-gemm.md` §7):
+//! Every wrapper states the PTX semantics it relies on and, where the caller must uphold
+//! something, a `# Safety` section and the PTX it lowers to. Two rules shape how they are
+//! written:
 //! - Instructions with `.aligned` semantics and no pointer operand (CTA/cluster barriers,
 //!   `wgmma.fence/commit/wait`, `setmaxnreg`, `griddepcontrol`) go through NVVM intrinsics,
 //!   which LLVM knows are `convergent`: a plain `asm!` block is not, and LLVM was seen

@@ -32,7 +32,14 @@ pub fn shared_addr<T>(ptr: *const T) -> u32 {
     r
 }
 
-/// `ld.shared.u32` at a shared-window address.
+/// Reads the 32-bit word at a shared-window address.
+///
+/// Lowers to `ld.shared.u32 v, [addr]`.
+///
+/// # Safety
+/// `addr` must be 4-byte aligned and inside this block's shared memory (static, or the
+/// launch's dynamic size); a word written by another thread must have been made visible (a
+/// barrier, or an mbarrier phase) before it is read.
 #[inline(always)]
 pub unsafe fn load_u32(addr: u32) -> u32 {
     let v: u32;
@@ -42,7 +49,13 @@ pub unsafe fn load_u32(addr: u32) -> u32 {
     v
 }
 
-/// `st.shared.u32` at a shared-window address.
+/// Writes the 32-bit word at a shared-window address.
+///
+/// Lowers to `st.shared.u32 [addr], v`.
+///
+/// # Safety
+/// As [`load_u32`]; also, no other thread and no asynchronous proxy (TMA, `wgmma`) may be
+/// reading or writing the word at the same time.
 #[inline(always)]
 pub unsafe fn store_u32(addr: u32, value: u32) {
     unsafe {

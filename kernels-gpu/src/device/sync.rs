@@ -9,8 +9,6 @@ unsafe extern "C" {
     fn barrier_cta_sync_all(id: u32);
     #[link_name = "llvm.nvvm.barrier.cta.sync.aligned.count"]
     fn barrier_cta_sync_count(id: u32, threads: u32);
-    #[link_name = "llvm.nvvm.barrier.cta.arrive.aligned.count"]
-    fn barrier_cta_arrive_count(id: u32, threads: u32);
     #[link_name = "llvm.nvvm.vote.all.sync"]
     fn vote_all_sync(mask: u32, pred: bool) -> bool;
 }
@@ -27,12 +25,6 @@ pub fn sync_threads() {
 #[inline(always)]
 pub fn named_sync(id: u32, threads: u32) {
     unsafe { barrier_cta_sync_count(id, threads) }
-}
-
-/// `bar.arrive id, threads`: arrive at named barrier `id` without waiting for it.
-#[inline(always)]
-pub fn named_arrive(id: u32, threads: u32) {
-    unsafe { barrier_cta_arrive_count(id, threads) }
 }
 
 /// `vote.sync.all.pred` over the full warp: true in every lane when `pred` is true in every

@@ -6,7 +6,13 @@
 //! Out-of-bounds parts of a box read as zero and are not written by stores.
 use core::arch::asm;
 
-/// `prefetch.tensormap [map]`: pulls the descriptor into the descriptor cache early.
+/// Pulls a tensor-map descriptor into the descriptor cache early.
+///
+/// Lowers to `prefetch.tensormap [map]`.
+///
+/// # Safety
+/// `map` must be the generic address of a valid 64-byte aligned `CUtensorMap` in global, const
+/// or param memory that outlives the kernel.
 #[inline(always)]
 pub unsafe fn prefetch_descriptor(map: u64) {
     unsafe { asm!("prefetch.tensormap [{m}];", m = in(reg64) map, options(nostack)) };
@@ -15,6 +21,17 @@ pub unsafe fn prefetch_descriptor(map: u64) {
 /// `cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes`: copies
 /// the box at `(col, row)` into shared memory at `dst`; the bytes retire `bar`'s transaction
 /// count when they have landed. `dst` must be 128-byte aligned (1024 for the 128-byte swizzle).
+///
+/// Lowers to `cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes
+/// [dst], [map, {col, row}], [bar]`.
+///
+/// # Safety
+/// - `map` is a valid tensor map (as in [`prefetch_descriptor`]) whose box fits at `dst`, and
+///   `dst` is aligned as above, inside this block's shared memory;
+/// - `bar` is an initialised mbarrier of this block whose current phase expects these bytes
+///   (`arrive_expect_tx` before or with the copy), and nothing reads `dst` until that phase
+///   completes nor writes it while the copy is in flight;
+/// - the global memory the box covers stays allocated, and unwritten, until the copy lands.
 #[inline(always)]
 pub unsafe fn load_2d(dst: u32, map: u64, col: i32, row: i32, bar: u32) {
     unsafe {
@@ -28,6 +45,14 @@ pub unsafe fn load_2d(dst: u32, map: u64, col: i32, row: i32, bar: u32) {
 
 /// Like [`load_2d`], but the data and the `complete_tx` signal are delivered to the same
 /// shared-memory offsets in every block of the cluster whose bit is set in `cta_mask`.
+///
+/// Lowers to `cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes
+/// .multicast::cluster [dst], [map, {col, row}], [bar], cta_mask`.
+///
+/// # Safety
+/// As [`load_2d`], for every block in `cta_mask`: each is a running block of this cluster
+/// whose mbarrier at `bar` expects the bytes and whose shared memory at `dst` is free until
+/// that phase completes; the mask names only ranks below the cluster size.
 #[inline(always)]
 pub unsafe fn load_2d_multicast(dst: u32, map: u64, col: i32, row: i32, bar: u32, cta_mask: u16) {
     unsafe {
@@ -43,6 +68,18 @@ pub unsafe fn load_2d_multicast(dst: u32, map: u64, col: i32, row: i32, bar: u32
 /// `cp.async.bulk.tensor.2d.global.shared::cta.bulk_group`: stores the box at `(col, row)` from
 /// shared memory at `src`. Writers of `src` must have executed
 /// [`crate::device::fence::proxy_async_shared`] and synchronised first.
+///
+/// Lowers to `cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [map, {col, row}], [src]`.
+///
+/// # Safety
+/// - `map` is a valid tensor map (as in [`prefetch_descriptor`]) whose box is the data at
+///   `src`, a 128-byte aligned address inside this block's shared memory (1024 for the
+///   128-byte swizzle);
+/// - the writers of `src` have fenced ([`crate::device::fence::proxy_async_shared`]) and
+///   synchronised with this thread, and nobody writes `src` until [`wait_group_read`] says
+///   the store has read it;
+/// - the global memory the box covers is allocated and no other thread accesses it until the
+///   store completes ([`wait_group`], or the kernel's end).
 #[inline(always)]
 pub unsafe fn store_2d(map: u64, col: i32, row: i32, src: u32) {
     unsafe {

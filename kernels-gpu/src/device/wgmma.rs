@@ -55,6 +55,18 @@ pub fn wait_group<const N: i64>() {
 macro_rules! mma_ss {
     ($name:ident, $instr:literal, $regs:literal, $first:literal $($i:literal)*) => {
         #[doc = concat!("`", $instr, "` (see the module documentation).")]
+        ///
+        #[doc = concat!("Lowers to `", $instr, " {d…}, desc_a, desc_b, p, 1, 1, 0, 0` with `p = scale_d != 0`.")]
+        ///
+        /// # Safety
+        /// - Every thread of the warpgroup (four consecutive, converged warps) calls it
+        ///   together with the same descriptors, after [`fence`] and, for accumulators
+        ///   written since, the matching register fence;
+        /// - `desc_a` and `desc_b` describe K-major, 128-byte swizzled tiles in this block's
+        ///   shared memory (`layout::descriptor`) whose data is visible to the async proxy (an
+        ///   mbarrier phase completed by TMA, or a `fence.proxy.async` after plain stores) and
+        ///   is not overwritten until [`wait_group`] has retired this batch;
+        /// - `acc` is not read or written until then, other than through the register fences.
         #[inline(always)]
         pub unsafe fn $name(acc: &mut [f32; $regs], desc_a: u64, desc_b: u64, scale_d: u32) {
             unsafe {
