@@ -260,8 +260,12 @@ impl RankGemmBuilder {
             Err(e) => e.to_string(),
         };
         let statuses = rendezvous.all_gather(status.as_bytes())?;
-        connected?;
         if let Some((r, why)) = statuses.iter().enumerate().find(|(_, s)| !s.is_empty()) {
+            // Every rank unmaps its peers before anyone frees what was mapped.
+            local.graph = None;
+            local.peers.clear();
+            rendezvous.all_gather(b"unmapped")?;
+            connected?;
             return Err(DistGemmError::Group(format!(
                 "rank {r} failed to connect: {}",
                 String::from_utf8_lossy(why)
@@ -531,7 +535,7 @@ impl Local {
         Ok(RankGemm {
             done: StreamEvent::new(&self.gpu)?,
             status: PinnedWord::new(&self.gpu)?,
-            graph,
+            graph: Some(graph),
             peers: self.peers,
             memory: OwnMemory {
                 workspace: self.workspace,
@@ -560,11 +564,21 @@ struct OwnMemory {
     input: Option<DeviceBuffer<u8>>,
 }
 
+fn own_addresses(memory: &OwnMemory) -> OwnAddresses {
+    OwnAddresses {
+        workspace: memory.workspace.device_ptr(),
+        exclusive: memory.exclusive.device_ptr(),
+        input: memory.input.as_ref().map(DeviceBuffer::device_ptr),
+    }
+}
+
 /// One rank of a per-rank distributed GEMM; see the module documentation.
 pub struct RankGemm {
-    // Field order is drop order: the graph and its tensor maps, the peers' mappings, then the
-    // memory peers map (after the teardown rendezvous in `Drop`).
-    graph: DeviceGraph,
+    // `teardown` releases the graph and the peers' mappings between its two rendezvous, so
+    // this rank's memory (dropped after it) is freed only once every peer has stopped
+    // running and unmapped it.
+    /// None after teardown.
+    graph: Option<DeviceGraph>,
     peers: Vec<Option<PeerMemory>>,
     memory: OwnMemory,
     done: StreamEvent,
@@ -760,6 +774,9 @@ impl RankGemm {
     }
 
     fn enqueue(&mut self, stream: RawStream, args: RankArgs) -> Result<(), DistGemmError> {
+        if self.graph.is_none() {
+            return Err(DistGemmError::Poisoned("the instance was closed".into()));
+        }
         if let (Some(slot), Some(input)) = (self.input_slot(), &self.memory.input) {
             let src = match slot.kind {
                 BufferKind::A => args.a,
@@ -773,16 +790,25 @@ impl RankGemm {
                 };
             }
         }
+        let Some(graph) = self.graph.as_mut() else {
+            return Err(DistGemmError::Poisoned("the instance was closed".into()));
+        };
         if self.launched_with != Some(args) {
-            let local = self.addresses_for(args);
+            let local = rank_addresses(
+                &self.plan,
+                self.rank,
+                &self.peers,
+                own_addresses(&self.memory),
+                args,
+            );
             let lowered = lower_device(&self.plan, self.rank, &local, &self.options)?;
             check_gemms(&lowered)?;
             // SAFETY: launch_raw's contract for the new addresses; every launch of this graph
             // goes through this function, ordered on one stream chain (order_before above).
-            unsafe { self.graph.update(&self.kernels, lowered, stream)? };
+            unsafe { graph.update(&self.kernels, lowered, stream)? };
             self.launched_with = Some(args);
         }
-        self.graph.launch(stream)?;
+        graph.launch(stream)?;
         let error_word =
             self.memory.exclusive.device_ptr() + self.plan.exclusive.error_offset as u64;
         // SAFETY: the error word is ours; `status` lives as long as `done`, recorded below.
@@ -790,20 +816,6 @@ impl RankGemm {
         self.done.record(stream)?;
         self.last_stream = Some(stream);
         Ok(())
-    }
-
-    fn addresses_for(&self, args: RankArgs) -> Vec<DeviceAddresses> {
-        rank_addresses(
-            &self.plan,
-            self.rank,
-            &self.peers,
-            OwnAddresses {
-                workspace: self.memory.workspace.device_ptr(),
-                exclusive: self.memory.exclusive.device_ptr(),
-                input: self.memory.input.as_ref().map(DeviceBuffer::device_ptr),
-            },
-            args,
-        )
     }
 
     /// Collective teardown (what drop does), returning the rendezvous's error if a peer is
@@ -817,22 +829,23 @@ impl RankGemm {
             return Ok(());
         };
         let _ = self.done.synchronize();
-        match rendezvous.all_gather(b"teardown") {
-            Ok(_) => Ok(()),
-            Err(e) => {
-                // A peer may still be running and write into our memory: never free it.
-                let memory = std::mem::replace(
-                    &mut self.memory,
-                    OwnMemory {
-                        workspace: DeviceBuffer::alloc(&self.gpu, 0)?,
-                        exclusive: DeviceBuffer::alloc(&self.gpu, 0)?,
-                        input: None,
-                    },
-                );
-                std::mem::forget(memory);
-                Err(e.into())
-            }
+        // First every rank has stopped running, then every rank has unmapped its peers'
+        // memory (legacy IPC: an exporter must not free what an importer still maps); only
+        // then does this rank free what the peers mapped.
+        let stopped = rendezvous.all_gather(b"stopped");
+        self.graph = None;
+        self.peers.clear();
+        if let Err(e) = stopped.and_then(|_| rendezvous.all_gather(b"unmapped")) {
+            // A peer may still run, or still map our memory: never free it.
+            let empty = OwnMemory {
+                workspace: DeviceBuffer::alloc(&self.gpu, 0)?,
+                exclusive: DeviceBuffer::alloc(&self.gpu, 0)?,
+                input: None,
+            };
+            std::mem::forget(std::mem::replace(&mut self.memory, empty));
+            return Err(e.into());
         }
+        Ok(())
     }
 }
 
