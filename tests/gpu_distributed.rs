@@ -77,6 +77,7 @@ fn upload<T: Element + DeviceCopy>(
     inputs: &GlobalInputs<T>,
 ) -> Vec<Shards<T>> {
     plan.shard_inputs(inputs)
+        .expect("shard the inputs")
         .into_iter()
         .zip(gpus)
         .zip(&plan.devices)
@@ -102,7 +103,7 @@ fn gather<T: Element + DeviceCopy>(plan: &Plan, shards: &[Shards<T>]) -> Vec<T> 
         .iter()
         .map(|s| s.d.download(&s.stream).expect("download D"))
         .collect();
-    plan.gather_output(&outputs)
+    plan.gather_output(&outputs).expect("gather D")
 }
 
 /// Our single-GPU kernel on the whole problem (on `gpu`): the bit-exact reference of the
@@ -168,7 +169,8 @@ fn assert_within_bound<T: Element>(what: &str, plan: &Plan, inputs: &GlobalInput
             c: inputs.c.as_deref(),
         },
         d,
-    );
+    )
+    .expect("check D");
     assert!(report.passed(), "{what}: {report:?}");
 }
 

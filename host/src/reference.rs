@@ -16,6 +16,8 @@
 use serde::{Deserialize, Serialize};
 
 use crate::dtype::{Dtype, Element};
+use crate::plan::SizeError;
+use crate::problem::Problem;
 
 /// `A·Bᵀ` in f64: A is m×k (ld `lda`), B is n×k (ld `ldb`); returns m×n row-major.
 #[must_use]
@@ -179,7 +181,7 @@ impl ErrorBound {
 /// Result of comparing an output with the f64 reference.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct CheckReport {
-    /// Elements compared (all of D).
+    /// Elements compared (all of D, or the sample of [`check_sampled`]).
     pub elements: usize,
     /// Elements outside the bound (NaN counts as outside).
     pub mismatches: usize,
@@ -199,6 +201,44 @@ impl CheckReport {
     pub fn passed(&self) -> bool {
         self.mismatches == 0
     }
+
+    /// An empty report with `bound`.
+    fn new(bound: ErrorBound) -> Self {
+        CheckReport {
+            elements: 0,
+            mismatches: 0,
+            max_abs_error: 0.0,
+            worst_ratio: 0.0,
+            worst_index: 0,
+            bound,
+        }
+    }
+
+    /// Adds element `idx`: the output `out`, the exact `Σ a·b`, its magnitude `Σ |a·b|` and
+    /// `c_ij` (0 without C), for `alpha`, `beta`.
+    fn add(&mut self, idx: usize, out: f64, exact: f64, magnitude: f64, c: f64, ab: (f64, f64)) {
+        let (alpha, beta) = ab;
+        let want = alpha * exact + beta * c;
+        let tol = self.bound.relative * (alpha.abs() * magnitude + (beta * c).abs())
+            + self.bound.absolute;
+        let err = (out - want).abs();
+        let ratio = if err.is_nan() {
+            f64::INFINITY
+        } else {
+            err / tol.max(f64::MIN_POSITIVE)
+        };
+        self.elements += 1;
+        if ratio > 1.0 {
+            self.mismatches += 1;
+        }
+        if ratio > self.worst_ratio || (ratio.is_infinite() && self.worst_ratio.is_finite()) {
+            self.worst_ratio = ratio;
+            self.worst_index = idx;
+        }
+        if err.is_finite() {
+            self.max_abs_error = self.max_abs_error.max(err);
+        }
+    }
 }
 
 /// Global operands of a check: A (M×K), B (N×K), optional C (M×N), all packed row-major.
@@ -212,56 +252,94 @@ pub struct CheckInputs<'a, T> {
     pub c: Option<&'a [T]>,
 }
 
+impl<T: Element> CheckInputs<'_, T> {
+    /// A, B, C (required when beta ≠ 0) and `d` have the sizes of `problem`.
+    fn check_sizes(&self, problem: &Problem, d: &[T]) -> Result<(), SizeError> {
+        let (m, n, k) = (problem.m, problem.n, problem.k);
+        SizeError::check("A", self.a.len(), m * k)?;
+        SizeError::check("B", self.b.len(), n * k)?;
+        match self.c {
+            Some(c) => SizeError::check("C", c.len(), m * n)?,
+            None if problem.beta != 0.0 => {
+                return Err(SizeError::MissingC { beta: problem.beta });
+            }
+            None => {}
+        }
+        SizeError::check("D", d.len(), m * n)
+    }
+
+    /// `c_ij` as f64 (0 without C).
+    fn c_at(&self, idx: usize) -> f64 {
+        self.c.map_or(0.0, |c| f64::from(c[idx].to_f32()))
+    }
+}
+
 /// Compares `d` (global M×N) against `alpha·A·Bᵀ + beta·C` computed in f64, element by element,
-/// with the bound of the module documentation.
-#[must_use]
+/// with the bound of the module documentation. Operands of the wrong size, or no C while
+/// beta ≠ 0, are a [`SizeError`] (never a verdict computed on missing data).
 pub fn check<T: Element>(
-    problem: &crate::problem::Problem,
+    problem: &Problem,
     roundings: usize,
     tp: usize,
     inputs: CheckInputs<'_, T>,
     d: &[T],
-) -> CheckReport {
+) -> Result<CheckReport, SizeError> {
+    inputs.check_sizes(problem, d)?;
     let (m, n, k) = (problem.m, problem.n, problem.k);
     let exact = gemm_f64(m, n, k, inputs.a, k, inputs.b, k);
     let magnitude = gemm_abs_f64(m, n, k, inputs.a, k, inputs.b, k);
-    let bound = ErrorBound::new(problem.dtype, roundings, k, tp);
-    let (alpha, beta) = (f64::from(problem.alpha), f64::from(problem.beta));
-    let mut report = CheckReport {
-        elements: m * n,
-        mismatches: 0,
-        max_abs_error: 0.0,
-        worst_ratio: 0.0,
-        worst_index: 0,
-        bound,
-    };
-    for (idx, out) in d.iter().enumerate().take(m * n) {
-        let c = inputs.c.map_or(0.0, |c| f64::from(c[idx].to_f32()));
-        let want = alpha * exact[idx] + beta * c;
-        let tol =
-            bound.relative * (alpha.abs() * magnitude[idx] + (beta * c).abs()) + bound.absolute;
-        let err = (f64::from(out.to_f32()) - want).abs();
-        let ratio = if err.is_nan() {
-            f64::INFINITY
-        } else {
-            err / tol.max(f64::MIN_POSITIVE)
-        };
-        if ratio > 1.0 {
-            report.mismatches += 1;
-        }
-        if ratio > report.worst_ratio || (ratio.is_infinite() && report.worst_ratio.is_finite()) {
-            report.worst_ratio = ratio;
-            report.worst_index = idx;
-        }
-        if err.is_finite() {
-            report.max_abs_error = report.max_abs_error.max(err);
-        }
+    let mut report = CheckReport::new(ErrorBound::new(problem.dtype, roundings, k, tp));
+    let scalars = (f64::from(problem.alpha), f64::from(problem.beta));
+    for (idx, out) in d.iter().enumerate() {
+        let out = f64::from(out.to_f32());
+        report.add(
+            idx,
+            out,
+            exact[idx],
+            magnitude[idx],
+            inputs.c_at(idx),
+            scalars,
+        );
     }
-    if d.len() != m * n {
-        report.mismatches += (m * n).abs_diff(d.len());
-        report.worst_ratio = f64::INFINITY;
+    Ok(report)
+}
+
+/// As [`check`], on the elements `indices` (flat `i·N + j`, each below M·N) only: each costs
+/// one f64 dot product of length K, so a few thousand elements check a problem of any size in
+/// milliseconds with the same per-element bound. It proves those elements right, and finds a
+/// wrong tile, stage or shard only if an index falls in it (choose the indices accordingly).
+pub fn check_sampled<T: Element>(
+    problem: &Problem,
+    roundings: usize,
+    tp: usize,
+    inputs: CheckInputs<'_, T>,
+    d: &[T],
+    indices: &[usize],
+) -> Result<CheckReport, SizeError> {
+    inputs.check_sizes(problem, d)?;
+    let (m, n, k) = (problem.m, problem.n, problem.k);
+    if let Some(&bad) = indices.iter().find(|&&i| i >= m * n) {
+        return Err(SizeError::Elements {
+            matrix: format!("the sample (index {bad})"),
+            got: bad + 1,
+            expected: m * n,
+        });
     }
-    report
+    let mut report = CheckReport::new(ErrorBound::new(problem.dtype, roundings, k, tp));
+    let scalars = (f64::from(problem.alpha), f64::from(problem.beta));
+    for &idx in indices {
+        let (i, j) = (idx / n, idx % n);
+        let (row, col) = (&inputs.a[i * k..(i + 1) * k], &inputs.b[j * k..(j + 1) * k]);
+        let (mut exact, mut magnitude) = (0.0, 0.0);
+        for (x, y) in row.iter().zip(col) {
+            let p = f64::from(x.to_f32()) * f64::from(y.to_f32());
+            exact += p;
+            magnitude += p.abs();
+        }
+        let out = f64::from(d[idx].to_f32());
+        report.add(idx, out, exact, magnitude, inputs.c_at(idx), scalars);
+    }
+    Ok(report)
 }
 
 #[cfg(test)]
@@ -269,7 +347,6 @@ mod tests {
     use half::bf16;
 
     use super::*;
-    use crate::problem::Problem;
 
     fn el(v: &[f32]) -> Vec<bf16> {
         v.iter().map(|&x| bf16::from_f32(x)).collect()
@@ -306,16 +383,58 @@ mod tests {
             b: &b,
             c: Some(&c),
         };
-        assert!(check(&problem, 1, 1, inputs, &d).passed());
+        let run = |d: &[bf16]| check(&problem, 1, 1, inputs, d).unwrap_or_else(|e| panic!("{e}"));
+        assert!(run(&d).passed());
         let mut wrong = d.clone();
         wrong[3] = bf16::from_f32(29.0);
-        let report = check(&problem, 1, 1, inputs, &wrong);
+        let report = run(&wrong);
         assert_eq!((report.mismatches, report.worst_index), (1, 3));
-        wrong[3] = bf16::NAN;
-        assert!(
-            check(&problem, 1, 1, inputs, &wrong)
-                .worst_ratio
-                .is_infinite()
+        let sampled = check_sampled(&problem, 1, 1, inputs, &wrong, &[0, 3])
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            (sampled.elements, sampled.mismatches, sampled.worst_index),
+            (2, 1, 3)
         );
+        assert_eq!(sampled.worst_ratio, report.worst_ratio);
+        let clean = check_sampled(&problem, 1, 1, inputs, &wrong, &[0, 1, 2])
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(clean.passed());
+        wrong[3] = bf16::NAN;
+        assert!(run(&wrong).worst_ratio.is_infinite());
+    }
+
+    #[test]
+    fn short_operands_and_missing_c_are_errors_not_verdicts() {
+        let (a, b, c) = (el(&[1., 2., 3., 4.]), el(&[5., 6., 7., 8.]), el(&[1.; 4]));
+        let problem = Problem::new(2, 2, 2).with_scalars(1.0, 1.0);
+        let d = el(&[18., 24., 40., 54.]);
+        let inputs = CheckInputs {
+            a: &a,
+            b: &b,
+            c: None,
+        };
+        assert_eq!(
+            check(&problem, 1, 1, inputs, &d).err(),
+            Some(SizeError::MissingC { beta: 1.0 })
+        );
+        let inputs = CheckInputs {
+            c: Some(&c),
+            ..inputs
+        };
+        assert!(check(&problem, 1, 1, inputs, &d).is_ok_and(|r| r.passed()));
+        let short = CheckInputs {
+            a: &a[..3],
+            ..inputs
+        };
+        assert!(matches!(
+            check(&problem, 1, 1, short, &d),
+            Err(SizeError::Elements {
+                got: 3,
+                expected: 4,
+                ..
+            })
+        ));
+        assert!(check(&problem, 1, 1, inputs, &d[..3]).is_err());
+        assert!(check_sampled(&problem, 1, 1, inputs, &d, &[4]).is_err());
     }
 }

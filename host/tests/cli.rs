@@ -1,17 +1,43 @@
 //! The `distgemm` binary: exit status 2 and exactly one stderr line for every bad input, the
-//! plan renderings, `run --backend cpu --check` for every schedule at TP 1, 2, 3, 4, 8, and
-//! `bench` without GPUs (exit 2, one line naming the CUDA backend).
+//! plan renderings, `run --backend cpu --check` for every schedule at TP 1, 2, 3, 4, 8,
+//! `bench` without GPUs (exit 2, one line naming the CUDA backend), the usage of bare
+//! `distgemm`, hints that the command then accepts, and a closed pipe ending quietly.
 
-use std::process::{Command, Output};
+use std::io::Read;
+use std::process::{Command, Output, Stdio};
 
 use distgemm::plan::{Node, Plan};
 use distgemm::schedule::ScheduleKind;
 
 fn distgemm(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_distgemm"))
-        .args(args)
-        .output()
+    distgemm_with_ptx(args, None)
+}
+
+/// Runs distgemm with `DISTGEMM_PTX` set to `ptx` (or unset).
+fn distgemm_with_ptx(args: &[&str], ptx: Option<&str>) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_distgemm"));
+    cmd.args(args).env_remove("DISTGEMM_PTX");
+    if let Some(ptx) = ptx {
+        cmd.env("DISTGEMM_PTX", ptx);
+    }
+    cmd.output()
         .unwrap_or_else(|e| panic!("cannot start distgemm: {e}"))
+}
+
+/// Asserts exit status 2, exactly one stderr line containing `want`, and no panic.
+fn assert_one_line_exit_2(args: &[&str], out: &Output, want: &str) {
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+    assert_eq!(
+        err.lines().count(),
+        1,
+        "{args:?} must print one line: {err}"
+    );
+    assert!(err.contains(want), "{args:?}: {err}");
+    assert!(
+        !err.contains("panicked") && !err.contains("backtrace"),
+        "{err}"
+    );
 }
 
 /// A command line written as one string: its whitespace-separated words.
@@ -120,21 +146,201 @@ fn bad_input_is_one_line_and_exit_2() {
         ),
         (words("bench --schedule ag-a --m 64 --n 64 --k 64"), "--tp"),
     ];
-    for (args, want) in cases.into_iter().chain(bench_cases) {
+    // Issue 20 and 26: bounds, dimensions, memory and output options.
+    let run = |extra: &'static str| {
+        let mut args = words("run --schedule ag-a --tp 2 --m 64 --n 64 --k 64 --backend cpu");
+        args.extend(words(extra));
+        args
+    };
+    let run_cases: Vec<(Vec<&str>, &str)> = vec![
+        (
+            run("--iters 10001"),
+            "--iters must be between 1 and 10000, got 10001",
+        ),
+        (
+            run("--iters 0"),
+            "--iters must be between 1 and 10000, got 0",
+        ),
+        (
+            run("--iters 18446744073709551615"),
+            "--iters must be between 1 and 10000",
+        ),
+        (run("--timeout-ms 0"), "--timeout-ms must be at least 1"),
+        (run("--format dot"), "invalid value 'dot' for '--format"),
+        (run("--json --format text"), "cannot be used with"),
+        (
+            words("plan --schedule ag-a --tp 1 --m 2147483648 --n 8 --k 8"),
+            "M=2147483648 is too large: every dimension must be below 2^31",
+        ),
+        (
+            // Refused before any input is generated or any GPU is looked for: ~10 TiB.
+            words("run --schedule ag-a --tp 1 --m 1073741824 --n 1024 --k 1024 --backend cuda"),
+            "of host memory, this machine has",
+        ),
+        (
+            // The default backend without GPUs: one line (no notice before the error).
+            words("run --schedule ag-a --tp 8 --preset llama3-70b-fc1"),
+            "no --tokens count of llama3-70b-fc1 fits the CPU at TP=8",
+        ),
+    ];
+    for (args, want) in cases.into_iter().chain(bench_cases).chain(run_cases) {
         let out = distgemm(&args);
-        let err = text(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
-        assert_eq!(
-            err.lines().count(),
-            1,
-            "{args:?} must print one line: {err}"
-        );
-        assert!(err.contains(want), "{args:?}: {err}");
+        assert_one_line_exit_2(&args, &out, want);
+    }
+}
+
+/// `DISTGEMM_PTX` must name a regular, non-empty, bounded text file; anything else is bad
+/// input (exit 2, one line) before a GPU is looked for or the file is read unboundedly.
+#[test]
+fn unusable_ptx_files_are_bad_input() {
+    let dir = std::env::temp_dir().join(format!("distgemm-cli-ptx-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
+    let empty = dir.join("empty.ptx");
+    std::fs::write(&empty, b"").unwrap_or_else(|e| panic!("{e}"));
+    let binary = dir.join("binary.ptx");
+    std::fs::write(&binary, [0xff, 0xfe, 0x00]).unwrap_or_else(|e| panic!("{e}"));
+    let dir_name = dir.to_string_lossy().into_owned();
+    let cases = [
+        ("/dev/zero", "not a regular file"),
+        ("/dev/stdin", "DISTGEMM_PTX"),
+        (dir_name.as_str(), "not a regular file"),
+        ("/nonexistent/kernels_gpu.ptx", "cannot read the PTX file"),
+        (&*empty.to_string_lossy(), "it is empty"),
+        (&*binary.to_string_lossy(), "not UTF-8"),
+    ]
+    .map(|(p, w)| (p.to_owned(), w));
+    for (ptx, want) in &cases {
+        for sub in ["run", "bench"] {
+            let mut args = vec![sub];
+            args.extend(words("--schedule ag-a --tp 2 --m 64 --n 64 --k 64"));
+            if sub == "run" {
+                args.extend(["--backend", "cuda"]);
+            }
+            let out = distgemm_with_ptx(&args, Some(ptx));
+            assert_one_line_exit_2(&args, &out, want);
+        }
+    }
+    std::fs::remove_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
+}
+
+#[test]
+fn bare_distgemm_prints_the_usage_with_the_subcommands() {
+    let out = distgemm(&[]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = text(&out.stderr);
+    assert!(err.contains("Usage: distgemm"), "{err}");
+    for sub in ["plan", "run", "bench"] {
         assert!(
-            !err.contains("panicked") && !err.contains("backtrace"),
-            "{err}"
+            err.lines().any(|l| l.trim_start().starts_with(sub)),
+            "{sub}: {err}"
         );
     }
+    let help = text(&distgemm(&["--help"]).stdout);
+    assert!(
+        help.contains("Examples:") && help.contains("Exit status:"),
+        "{help}"
+    );
+    for code in [
+        "0  success",
+        "1  the run failed",
+        "2  bad input",
+        "3  --check",
+    ] {
+        assert!(help.contains(code), "{code}: {help}");
+    }
+}
+
+/// The CPU-cap hint names a token count the schedule accepts at that TP.
+#[test]
+fn the_too_large_hint_names_an_accepted_token_count() {
+    for (schedule, tp) in [
+        ("ag-a", 4),
+        ("ag-a", 2),
+        ("rs-a", 4),
+        ("rs-b", 8),
+        ("ag-b", 8),
+    ] {
+        let args = [
+            "run",
+            "--schedule",
+            schedule,
+            "--tp",
+            &tp.to_string(),
+            "--preset",
+            "llama3-70b-fc2",
+            "--backend",
+            "cpu",
+        ];
+        let out = distgemm(&args);
+        let err = text(&out.stderr);
+        assert_one_line_exit_2(&args, &out, "above the CPU executor's cap");
+        let Some(tokens) = err
+            .split("--tokens ")
+            .nth(1)
+            .and_then(|rest| rest.split_whitespace().next())
+        else {
+            assert!(err.contains("no --tokens count"), "{err}");
+            continue;
+        };
+        let plan = [
+            "plan",
+            "--schedule",
+            schedule,
+            "--tp",
+            &tp.to_string(),
+            "--preset",
+            "llama3-70b-fc2",
+            "--tokens",
+            tokens,
+        ];
+        let out = distgemm(&plan);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{plan:?}: {}",
+            text(&out.stderr)
+        );
+    }
+}
+
+/// `distgemm plan … | head -c 1`: the reader leaves early; distgemm exits 0 without a word.
+#[test]
+fn a_closed_pipe_ends_quietly() {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_distgemm"))
+        .args(words(
+            "plan --schedule ag-a --tp 8 --m 64 --n 64 --k 64 --format json",
+        ))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start distgemm: {e}"));
+    let mut first = [0u8; 1];
+    if let Some(mut stdout) = child.stdout.take() {
+        stdout
+            .read_exact(&mut first)
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+    let out = child.wait_with_output().unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(first, *b"{");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stderr), "");
+}
+
+#[test]
+fn run_and_bench_take_format_json() {
+    let out = distgemm(&words(
+        "run --schedule ag-b --tp 2 --m 32 --n 32 --k 32 --backend cpu --check --format json",
+    ));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let json = text(&out.stdout);
+    assert!(
+        json.starts_with('{') && json.contains("\"check_coverage\":\"full\""),
+        "{json}"
+    );
+    let out = distgemm(&words(
+        "plan --schedule ag-b --tp 2 --m 32 --n 32 --k 32 --format text",
+    ));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
 }
 
 #[test]

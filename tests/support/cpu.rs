@@ -46,12 +46,16 @@ pub fn run_checked<T: Element>(
     let plan: &Plan = exec.plan();
     let problem = plan.problem;
     let inputs = GlobalInputs::<T>::random(&problem, seed);
-    let shards = plan.shard_inputs(&inputs);
+    let shards = plan
+        .shard_inputs(&inputs)
+        .unwrap_or_else(|e| panic!("shard: {e}"));
     exec.load_inputs(&shards)
         .unwrap_or_else(|e| panic!("load: {e}"));
     exec.poison();
     exec.run(iters).unwrap_or_else(|e| panic!("run: {e}"));
-    let d = exec.gathered_output();
+    let d = exec
+        .gathered_output()
+        .unwrap_or_else(|e| panic!("gather: {e}"));
     let plan = exec.plan();
     let report = check(
         &problem,
@@ -63,6 +67,7 @@ pub fn run_checked<T: Element>(
             c: inputs.c.as_deref(),
         },
         &d,
-    );
+    )
+    .unwrap_or_else(|e| panic!("check: {e}"));
     (inputs, d, report)
 }

@@ -8,9 +8,31 @@ use crate::dtype::Dtype;
 use crate::problem::{DEFAULT_TOKENS, Preset, Problem};
 use crate::schedule::ScheduleKind;
 
+/// Examples and exit status, shown by `distgemm --help` (and with the usage when no subcommand
+/// is given).
+const AFTER_HELP: &str = "\
+Examples:
+  distgemm plan --schedule ag-a --tp 4 --m 64 --n 64 --k 64
+  distgemm run  --schedule rs-b-single --tp 4 --m 96 --n 64 --k 64 --backend cpu --check
+  distgemm run  --schedule ag-a --tp 2 --preset llama3-70b-fc1 --backend cuda --check
+  distgemm bench --schedule ag-a --tp 2 --preset llama3-70b-fc1 --auto --format json
+
+Exit status:
+  0  success
+  1  the run failed (a GPU or driver error, a timed-out wait, a CPU executor failure)
+  2  bad input: arguments, a problem the schedule cannot run, a problem too large for this
+     machine, a missing or unusable CUDA backend or PTX file
+  3  --check found elements of D outside the error bound";
+
 /// distgemm: tensor-parallel GEMM schedules, plans and a CPU executor.
 #[derive(Debug, Parser)]
-#[command(name = "distgemm", version, about)]
+#[command(
+    name = "distgemm",
+    version,
+    about,
+    arg_required_else_help = true,
+    after_help = AFTER_HELP
+)]
 pub(crate) struct Cli {
     #[command(subcommand)]
     pub(crate) command: Command,
@@ -29,7 +51,8 @@ pub(crate) enum Command {
     /// slowest GPU's median is reported; the host does not wait between repetitions),
     /// and waits at the end (a timed-out GPU wait is an error, not a number). Prints the
     /// schedule that ran, TP, problem, median/min/max ms, TFLOP/s per GPU (2·M·N·K / TP /
-    /// median) and workspace bytes per GPU: two lines of text, or one JSON object (--json).
+    /// median) and workspace bytes per GPU: two lines of text, or one JSON object
+    /// (--format json).
     /// Needs TP Hopper GPUs with peer access; there is no CPU fallback (exit status 2).
     Bench(BenchArgs),
 }
@@ -66,7 +89,8 @@ pub(crate) struct ProblemArgs {
 /// Output format of `plan`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub(crate) enum Format {
-    /// Per device and stage, aligned columns.
+    /// Per device and stage, aligned columns (`text` is the same).
+    #[value(alias = "text")]
     Table,
     /// The plan as JSON (the data the executors consume).
     Json,
@@ -81,6 +105,15 @@ pub(crate) struct PlanArgs {
     /// Output format.
     #[arg(long, value_enum, default_value = "table")]
     pub(crate) format: Format,
+}
+
+/// Output format of `run` and `bench`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub(crate) enum ReportFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object.
+    Json,
 }
 
 /// Where `run` executes.
@@ -101,21 +134,37 @@ pub(crate) struct RunArgs {
     /// Execution backend.
     #[arg(long, value_enum, default_value = "auto")]
     pub(crate) backend: Backend,
-    /// Verify D against an f64 reference; exit 1 on mismatch.
+    /// Verify D against an f64 reference computed on the CPU; exit 3 on mismatch. Every
+    /// element up to 2·M·N·K = 4.3 GFLOP; above that (GPU runs of preset size) a sample: the
+    /// corners and edge points of D and of every device's shard and stage tile, plus 4096
+    /// random elements, with the same per-element bound.
     #[arg(long)]
     pub(crate) check: bool,
-    /// Consecutive runs of the plan.
+    /// Consecutive runs of the plan (1..=10000).
     #[arg(long, default_value_t = 1)]
     pub(crate) iters: usize,
-    /// Print one JSON object instead of text.
-    #[arg(long)]
+    /// Output format.
+    #[arg(long, value_enum, default_value = "text")]
+    pub(crate) format: ReportFormat,
+    /// Same as --format json.
+    #[arg(long, conflicts_with = "format")]
     pub(crate) json: bool,
     /// Seed of the random inputs.
     #[arg(long, default_value_t = 0)]
     pub(crate) seed: u64,
-    /// Bound of every executor wait, in milliseconds.
+    /// Bound of every executor wait, in milliseconds (at least 1).
     #[arg(long, default_value_t = 5000)]
     pub(crate) timeout_ms: u64,
+}
+
+/// Most iterations `run` accepts (as `bench`'s repetitions).
+pub(crate) const MAX_RUN_ITERS: usize = 10_000;
+
+impl RunArgs {
+    /// Whether the report is JSON (`--format json` or `--json`).
+    pub(crate) fn json(&self) -> bool {
+        self.json || self.format == ReportFormat::Json
+    }
 }
 
 /// Fewest timed repetitions `bench` accepts.
@@ -141,9 +190,19 @@ pub(crate) struct BenchArgs {
     /// Bound of every GPU wait, in milliseconds (a stuck peer becomes an error, not a hang).
     #[arg(long, default_value_t = 10_000)]
     pub(crate) timeout_ms: u64,
-    /// Print one JSON object instead of text.
-    #[arg(long)]
+    /// Output format.
+    #[arg(long, value_enum, default_value = "text")]
+    pub(crate) format: ReportFormat,
+    /// Same as --format json.
+    #[arg(long, conflicts_with = "format")]
     pub(crate) json: bool,
+}
+
+impl BenchArgs {
+    /// Whether the report is JSON (`--format json` or `--json`).
+    pub(crate) fn json(&self) -> bool {
+        self.json || self.format == ReportFormat::Json
+    }
 }
 
 impl ProblemArgs {

@@ -15,7 +15,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 use super::args::{BenchArgs, MAX_BENCH_REPS, MIN_BENCH_REPS};
-use super::{CliError, cuda_devices};
+use super::{CliError, check_ptx_file, cuda_devices, memory};
 use crate::cuda::{DistGemm, DistGemmError};
 use crate::dtype::{Dtype, Element};
 use crate::plan::Plan;
@@ -60,17 +60,20 @@ pub(super) fn bench(args: &BenchArgs, out: &mut dyn Write) -> Result<(), CliErro
     check_counts(args)?;
     // The shapes are checked without a GPU, so bad input is exit 2 everywhere.
     let plan = Plan::build(args.problem.schedule, problem, args.problem.tp)?;
+    // The PTX file too: an unusable DISTGEMM_PTX is bad input on every machine.
+    check_ptx_file()?;
     let gpus = cuda_devices(plan.tp).map_err(|reason| {
         CliError::CudaUnavailable(format!(
             "{reason}; distgemm bench times the CUDA backend only (no CPU fallback; \
              `distgemm run --backend cpu` runs the CPU executor)"
         ))
     })?;
+    memory::check_devices(&plan, &gpus)?;
     let report = match problem.dtype {
         Dtype::Bf16 => bench_typed::<half::bf16>(args, problem, gpus)?,
         Dtype::F16 => bench_typed::<half::f16>(args, problem, gpus)?,
     };
-    if args.json {
+    if args.json() {
         writeln!(out, "{}", serde_json::to_string(&report)?)?;
     } else {
         write!(out, "{}", render_text(&report))?;

@@ -12,14 +12,20 @@
 //! ran, TP, problem, median/min/max ms, TFLOP/s per GPU (2·M·N·K / TP / median) and the
 //! workspace bytes per GPU: two text lines, or one JSON object with `--json`.
 //!
-//! Exit status: 0 on success; 2 for bad input (one line on stderr naming the problem: an
-//! unknown schedule or preset, TP out of range, indivisible or misaligned shapes, an
-//! unavailable backend — for `bench`, no TP Hopper GPUs with peer access —, a problem above the
-//! CPU cap, repetition counts out of range); 1 when a run fails or `--check` finds a mismatch.
+//! Exit status ([`EXIT_RUN_FAILED`] and the other constants; `--help` lists them too): 0 on
+//! success; 1 when a run fails (a driver error, a timed-out wait, a CPU executor failure);
+//! 2 for bad input, always one line on stderr naming the problem (arguments, a problem the
+//! schedule cannot run, a problem too large for the CPU executor or for this machine's memory,
+//! an unavailable CUDA backend or an unusable `DISTGEMM_PTX` file); 3 when `--check` finds a
+//! mismatch. Bare `distgemm` prints the usage with the subcommands (exit 2). A closed output
+//! pipe (`distgemm plan … | head`) ends the output quietly: the rest is discarded and the exit
+//! status is what it would have been.
 
 mod args;
 mod bench;
+mod memory;
 mod run;
+mod sample;
 
 use std::ffi::OsString;
 use std::io::Write;
@@ -30,8 +36,18 @@ use thiserror::Error;
 
 use self::args::{Cli, Command, Format, PlanArgs};
 use crate::cpu::ExecError;
-use crate::plan::{Plan, PlanError};
-use crate::runtime::{Gpu, hopper_gpus};
+use crate::plan::{Plan, PlanError, SizeError};
+use crate::runtime::module::{PTX_ENV_VAR, PtxSource, read_ptx};
+use crate::runtime::{Gpu, RuntimeError, hopper_gpus};
+
+/// Exit status of a successful command.
+pub const EXIT_OK: u8 = 0;
+/// Exit status of a run that failed (driver error, timed-out wait, CPU executor failure).
+pub const EXIT_RUN_FAILED: u8 = 1;
+/// Exit status of bad input (one line on stderr says what).
+pub const EXIT_BAD_INPUT: u8 = 2;
+/// Exit status of a `--check` that found elements outside the bound.
+pub const EXIT_CHECK_FAILED: u8 = 3;
 
 /// Why a command failed.
 #[derive(Debug, Error)]
@@ -52,9 +68,12 @@ pub enum CliError {
     /// The CUDA run failed (timeout, driver error).
     #[error(transparent)]
     Cuda(#[from] crate::cuda::DistGemmError),
-    /// The problem is too large for the CPU executor.
+    /// The problem is too large for the CPU executor, or for this machine's memory.
     #[error("{0}")]
-    TooLargeForCpu(String),
+    TooLarge(String),
+    /// Shards or outputs of the wrong size (a bug: the CLI sizes them from the plan).
+    #[error(transparent)]
+    Size(#[from] SizeError),
     /// The CPU run failed (deadlock, panic).
     #[error(transparent)]
     Exec(#[from] ExecError),
@@ -86,15 +105,67 @@ pub enum CliError {
 }
 
 impl CliError {
-    /// The process exit status for this error.
+    /// The process exit status for this error (module documentation).
     #[must_use]
     pub fn exit_code(&self) -> u8 {
         match self {
             CliError::Usage(_)
             | CliError::Plan(PlanError::Schedule(_))
             | CliError::CudaUnavailable(_)
-            | CliError::TooLargeForCpu(_) => 2,
-            _ => 1,
+            | CliError::TooLarge(_) => EXIT_BAD_INPUT,
+            CliError::Runtime(e) | CliError::Cuda(crate::cuda::DistGemmError::Runtime(e))
+                if is_ptx_error(e) =>
+            {
+                EXIT_BAD_INPUT
+            }
+            CliError::CheckFailed { .. } => EXIT_CHECK_FAILED,
+            _ => EXIT_RUN_FAILED,
+        }
+    }
+}
+
+/// Whether `e` is about the PTX the user chose (`DISTGEMM_PTX`): bad input, not a failed run.
+fn is_ptx_error(e: &RuntimeError) -> bool {
+    matches!(
+        e,
+        RuntimeError::PtxMissing
+            | RuntimeError::PtxUnreadable { .. }
+            | RuntimeError::PtxMalformed { .. }
+            | RuntimeError::PtxRejected { .. }
+    )
+}
+
+/// An output that a closed pipe turns into a sink: `distgemm plan … | head` must end quietly
+/// with the command's own exit status, not with an error about the reader having left.
+struct ClosedPipeIsQuiet<'a> {
+    inner: &'a mut dyn Write,
+    closed: bool,
+}
+
+impl Write for ClosedPipeIsQuiet<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.closed {
+            return Ok(buf.len());
+        }
+        match self.inner.write(buf) {
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {
+                self.closed = true;
+                Ok(buf.len())
+            }
+            other => other,
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        if self.closed {
+            return Ok(());
+        }
+        match self.inner.flush() {
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {
+                self.closed = true;
+                Ok(())
+            }
+            other => other,
         }
     }
 }
@@ -106,33 +177,53 @@ where
     I: IntoIterator<Item = T>,
     T: Into<OsString> + Clone,
 {
+    let mut out = ClosedPipeIsQuiet {
+        inner: out,
+        closed: false,
+    };
     let cli = match Cli::try_parse_from(args) {
         Ok(cli) => cli,
         Err(e) => {
             return match e.kind() {
                 ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => {
                     let _ = write!(out, "{e}");
-                    0
+                    EXIT_OK
+                }
+                // Bare `distgemm`: the usage with the subcommands, as an error.
+                ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+                    let _ = write!(err, "{e}");
+                    EXIT_BAD_INPUT
                 }
                 _ => {
                     let _ = writeln!(err, "{}", one_line(&e));
-                    2
+                    EXIT_BAD_INPUT
                 }
             };
         }
     };
     let result = match cli.command {
-        Command::Plan(args) => plan(&args, out),
-        Command::Run(args) => run::run(&args, out, err),
-        Command::Bench(args) => bench::bench(&args, out),
-    };
+        Command::Plan(args) => plan(&args, &mut out),
+        Command::Run(args) => run::run(&args, &mut out, err),
+        Command::Bench(args) => bench::bench(&args, &mut out),
+    }
+    .and_then(|()| Ok(out.flush()?));
     match result {
-        Ok(()) => 0,
+        Ok(()) => EXIT_OK,
         Err(e) => {
-            let _ = writeln!(err, "error: {e}");
+            let _ = writeln!(err, "error: {}", single_line(&e.to_string()));
             e.exit_code()
         }
     }
+}
+
+/// A message on one line: its lines joined with " | " (a JIT log, for example, has many).
+fn single_line(message: &str) -> String {
+    message
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join(" | ")
 }
 
 /// Clap's multi-line error as one line: its first line plus the indented lines right below it
@@ -150,6 +241,16 @@ fn one_line(e: &clap::Error) -> String {
         line.push_str(detail.trim());
     }
     line
+}
+
+/// Reads the PTX file `DISTGEMM_PTX` names, if it is set, so that an unusable file (not a
+/// regular file, too large, empty, not text) is bad input on every machine, found before the
+/// GPUs are probed or any input is generated. The embedded PTX needs no check.
+fn check_ptx_file() -> Result<(), CliError> {
+    if let Some(path) = std::env::var_os(PTX_ENV_VAR).filter(|v| !v.is_empty()) {
+        read_ptx(PtxSource::File(path.into()))?;
+    }
+    Ok(())
 }
 
 /// The first `tp` GPUs if they are Hopper GPUs with peer access between every pair, else why

@@ -7,22 +7,35 @@ use std::time::{Duration, Instant};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
-use super::args::{Backend, RunArgs};
-use super::{CliError, cuda_devices};
+use super::args::{Backend, MAX_RUN_ITERS, RunArgs};
+use super::memory::{self, Executor};
+use super::sample::{RANDOM_SAMPLES, sample_indices};
+use super::{CliError, check_ptx_file, cuda_devices};
 use crate::cpu::CpuExecutor;
 use crate::cuda::{DeviceArgs, DistGemm};
 use crate::dtype::{Dtype, Element};
 use crate::plan::{GlobalInputs, Plan};
 use crate::problem::Problem;
-use crate::reference::{CheckInputs, CheckReport, check};
+use crate::reference::{CheckInputs, CheckReport, check, check_sampled};
 use crate::runtime::{DeviceBuffer, DeviceCopy, Gpu};
-use crate::schedule::BufferKind;
+use crate::schedule::{BufferKind, can_implement};
 
 /// The CPU executor's cap on `2·M·N·K` per iteration (≈4.3 GFLOP: seconds, not hours, on a
-/// laptop; the presets are ~10^4 times larger).
+/// laptop; the presets are ~10^4 times larger). The full `--check` (an f64 GEMM on the CPU)
+/// has the same cap; above it `--check` samples.
 pub const CPU_FLOP_CAP: f64 = 4_294_967_296.0;
 
-/// What `run --json` prints.
+/// How much of D `--check` compares.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+enum Coverage {
+    /// Every element.
+    Full,
+    /// The sample of `cli::sample` (edges of D, shards and stage tiles, plus random elements).
+    Sampled,
+}
+
+/// What `run --format json` prints.
 #[derive(Debug, Serialize)]
 struct RunReport<'a> {
     schedule: &'static str,
@@ -33,6 +46,7 @@ struct RunReport<'a> {
     seconds_per_iter: f64,
     gflops: f64,
     check: Option<CheckReport>,
+    check_coverage: Option<Coverage>,
 }
 
 pub(super) fn run(
@@ -41,20 +55,36 @@ pub(super) fn run(
     err: &mut dyn Write,
 ) -> Result<(), CliError> {
     let problem = args.problem.problem()?;
+    check_counts(args)?;
     let plan = Plan::build(args.problem.schedule, problem, args.problem.tp)?;
-    if args.iters == 0 {
-        return Err(CliError::Usage("--iters must be at least 1".into()));
-    }
+    let full_check = args.check && problem.flops() <= CPU_FLOP_CAP;
     let gpus = match args.backend {
         Backend::Cpu => None,
-        Backend::Cuda => Some(cuda_devices(plan.tp).map_err(|reason| {
-            CliError::CudaUnavailable(format!(
-                "{reason}; use --backend cpu (or auto, which falls back to the CPU)"
-            ))
-        })?),
+        Backend::Cuda => {
+            // Everything that needs no GPU first: the PTX file, then the host memory.
+            check_ptx_file()?;
+            check_host_memory(&plan, Executor::Cuda, full_check)?;
+            Some(cuda_devices(plan.tp).map_err(|reason| {
+                CliError::CudaUnavailable(format!(
+                    "{reason}; use --backend cpu (or auto, which falls back to the CPU)"
+                ))
+            })?)
+        }
         Backend::Auto => match cuda_devices(plan.tp) {
-            Ok(gpus) => Some(gpus),
+            Ok(gpus) => {
+                check_ptx_file()?;
+                check_host_memory(&plan, Executor::Cuda, full_check)?;
+                Some(gpus)
+            }
             Err(reason) => {
+                // One line either way: the refusal says why the GPUs were not used.
+                if problem.flops() > CPU_FLOP_CAP {
+                    return Err(CliError::TooLarge(format!(
+                        "{} (the CUDA backend is unavailable: {reason})",
+                        too_large(args, &problem)
+                    )));
+                }
+                check_host_memory(&plan, Executor::Cpu, full_check)?;
                 writeln!(
                     err,
                     "notice: {reason}; running on the CPU executor (cap: 2·M·N·K ≤ {CPU_FLOP_CAP:.3e} flop)"
@@ -64,56 +94,95 @@ pub(super) fn run(
         },
     };
     if let Some(gpus) = gpus {
-        if args.check && problem.flops() > CPU_FLOP_CAP {
-            return Err(CliError::TooLargeForCpu(format!(
-                "--check computes an f64 reference on the CPU: {}; drop --check",
-                too_large(args, &problem)
-            )));
-        }
+        memory::check_devices(&plan, &gpus)?;
         return match problem.dtype {
             Dtype::Bf16 => run_cuda::<half::bf16>(args, plan, gpus, out),
             Dtype::F16 => run_cuda::<half::f16>(args, plan, gpus, out),
         };
     }
     if problem.flops() > CPU_FLOP_CAP {
-        return Err(CliError::TooLargeForCpu(too_large(args, &problem)));
+        return Err(CliError::TooLarge(too_large(args, &problem)));
     }
+    check_host_memory(&plan, Executor::Cpu, full_check)?;
     match problem.dtype {
         Dtype::Bf16 => run_typed::<half::bf16>(args, plan, out),
         Dtype::F16 => run_typed::<half::f16>(args, plan, out),
     }
 }
 
+/// `--iters` and `--timeout-ms` within their ranges.
+fn check_counts(args: &RunArgs) -> Result<(), CliError> {
+    if !(1..=MAX_RUN_ITERS).contains(&args.iters) {
+        return Err(CliError::Usage(format!(
+            "--iters must be between 1 and {MAX_RUN_ITERS}, got {}",
+            args.iters
+        )));
+    }
+    if args.timeout_ms == 0 {
+        return Err(CliError::Usage(
+            "--timeout-ms must be at least 1 (it bounds every wait; 0 would fail every run \
+             that waits at all)"
+                .into(),
+        ));
+    }
+    Ok(())
+}
+
+/// Refuses (bad input, with the numbers) when the run would not fit this machine's memory.
+fn check_host_memory(plan: &Plan, executor: Executor, full_check: bool) -> Result<(), CliError> {
+    let what = match executor {
+        Executor::Cpu => format!("{} on the CPU executor", plan.problem),
+        Executor::Cuda => format!("{} (inputs generated on the host)", plan.problem),
+    };
+    memory::check_host(memory::host_bytes(plan, executor, full_check), &what)
+}
+
+/// Why the problem does not fit the CPU executor, and a smaller problem that does.
 fn too_large(args: &RunArgs, problem: &Problem) -> String {
     let head = format!(
         "{problem} needs {:.3e} flop per iteration, above the CPU executor's cap of {CPU_FLOP_CAP:.3e}",
         problem.flops()
     );
     match args.problem.preset {
-        Some(preset) => {
-            let per_token = 2.0 * problem.n as f64 * problem.k as f64;
-            let max = (CPU_FLOP_CAP / per_token).floor();
-            if max >= 1.0 {
-                format!("{head}: pass --tokens {max} or fewer for {preset}")
-            } else {
-                format!(
-                    "{head}: {preset} is too large for the CPU even at 1 token; use a GPU backend"
-                )
-            }
-        }
+        Some(preset) => match largest_cpu_tokens(args, problem) {
+            Some(tokens) => format!("{head}: pass --tokens {tokens} or fewer for {preset}"),
+            None => format!(
+                "{head}: no --tokens count of {preset} fits the CPU at TP={}; use a GPU backend",
+                args.problem.tp
+            ),
+        },
         None => format!("{head}: use smaller --m/--n/--k"),
     }
+}
+
+/// The largest token count (M) of the preset that is under the CPU cap and that the schedule
+/// accepts at this TP (divisibility and alignment), if any.
+fn largest_cpu_tokens(args: &RunArgs, problem: &Problem) -> Option<usize> {
+    let per_token = 2.0 * problem.n as f64 * problem.k as f64;
+    let max = (CPU_FLOP_CAP / per_token).floor();
+    if max < 1.0 {
+        return None;
+    }
+    // Below 2^31 by the cap (N, K ≥ 1), and the schedule constraints on M are divisibility
+    // by TP, so the search stops within TP steps when any count works.
+    (1..=max as usize).rev().take(64).find(|&tokens| {
+        let candidate = Problem {
+            m: tokens,
+            ..*problem
+        };
+        can_implement(args.problem.schedule, &candidate, args.problem.tp).is_ok()
+    })
 }
 
 fn run_typed<T: Element>(args: &RunArgs, plan: Plan, out: &mut dyn Write) -> Result<(), CliError> {
     let problem = plan.problem;
     let inputs = GlobalInputs::<T>::random(&problem, args.seed);
-    let shards = plan.shard_inputs(&inputs);
+    let shards = plan.shard_inputs(&inputs)?;
     let mut exec = CpuExecutor::new(plan)?.with_timeout(Duration::from_millis(args.timeout_ms));
     exec.load_inputs(&shards)?;
     exec.poison();
 
-    let bar = if args.json || args.iters < 2 {
+    let bar = if args.json() || args.iters < 2 {
         ProgressBar::hidden()
     } else {
         ProgressBar::new(args.iters as u64)
@@ -126,7 +195,7 @@ fn run_typed<T: Element>(args: &RunArgs, plan: Plan, out: &mut dyn Write) -> Res
     bar.finish_and_clear();
     result?;
     let seconds_per_iter = start.elapsed().as_secs_f64() / args.iters as f64;
-    let d = exec.gathered_output();
+    let d = exec.gathered_output()?;
     report(args, exec.plan(), "cpu", &inputs, &d, seconds_per_iter, out)
 }
 
@@ -142,7 +211,7 @@ fn run_cuda<T: Element + DeviceCopy>(
     let inputs = GlobalInputs::<T>::random(&problem, args.seed);
     let mut shards = Vec::with_capacity(plan.tp);
     for ((shard, gpu), dev) in plan
-        .shard_inputs(&inputs)
+        .shard_inputs(&inputs)?
         .into_iter()
         .zip(&gpus)
         .zip(&plan.devices)
@@ -185,11 +254,12 @@ fn run_cuda<T: Element + DeviceCopy>(
     for (_, _, _, d, stream) in &shards {
         outputs.push(d.download(stream)?);
     }
-    let d = plan.gather_output(&outputs);
+    let d = plan.gather_output(&outputs)?;
     report(args, &plan, "cuda", &inputs, &d, seconds_per_iter, out)
 }
 
-/// Prints the run's summary (and check) and turns a failed check into an error.
+/// Prints the run's summary (and check) and turns a failed check into an error. The check
+/// compares every element up to [`CPU_FLOP_CAP`], else the sample of `cli::sample`.
 fn report<T: Element>(
     args: &RunArgs,
     plan: &Plan,
@@ -200,20 +270,32 @@ fn report<T: Element>(
     out: &mut dyn Write,
 ) -> Result<(), CliError> {
     let problem = plan.problem;
-    let report = args.check.then(|| {
-        let inputs = CheckInputs {
-            a: &inputs.a,
-            b: &inputs.b,
-            c: inputs.c.as_deref(),
-        };
-        check(
-            &problem,
-            plan.schedule.roundings(plan.tp),
-            plan.tp,
-            inputs,
-            d,
-        )
+    let coverage = args.check.then_some(if problem.flops() <= CPU_FLOP_CAP {
+        Coverage::Full
+    } else {
+        Coverage::Sampled
     });
+    let check_inputs = CheckInputs {
+        a: &inputs.a,
+        b: &inputs.b,
+        c: inputs.c.as_deref(),
+    };
+    let roundings = plan.schedule.roundings(plan.tp);
+    let report = match coverage {
+        None => None,
+        Some(Coverage::Full) => Some(check(&problem, roundings, plan.tp, check_inputs, d)?),
+        Some(Coverage::Sampled) => {
+            let indices = sample_indices(plan, RANDOM_SAMPLES, args.seed);
+            Some(check_sampled(
+                &problem,
+                roundings,
+                plan.tp,
+                check_inputs,
+                d,
+                &indices,
+            )?)
+        }
+    };
     let summary = RunReport {
         schedule: plan.schedule.cli_name(),
         tp: plan.tp,
@@ -223,8 +305,9 @@ fn report<T: Element>(
         seconds_per_iter,
         gflops: problem.flops() / seconds_per_iter / 1e9,
         check: report,
+        check_coverage: coverage,
     };
-    if args.json {
+    if args.json() {
         writeln!(out, "{}", serde_json::to_string(&summary)?)?;
     } else {
         writeln!(
@@ -238,11 +321,19 @@ fn report<T: Element>(
             summary.gflops
         )?;
         if let Some(r) = &report {
+            let compared = match coverage {
+                Some(Coverage::Sampled) => format!(
+                    "{} of {} elements (sampled: edges of D, of every shard and stage tile, \
+                     and {RANDOM_SAMPLES} random)",
+                    r.elements,
+                    problem.m * problem.n
+                ),
+                _ => format!("{} elements", r.elements),
+            };
             writeln!(
                 out,
-                "check: {} — {} elements, |D − D_ref| ≤ {:.3e}·(|alpha|·Σ|a·b| + |beta·c|) + {:.1e}; worst {:.3} of the bound, max abs error {:.3e}",
+                "check: {} — {compared}, |D − D_ref| ≤ {:.3e}·(|alpha|·Σ|a·b| + |beta·c|) + {:.1e}; worst {:.3} of the bound, max abs error {:.3e}",
                 if r.passed() { "passed" } else { "FAILED" },
-                r.elements,
                 r.bound.relative,
                 r.bound.absolute,
                 r.worst_ratio,

@@ -23,7 +23,7 @@ use self::memory::{DeviceMemory, ExclusiveWorkspace};
 use self::node::Context;
 use self::wait::{WaitFailure, Waiter};
 use crate::dtype::{Dtype, Element};
-use crate::plan::{DeviceInputs, Plan};
+use crate::plan::{DeviceInputs, Plan, SizeError};
 use crate::schedule::{BufferKind, FlagRef};
 
 /// The default bound of every wait.
@@ -108,6 +108,14 @@ pub enum ExecError {
         /// Elements expected.
         expected: usize,
     },
+    /// Not one input shard set per device.
+    #[error("{got} input shard sets given, the plan has {expected} devices")]
+    ShardCount {
+        /// Shard sets given.
+        got: usize,
+        /// Devices of the plan.
+        expected: usize,
+    },
     /// A device thread panicked (a bug).
     #[error("device {device}'s thread panicked")]
     Panicked {
@@ -172,8 +180,15 @@ impl<T: Element> CpuExecutor<T> {
         &self.plan
     }
 
-    /// Copies every device's input shards in (see [`Plan::shard_inputs`]).
+    /// Copies every device's input shards in (see [`Plan::shard_inputs`]): one per device,
+    /// each with the sizes the plan gives the device's buffers.
     pub fn load_inputs(&mut self, shards: &[DeviceInputs<T>]) -> Result<(), ExecError> {
+        if shards.len() != self.plan.tp {
+            return Err(ExecError::ShardCount {
+                got: shards.len(),
+                expected: self.plan.tp,
+            });
+        }
         for ((dev, mem), inputs) in self.plan.devices.iter().zip(&mut self.memory).zip(shards) {
             let empty = Vec::new();
             let given = [
@@ -308,8 +323,7 @@ impl<T: Element> CpuExecutor<T> {
     }
 
     /// The global D assembled from the output shards.
-    #[must_use]
-    pub fn gathered_output(&self) -> Vec<T> {
+    pub fn gathered_output(&self) -> Result<Vec<T>, SizeError> {
         self.plan.gather_output(&self.outputs())
     }
 
@@ -382,8 +396,11 @@ mod tests {
         let plan = Plan::build(kind, problem, tp).unwrap_or_else(|e| panic!("{e}"));
         let inputs = GlobalInputs::random(&problem, 1);
         let mut exec = CpuExecutor::new(plan).unwrap_or_else(|e| panic!("{e}"));
-        exec.load_inputs(&exec.plan().shard_inputs(&inputs))
+        let shards = exec
+            .plan()
+            .shard_inputs(&inputs)
             .unwrap_or_else(|e| panic!("{e}"));
+        exec.load_inputs(&shards).unwrap_or_else(|e| panic!("{e}"));
         exec.poison();
         (exec, inputs)
     }
@@ -402,8 +419,9 @@ mod tests {
                 b: &inputs.b,
                 c: None,
             },
-            &exec.gathered_output(),
-        );
+            &exec.gathered_output().unwrap_or_else(|e| panic!("{e}")),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
         assert!(report.passed(), "{report:?}");
         assert!(exec.exclusive_state().iter().all(|e| e.counter == 0));
     }
@@ -423,6 +441,23 @@ mod tests {
         assert!(
             matches!(err, Some(ExecError::FlagTimeout { device: 1, stage: 1, flag: f, .. }) if f == flag),
             "{err:?}"
+        );
+    }
+
+    #[test]
+    fn too_few_input_shards_are_refused() {
+        let (mut exec, inputs) = executor(ScheduleKind::AllGatherRotatingB, 3);
+        let mut shards = exec
+            .plan()
+            .shard_inputs(&inputs)
+            .unwrap_or_else(|e| panic!("{e}"));
+        shards.pop();
+        assert_eq!(
+            exec.load_inputs(&shards),
+            Err(ExecError::ShardCount {
+                got: 2,
+                expected: 3
+            })
         );
     }
 

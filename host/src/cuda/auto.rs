@@ -40,7 +40,7 @@
 
 use crate::gemm::{choose_variant, estimated_cost};
 use crate::problem::Problem;
-use crate::schedule::{Collective, ScheduleKind};
+use crate::schedule::{Collective, ScheduleKind, can_implement};
 
 /// The machine constants of the model.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -107,7 +107,9 @@ impl MachineModel {
     /// D (m×n) written once, at `hbm_bandwidth`.
     #[must_use]
     pub fn gemm_memory_seconds(&self, m: usize, n: usize, k: usize, elem: usize) -> f64 {
-        ((m * k + n * k + m * n) * elem) as f64 / self.hbm_bandwidth
+        // In f64: the element counts of any shape, valid or not, cannot overflow it.
+        let (m, n, k) = (m as f64, n as f64, k as f64);
+        (m * k + n * k + m * n) * elem as f64 / self.hbm_bandwidth
     }
 
     /// Seconds for an m×n×k GEMM of `elem`-byte elements: the 4-norm of its compute and
@@ -168,6 +170,12 @@ pub fn family(kind: ScheduleKind) -> (ScheduleKind, ScheduleKind) {
 
 /// Chooses between the pipelined and the single-stage schedule of `kind`'s family for
 /// `problem` on `tp` devices (see the module documentation). Pure and deterministic.
+///
+/// The problem is validated first: when neither schedule of the family can run it
+/// ([`can_implement`]), nothing is estimated (both estimates are NaN, the single-stage
+/// schedule is returned) and the plan that follows refuses the problem with the reason. So
+/// the model's arithmetic only ever sees dimensions below 2^31 and matrices of at most 2^40
+/// elements.
 #[must_use]
 pub fn choose_schedule(
     kind: ScheduleKind,
@@ -176,6 +184,14 @@ pub fn choose_schedule(
     model: &MachineModel,
 ) -> AutoChoice {
     let (pipelined, single) = family(kind);
+    if can_implement(pipelined, problem, tp).is_err() && can_implement(single, problem, tp).is_err()
+    {
+        return AutoChoice {
+            schedule: single,
+            pipelined_seconds: f64::NAN,
+            single_stage_seconds: f64::NAN,
+        };
+    }
     let p = tp.max(1);
     let (m, n, k) = (problem.m, problem.n, problem.k);
     let elem = problem.dtype.size_bytes();
@@ -217,6 +233,23 @@ pub fn choose_schedule(
 mod tests {
     use super::*;
     use crate::problem::Preset;
+
+    #[test]
+    fn problems_no_plan_exists_for_are_not_estimated() {
+        // (usize::MAX·64 + …)·2 overflowed in debug builds before the problem was validated.
+        for kind in ScheduleKind::ALL {
+            let choice = choose_schedule(
+                kind,
+                &Problem::new(usize::MAX, 64, 64),
+                2,
+                &MachineModel::H200,
+            );
+            assert_eq!(choice.schedule, family(kind).1);
+            assert!(choice.pipelined_seconds.is_nan() && choice.single_stage_seconds.is_nan());
+        }
+        let huge = MachineModel::H200.gemm_memory_seconds(usize::MAX, usize::MAX, 64, 2);
+        assert!(huge.is_finite() && huge > 0.0);
+    }
 
     #[test]
     fn large_presets_pipeline_at_tp2() {

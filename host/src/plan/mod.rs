@@ -33,6 +33,7 @@ mod exclusive;
 mod node;
 mod render;
 mod shard;
+mod validate;
 
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
@@ -42,12 +43,12 @@ pub use node::{
     BarrierNode, Edge, EdgeKind, FLAG_SET_VALUE, FlagSetNode, KERNEL_SIGNAL_VALUE, Node,
     PeerCopyNode,
 };
-pub use shard::{DeviceInputs, GlobalInputs, random_normal};
+pub use shard::{DeviceInputs, GlobalInputs, SizeError, random_normal};
 
 use crate::problem::Problem;
 use crate::schedule::{
-    BufferKind, Collective, DeviceProgram, FlagRef, Region, ScheduleError, ScheduleKind,
-    ShardLayout, View, WorkspaceLayout, can_implement, device_program,
+    BufferKind, Collective, DeviceProgram, FlagRef, ScheduleError, ScheduleKind, ShardLayout,
+    WorkspaceLayout, can_implement, device_program,
 };
 
 /// Why no plan was built.
@@ -56,8 +57,9 @@ pub enum PlanError {
     /// The schedule cannot run the problem (a user error).
     #[error(transparent)]
     Schedule(#[from] ScheduleError),
-    /// A view or region escaped its buffer or is misaligned: a bug in the schedule.
-    #[error("internal error: device {device}, {node} node: {what}")]
+    /// A view or region escaped its buffer, is misaligned or does not match its node (a bug in
+    /// the schedule for [`Plan::build`], an edited plan for [`Plan::from_json`]).
+    #[error("invalid plan: device {device}, {node} node: {what}")]
     InvalidView {
         /// The device.
         device: usize,
@@ -66,6 +68,10 @@ pub enum PlanError {
         /// What is wrong.
         what: String,
     },
+    /// The plan's devices, layouts or DAG disagree with its schedule, problem or TP (an edited
+    /// plan; see [`Plan::validate`]).
+    #[error("invalid plan: {0}")]
+    Inconsistent(String),
 }
 
 /// Why a JSON plan was not accepted.
@@ -74,7 +80,7 @@ pub enum PlanFromJsonError {
     /// Not a plan.
     #[error("not a distgemm plan: {0}")]
     Json(#[from] serde_json::Error),
-    /// A plan whose views escape their buffers.
+    /// A plan that [`Plan::validate`] refuses.
     #[error(transparent)]
     Invalid(#[from] PlanError),
 }
@@ -166,63 +172,8 @@ impl Plan {
         Ok(plan)
     }
 
-    /// Checks that every view and region lies inside its buffer, that offsets and leading
-    /// dimensions are multiples of 8 elements, and that flags exist.
-    pub fn validate(&self) -> Result<(), PlanError> {
-        for dev in &self.devices {
-            for node in &dev.nodes {
-                let fail = |what: String| PlanError::InvalidView {
-                    device: dev.device,
-                    node: node.name(),
-                    what,
-                };
-                for view in node_views(node) {
-                    self.check_view(&view).map_err(fail)?;
-                }
-                for region in node_regions(node) {
-                    self.check_region(&region).map_err(fail)?;
-                }
-                for flag in node.flags_set().into_iter().chain(node.flags_awaited()) {
-                    if flag.device >= self.tp || flag.index >= self.exclusive.flag_count {
-                        return Err(fail(format!(
-                            "flag {} of device {} does not exist",
-                            flag.index, flag.device
-                        )));
-                    }
-                }
-            }
-        }
-        Ok(())
-    }
-
-    fn buffer_len(&self, device: usize, buffer: BufferKind) -> Result<usize, String> {
-        self.devices
-            .get(device)
-            .map(|d| d.buffer_elements(buffer))
-            .ok_or_else(|| format!("device {device} does not exist"))
-    }
-
-    fn check_view(&self, v: &View) -> Result<(), String> {
-        let len = self.buffer_len(v.device, v.buffer)?;
-        let align = crate::schedule::ALIGN_ELEMENTS;
-        if v.end() > len || v.cols > v.ld {
-            return Err(format!("view {v:?} exceeds its buffer of {len} elements"));
-        }
-        if !v.offset.is_multiple_of(align) || !v.ld.is_multiple_of(align) {
-            return Err(format!("view {v:?} is not 16-byte aligned"));
-        }
-        Ok(())
-    }
-
-    fn check_region(&self, r: &Region) -> Result<(), String> {
-        let len = self.buffer_len(r.device, r.buffer)?;
-        if r.offset + r.len > len {
-            return Err(format!("region {r:?} exceeds its buffer of {len} elements"));
-        }
-        Ok(())
-    }
-
-    /// Reads a plan written by [`Plan::to_json`] and validates it.
+    /// Reads a plan written by [`Plan::to_json`] and validates it ([`Plan::validate`]): an
+    /// edited plan is refused with an error, never run.
     pub fn from_json(json: &str) -> Result<Plan, PlanFromJsonError> {
         let plan: Plan = serde_json::from_str(json)?;
         plan.validate()?;
@@ -232,31 +183,6 @@ impl Plan {
     /// The plan as pretty-printed JSON.
     pub fn to_json(&self) -> Result<String, serde_json::Error> {
         serde_json::to_string_pretty(self)
-    }
-}
-
-/// Every matrix view a node reads or writes.
-fn node_views(node: &Node) -> Vec<View> {
-    match node {
-        Node::Gemm(g) => [
-            Some(g.a),
-            Some(g.b),
-            Some(g.d),
-            g.epilogue.source.view().copied(),
-        ]
-        .into_iter()
-        .flatten()
-        .collect(),
-        Node::Reduce(r) => r.sources.iter().copied().chain([r.dst]).collect(),
-        Node::Barrier(_) | Node::PeerCopy(_) | Node::FlagSet(_) => Vec::new(),
-    }
-}
-
-/// Every flat region a node reads or writes.
-fn node_regions(node: &Node) -> Vec<Region> {
-    match node {
-        Node::PeerCopy(c) => vec![c.src, c.dst],
-        _ => Vec::new(),
     }
 }
 

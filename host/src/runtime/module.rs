@@ -81,15 +81,66 @@ pub fn select_ptx_source(
     }
 }
 
-/// Reads the PTX a source designates.
+/// Largest PTX file accepted from `DISTGEMM_PTX` (64 MiB; distgemm's PTX is about 1 MiB).
+pub const MAX_PTX_FILE_BYTES: u64 = 64 << 20;
+
+/// Reads the PTX a source designates. A file must be a regular file (not `/dev/zero`, which
+/// never ends, nor `/dev/stdin`, which blocks) of at most [`MAX_PTX_FILE_BYTES`], non-empty
+/// UTF-8 text without NUL bytes; anything else is refused before the driver sees it.
 pub fn read_ptx(source: PtxSource) -> Result<(Cow<'static, str>, PtxOrigin)> {
     match source {
         PtxSource::Embedded(text) => Ok((Cow::Borrowed(text), PtxOrigin::Embedded)),
-        PtxSource::File(path) => match std::fs::read_to_string(&path) {
-            Ok(text) => Ok((Cow::Owned(text), PtxOrigin::EnvPath(path))),
+        PtxSource::File(path) => match read_ptx_file(&path) {
+            Ok(text) => {
+                if let Some(at) = text.find('\0') {
+                    return Err(RuntimeError::PtxMalformed {
+                        origin: PtxOrigin::EnvPath(path).to_string(),
+                        reason: format!("it contains a NUL byte at offset {at}"),
+                    });
+                }
+                Ok((Cow::Owned(text), PtxOrigin::EnvPath(path)))
+            }
             Err(source) => Err(RuntimeError::PtxUnreadable { path, source }),
         },
     }
+}
+
+/// The text of a regular, non-empty PTX file of at most [`MAX_PTX_FILE_BYTES`]. The read is
+/// bounded too, so a file that grows after the size check cannot make it unbounded.
+fn read_ptx_file(path: &std::path::Path) -> std::io::Result<String> {
+    use std::io::{Error, ErrorKind, Read};
+    let invalid = |what: String| Error::new(ErrorKind::InvalidInput, what);
+    let meta = std::fs::metadata(path)?;
+    if !meta.is_file() {
+        return Err(invalid("it is not a regular file".into()));
+    }
+    let too_large = |bytes: u64| {
+        invalid(format!(
+            "it has {bytes} bytes, more than the {MAX_PTX_FILE_BYTES} (64 MiB) a PTX file may have"
+        ))
+    };
+    if meta.len() > MAX_PTX_FILE_BYTES {
+        return Err(too_large(meta.len()));
+    }
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)?
+        .take(MAX_PTX_FILE_BYTES + 1)
+        .read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > MAX_PTX_FILE_BYTES {
+        return Err(too_large(bytes.len() as u64));
+    }
+    if bytes.is_empty() {
+        return Err(invalid("it is empty".into()));
+    }
+    String::from_utf8(bytes).map_err(|e| {
+        Error::new(
+            ErrorKind::InvalidData,
+            format!(
+                "it is not UTF-8 text (invalid byte at offset {})",
+                e.utf8_error().valid_up_to()
+            ),
+        )
+    })
 }
 
 /// The PTX distgemm runs: `DISTGEMM_PTX` if set, else the embedded PTX.
@@ -397,6 +448,43 @@ mod tests {
             e.to_string()
                 .contains("/nonexistent/distgemm/kernels_gpu.ptx")
         );
+    }
+
+    #[test]
+    fn ptx_files_must_be_regular_bounded_nonempty_text() {
+        let refused = |path: &str| match read_ptx(PtxSource::File(path.into())) {
+            Err(e @ RuntimeError::PtxUnreadable { .. }) => e.to_string(),
+            other => panic!("{path}: expected PtxUnreadable, got {other:?}"),
+        };
+        // /dev/zero never ends and /dev/stdin blocks: neither is read at all.
+        assert!(refused("/dev/zero").contains("not a regular file"));
+        assert!(refused("/dev/stdin").contains("not a regular file") || !is_regular("/dev/stdin"));
+        assert!(refused("/").contains("not a regular file"));
+        let dir = std::env::temp_dir().join(format!("distgemm-ptx-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
+        let file = |name: &str, bytes: &[u8]| {
+            let path = dir.join(name);
+            std::fs::write(&path, bytes).unwrap_or_else(|e| panic!("{e}"));
+            path.to_string_lossy().into_owned()
+        };
+        assert!(refused(&file("empty.ptx", b"")).contains("it is empty"));
+        assert!(refused(&file("binary.ptx", b"\xff\xfe")).contains("not UTF-8"));
+        let nul = read_ptx(PtxSource::File(file("nul.ptx", b".version 8.0\0").into()));
+        assert!(
+            matches!(nul, Err(RuntimeError::PtxMalformed { .. })),
+            "{nul:?}"
+        );
+        let big = std::fs::File::create(dir.join("big.ptx")).unwrap_or_else(|e| panic!("{e}"));
+        big.set_len(MAX_PTX_FILE_BYTES + 1)
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(refused(&dir.join("big.ptx").to_string_lossy()).contains("64 MiB"));
+        let ok = read_ptx(PtxSource::File(file("ok.ptx", b".version 8.0").into()));
+        assert!(matches!(ok, Ok((text, PtxOrigin::EnvPath(_))) if text == ".version 8.0"));
+        std::fs::remove_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    fn is_regular(path: &str) -> bool {
+        std::fs::metadata(path).is_ok_and(|m| m.is_file())
     }
 
     #[test]

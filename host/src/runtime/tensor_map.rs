@@ -210,7 +210,14 @@ impl TensorMapSpec {
         if !base.is_multiple_of(16) {
             return Err(format!("base address {base:#x} is not 16-byte aligned"));
         }
-        let pitch = self.ld * elem;
+        // Checked: an ld of 2^63 or more would wrap to a small pitch that passes the 2^40
+        // check below and encodes rows that overlap.
+        let Some(pitch) = self.ld.checked_mul(elem) else {
+            return Err(format!(
+                "row pitch of ld {} × {elem} B overflows 64 bits: it must be below 2^40 bytes",
+                self.ld
+            ));
+        };
         if !pitch.is_multiple_of(16) {
             return Err(format!(
                 "row pitch {pitch} bytes (ld {} × {elem} B) is not a multiple of 16: the leading \
@@ -435,6 +442,15 @@ mod tests {
                 .unwrap_err()
                 .contains("leading dimension")
         );
+    }
+
+    #[test]
+    fn a_pitch_that_would_wrap_is_rejected() {
+        // 2^63 + 8 elements × 2 B wraps to 16 B in u64 arithmetic.
+        let e = bf16(64, 64, (1 << 63) + 8, 64, 64).validate(0).unwrap_err();
+        assert!(e.contains("overflows 64 bits"), "{e}");
+        let e = bf16(64, 64, 1 << 39, 64, 64).validate(0).unwrap_err();
+        assert!(e.contains("below 2^40"), "{e}");
     }
 
     #[test]

@@ -2,7 +2,8 @@
 //!
 //! Constraints, in the order they are checked:
 //! 1. `1 ≤ TP ≤ 8`;
-//! 2. M, N, K > 0, and every global matrix has fewer than 2^40 elements (so no index overflows);
+//! 2. 0 < M, N, K < 2^31 (the GEMM kernel's 32-bit index arithmetic), and every global matrix
+//!    has at most 2^40 elements (so no index overflows);
 //! 3. TP divides the dimensions the schedule splits: M and N for all-gather, M (TilingA) or
 //!    N (TilingB) and K for reduce-scatter;
 //! 4. K is a multiple of 8: every row of A and B is 16-byte aligned;
@@ -19,7 +20,12 @@ use crate::problem::Problem;
 pub(crate) const ALIGN_ELEMENTS: usize = 8;
 
 /// Largest number of elements of one global matrix (2^40: indices stay far from overflow).
-const MAX_ELEMENTS: usize = 1 << 40;
+pub(crate) const MAX_ELEMENTS: usize = 1 << 40;
+
+/// Every dimension must be below this (2^31): the GEMM kernel indexes rows and columns with
+/// 32-bit arithmetic (`crate::gemm::check` enforces the same bound per launch). Refusing here
+/// means a too-long dimension is bad input before any plan, input or upload exists.
+pub const MAX_DIMENSION: usize = 1 << 31;
 
 /// Why a (schedule, problem, TP) triple has no plan.
 #[derive(Clone, Debug, PartialEq, Error)]
@@ -37,6 +43,14 @@ pub enum ScheduleError {
     ZeroDimension {
         /// "M", "N" or "K".
         dim: &'static str,
+    },
+    /// A dimension the GEMM kernel's 32-bit indices cannot reach.
+    #[error("{dim}={value} is too large: every dimension must be below 2^31")]
+    DimensionTooLarge {
+        /// "M", "N" or "K".
+        dim: &'static str,
+        /// Its value.
+        value: usize,
     },
     /// A global matrix too large to index.
     #[error("{matrix} has {rows}×{cols} elements, more than the supported 2^40")]
@@ -136,6 +150,9 @@ pub fn can_implement(
     for (dim, value) in [("M", problem.m), ("N", problem.n), ("K", problem.k)] {
         if value == 0 {
             return Err(ScheduleError::ZeroDimension { dim });
+        }
+        if value >= MAX_DIMENSION {
+            return Err(ScheduleError::DimensionTooLarge { dim, value });
         }
     }
     for (matrix, rows, cols) in [

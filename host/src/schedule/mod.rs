@@ -22,8 +22,8 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-pub(crate) use constraints::ALIGN_ELEMENTS;
-pub use constraints::{ScheduleError, can_implement};
+pub(crate) use constraints::{ALIGN_ELEMENTS, MAX_ELEMENTS};
+pub use constraints::{MAX_DIMENSION, ScheduleError, can_implement};
 pub use geometry::{CopyStep, DeviceProgram, GemmStage, ReduceStep, device_program};
 pub use view::{
     Block, BufferKind, CSource, Epilogue, FlagRef, GemmShape, Region, ShardLayout, View,

@@ -57,20 +57,26 @@ pub struct View {
 }
 
 impl View {
-    /// One past the last element the view touches (`offset` for an empty view).
+    /// One past the last element the view touches (`offset` for an empty view). Saturates at
+    /// `usize::MAX`, which no buffer reaches, so `end() > len` stays a correct bounds check
+    /// for a view read from an edited plan whose numbers would overflow.
     #[must_use]
     pub fn end(&self) -> usize {
         if self.rows == 0 || self.cols == 0 {
             self.offset
         } else {
-            self.offset + (self.rows - 1) * self.ld + self.cols
+            (self.rows - 1)
+                .checked_mul(self.ld)
+                .and_then(|last_row| last_row.checked_add(self.cols))
+                .and_then(|span| span.checked_add(self.offset))
+                .unwrap_or(usize::MAX)
         }
     }
 
-    /// Number of elements in the view.
+    /// Number of elements in the view (saturating, like [`View::end`]).
     #[must_use]
     pub fn elements(&self) -> usize {
-        self.rows * self.cols
+        self.rows.saturating_mul(self.cols)
     }
 }
 
@@ -85,6 +91,14 @@ pub struct Region {
     pub offset: usize,
     /// Number of elements.
     pub len: usize,
+}
+
+impl Region {
+    /// One past the last element (saturating at `usize::MAX`, as [`View::end`]).
+    #[must_use]
+    pub fn end(&self) -> usize {
+        self.offset.saturating_add(self.len)
+    }
 }
 
 /// Stage flag `index` in the exclusive workspace of `device` (a u32; non-zero = set).
@@ -165,10 +179,11 @@ pub struct Block {
 }
 
 impl Block {
-    /// Elements of the packed shard.
+    /// Elements of the packed shard (saturating, so an edited plan's block cannot overflow
+    /// it; validation then refuses the size).
     #[must_use]
     pub fn elements(&self) -> usize {
-        self.rows * self.cols
+        self.rows.saturating_mul(self.cols)
     }
 
     /// Copies this block out of a row-major global matrix with leading dimension `global_ld`.
@@ -217,10 +232,10 @@ pub struct WorkspaceLayout {
 }
 
 impl WorkspaceLayout {
-    /// Total elements.
+    /// Total elements (saturating, as [`Block::elements`]).
     #[must_use]
     pub fn elements(&self) -> usize {
-        self.slots * self.slot_elements
+        self.slots.saturating_mul(self.slot_elements)
     }
 
     /// Element offset of slot `j`.
@@ -263,5 +278,34 @@ mod tests {
         };
         assert_eq!(v.end(), 8 + 16 + 3);
         assert_eq!(View { rows: 0, ..v }.end(), 8);
+    }
+
+    #[test]
+    fn view_and_region_ends_saturate_instead_of_wrapping() {
+        // offset 8 + (2 − 1)·(2^64 − 8) + 8 wraps to 16 in plain arithmetic: a view that
+        // passes a `end() ≤ len` check and reads the wrong rows.
+        let v = View {
+            device: 0,
+            buffer: BufferKind::A,
+            offset: 8,
+            rows: 2,
+            cols: 8,
+            ld: usize::MAX - 7,
+        };
+        assert_eq!(v.end(), usize::MAX);
+        let r = Region {
+            device: 0,
+            buffer: BufferKind::A,
+            offset: usize::MAX - 4,
+            len: 8,
+        };
+        assert_eq!(r.end(), usize::MAX);
+        let huge = Block {
+            row0: 0,
+            col0: 0,
+            rows: usize::MAX,
+            cols: 2,
+        };
+        assert_eq!(huge.elements(), usize::MAX);
     }
 }

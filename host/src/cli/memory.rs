@@ -1,0 +1,191 @@
+//! What `run` will allocate, estimated from the plan before anything is allocated, and the
+//! refusal (bad input, with the numbers) when this machine does not have it. Without it a
+//! large `--tokens` on the CUDA path would abort inside the allocator after minutes of input
+//! generation.
+//!
+//! Host bytes (element size s):
+//! - the global operands A, B, C and the gathered D: `s·(M·K + N·K + M·N·[beta≠0] + M·N)`;
+//! - every device's input shards (A, B, C) and output shard (D): `s·Σ_d (A_d + B_d + C_d + D_d)`;
+//! - on the CPU executor, its device memory again (A, B, C, D and workspace of every device);
+//! - for the full `--check`, the f64 reference: `8·(M·K + N·K) + 16·M·N`.
+//!
+//! Device bytes, per GPU: the shards and workspace of its device plan plus the exclusive
+//! workspace, compared with the GPU's free memory.
+
+use super::CliError;
+use crate::plan::{DevicePlan, Plan};
+use crate::runtime::Gpu;
+use crate::schedule::BufferKind;
+
+/// Which executor the estimate is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Executor {
+    /// The CPU executor (device memory is host memory).
+    Cpu,
+    /// The CUDA backend.
+    Cuda,
+}
+
+/// Host bytes `run` allocates for `plan` (module documentation), saturating.
+pub(super) fn host_bytes(plan: &Plan, executor: Executor, full_check: bool) -> usize {
+    let p = &plan.problem;
+    let s = p.dtype.size_bytes();
+    let c = if p.has_c() {
+        p.m.saturating_mul(p.n)
+    } else {
+        0
+    };
+    let global = [
+        p.m.saturating_mul(p.k),
+        p.n.saturating_mul(p.k),
+        c,
+        p.m.saturating_mul(p.n),
+    ];
+    let io = [BufferKind::A, BufferKind::B, BufferKind::C, BufferKind::D];
+    let all = [
+        BufferKind::A,
+        BufferKind::B,
+        BufferKind::C,
+        BufferKind::D,
+        BufferKind::Workspace,
+    ];
+    let mut elements = sum(global);
+    elements = elements.saturating_add(device_elements(&plan.devices, &io));
+    if executor == Executor::Cpu {
+        elements = elements.saturating_add(device_elements(&plan.devices, &all));
+    }
+    let mut bytes = elements.saturating_mul(s);
+    if full_check {
+        let operands = p.m.saturating_add(p.n).saturating_mul(p.k);
+        bytes = bytes
+            .saturating_add(operands.saturating_mul(8))
+            .saturating_add(p.m.saturating_mul(p.n).saturating_mul(16));
+    }
+    bytes
+}
+
+/// Device bytes of one GPU: its buffers and the exclusive workspace.
+pub(super) fn device_bytes(plan: &Plan, device: &DevicePlan) -> usize {
+    let all = [
+        BufferKind::A,
+        BufferKind::B,
+        BufferKind::C,
+        BufferKind::D,
+        BufferKind::Workspace,
+    ];
+    device_elements(std::slice::from_ref(device), &all)
+        .saturating_mul(plan.problem.dtype.size_bytes())
+        .saturating_add(plan.exclusive.bytes)
+}
+
+fn device_elements(devices: &[DevicePlan], buffers: &[BufferKind]) -> usize {
+    devices
+        .iter()
+        .flat_map(|d| buffers.iter().map(|&b| d.buffer_elements(b)))
+        .fold(0, usize::saturating_add)
+}
+
+fn sum<const N: usize>(values: [usize; N]) -> usize {
+    values.into_iter().fold(0, usize::saturating_add)
+}
+
+/// Refuses when `needed` host bytes exceed what the system reports available (Linux
+/// `MemAvailable`; elsewhere nothing is checked).
+pub(super) fn check_host(needed: usize, what: &str) -> Result<(), CliError> {
+    match available_host_bytes() {
+        Some(available) if needed > available => Err(CliError::TooLarge(format!(
+            "{what} needs {} of host memory, this machine has {} available",
+            human(needed),
+            human(available)
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// Refuses when a GPU's share does not fit its free memory.
+pub(super) fn check_devices(plan: &Plan, gpus: &[Gpu]) -> Result<(), CliError> {
+    for (dev, gpu) in plan.devices.iter().zip(gpus) {
+        let needed = device_bytes(plan, dev);
+        let (free, _total) = gpu.context().mem_get_info().map_err(|e| {
+            CliError::CudaUnavailable(format!(
+                "cannot read GPU {}'s free memory: {e}",
+                gpu.ordinal()
+            ))
+        })?;
+        if needed > free {
+            return Err(CliError::TooLarge(format!(
+                "device {} needs {} on GPU {} ({}) for its shards and workspace, {} are free",
+                dev.device,
+                human(needed),
+                gpu.ordinal(),
+                gpu.name(),
+                human(free)
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// `MemAvailable` of /proc/meminfo, in bytes.
+fn available_host_bytes() -> Option<usize> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = meminfo.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: usize = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib.saturating_mul(1024))
+}
+
+/// Bytes with a binary unit: `512 B`, `1.5 KiB`, `3.2 GiB`, `2.0 TiB`.
+pub(super) fn human(bytes: usize) -> String {
+    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{value:.1} {}", UNITS[unit])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::problem::Problem;
+    use crate::schedule::ScheduleKind;
+
+    #[test]
+    fn host_bytes_count_globals_shards_executor_and_reference() {
+        let plan = Plan::build(
+            ScheduleKind::AllGatherRotatingA,
+            Problem::new(64, 64, 64),
+            2,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let matrix = 64 * 64 * 2;
+        // Globals A, B, D; shards: A and B split in two, D split in two: one matrix each.
+        let cuda = host_bytes(&plan, Executor::Cuda, false);
+        assert_eq!(cuda, 3 * matrix + 3 * matrix);
+        // The CPU executor adds its buffers: the shards again plus the 1-slot workspaces.
+        let ws: usize = plan.devices.iter().map(|d| d.workspace_bytes).sum();
+        assert_eq!(
+            host_bytes(&plan, Executor::Cpu, false),
+            cuda + 3 * matrix + ws
+        );
+        // The full check's f64 copies of A and B and its two M×N f64 matrices.
+        assert_eq!(
+            host_bytes(&plan, Executor::Cuda, true),
+            cuda + 8 * 2 * 64 * 64 + 16 * 64 * 64
+        );
+    }
+
+    #[test]
+    fn bytes_read_with_binary_units() {
+        assert_eq!(human(512), "512 B");
+        assert_eq!(human(1536), "1.5 KiB");
+        assert_eq!(human(3 << 30), "3.0 GiB");
+        assert_eq!(human(usize::MAX), "16384.0 PiB");
+    }
+}

@@ -1,0 +1,355 @@
+//! [`Plan::validate`]: everything an executor relies on, checked once, so that a plan read
+//! from JSON (possibly edited) is refused with an error instead of panicking a device thread,
+//! reading wrong rows or asking for terabytes.
+//!
+//! The checks, in order:
+//! 1. the schedule can run the problem on `tp` devices ([`can_implement`]), there are `tp`
+//!    device plans numbered `0..tp`, and the exclusive layout is the one for `tp` devices;
+//! 2. per device: its shard blocks lie inside the global matrices (C exactly when beta ≠ 0),
+//!    its workspace has at most 2^40 elements and `workspace_bytes` matches it;
+//! 3. per device: edges go forward (`from < to < nodes`), so the node list is a topological
+//!    order and the DAG is acyclic;
+//! 4. per node: views and regions lie inside their buffers (saturating ends, so nothing wraps)
+//!    with 16-byte aligned offsets and leading dimensions; flags exist; a GEMM's views have
+//!    its shape and it writes its own D; a copy moves equal lengths into its own device with
+//!    `bytes = len · element size`; a reduction's sources have its destination's shape;
+//!    a barrier arrives only at peers, and every device waits for exactly the arrivals the
+//!    other barriers send it.
+
+use super::{Node, Plan, PlanError};
+use crate::schedule::{
+    Block, BufferKind, GemmStage, MAX_ELEMENTS, ReduceStep, Region, View, can_implement,
+};
+
+use super::ExclusiveLayout;
+
+impl Plan {
+    /// Checks that the plan is one the executors can run safely (see the module documentation
+    /// of `plan::validate` for the list); [`Plan::build`] and [`Plan::from_json`] call it.
+    pub fn validate(&self) -> Result<(), PlanError> {
+        can_implement(self.schedule, &self.problem, self.tp)?;
+        let inconsistent = |what: String| Err(PlanError::Inconsistent(what));
+        if self.devices.len() != self.tp {
+            return inconsistent(format!(
+                "TP is {} but the plan has {} devices",
+                self.tp,
+                self.devices.len()
+            ));
+        }
+        if let Some((i, dev)) = self
+            .devices
+            .iter()
+            .enumerate()
+            .find(|(i, d)| d.device != *i)
+        {
+            return inconsistent(format!(
+                "device plan {i} is numbered {} (device plans must be in device order)",
+                dev.device
+            ));
+        }
+        if self.exclusive != ExclusiveLayout::new(self.tp) {
+            return inconsistent(format!(
+                "the exclusive workspace layout {:?} is not the one for TP={}",
+                self.exclusive, self.tp
+            ));
+        }
+        for dev in &self.devices {
+            self.check_device_layout(dev.device)
+                .or_else(|what| inconsistent(format!("device {}: {what}", dev.device)))?;
+            for (i, e) in dev.edges.iter().enumerate() {
+                if e.from >= e.to || e.to >= dev.nodes.len() {
+                    return inconsistent(format!(
+                        "device {}: edge {i} goes from node {} to node {} of {} (edges must go \
+                         forward between existing nodes)",
+                        dev.device,
+                        e.from,
+                        e.to,
+                        dev.nodes.len()
+                    ));
+                }
+            }
+            for node in &dev.nodes {
+                self.check_node(dev.device, node)
+                    .map_err(|what| PlanError::InvalidView {
+                        device: dev.device,
+                        node: node.name(),
+                        what,
+                    })?;
+            }
+        }
+        self.check_barrier_arrivals()
+    }
+
+    /// Shard blocks inside the global matrices, C present exactly when beta ≠ 0, a workspace
+    /// of at most 2^40 elements whose byte size is recorded correctly.
+    fn check_device_layout(&self, device: usize) -> Result<(), String> {
+        let dev = &self.devices[device];
+        let p = &self.problem;
+        let blocks = [
+            ("A", Some(dev.shards.a), p.m, p.k),
+            ("B", Some(dev.shards.b), p.n, p.k),
+            ("C", dev.shards.c, p.m, p.n),
+            ("D", Some(dev.shards.d), p.m, p.n),
+        ];
+        for (name, block, rows, cols) in blocks {
+            if let Some(block) = block
+                && !block_inside(&block, rows, cols)
+            {
+                return Err(format!(
+                    "its {name} shard {block:?} is not inside the {rows}×{cols} global {name}"
+                ));
+            }
+        }
+        if dev.shards.c.is_some() != p.has_c() {
+            return Err(format!(
+                "it {} a C shard but beta is {}",
+                if dev.shards.c.is_some() {
+                    "has"
+                } else {
+                    "lacks"
+                },
+                p.beta
+            ));
+        }
+        let elements = dev.workspace.elements();
+        if elements > MAX_ELEMENTS {
+            return Err(format!(
+                "its workspace of {elements} elements is larger than 2^40"
+            ));
+        }
+        let bytes = elements * p.dtype.size_bytes();
+        if dev.workspace_bytes != bytes {
+            return Err(format!(
+                "workspace_bytes is {} but {elements} {} elements take {bytes}",
+                dev.workspace_bytes, p.dtype
+            ));
+        }
+        Ok(())
+    }
+
+    /// The checks of one node of `device` (module documentation, point 4).
+    fn check_node(&self, device: usize, node: &Node) -> Result<(), String> {
+        for view in node_views(node) {
+            self.check_view(&view)?;
+        }
+        for region in node_regions(node) {
+            self.check_region(&region)?;
+        }
+        for flag in node.flags_set().into_iter().chain(node.flags_awaited()) {
+            if flag.device >= self.tp || flag.index >= self.exclusive.flag_count {
+                return Err(format!(
+                    "flag {} of device {} does not exist",
+                    flag.index, flag.device
+                ));
+            }
+        }
+        if node.stage() > self.tp {
+            return Err(format!(
+                "stage {} is beyond the last stage of TP={}",
+                node.stage(),
+                self.tp
+            ));
+        }
+        match node {
+            Node::Barrier(b) => {
+                if let Some(f) = b.reset_flags.iter().find(|f| f.device != device) {
+                    return Err(format!(
+                        "it resets flag {} of device {}, not its own",
+                        f.index, f.device
+                    ));
+                }
+                let mut seen = vec![false; self.tp];
+                for &q in &b.arrive_at {
+                    if q == device || q >= self.tp || std::mem::replace(&mut seen[q], true) {
+                        return Err(format!(
+                            "it arrives at device {q}: arrivals go once to each existing peer"
+                        ));
+                    }
+                }
+                Ok(())
+            }
+            Node::PeerCopy(c) => {
+                let bytes = c.src.len.checked_mul(self.problem.dtype.size_bytes());
+                if c.src.len != c.dst.len || bytes != Some(c.bytes) || c.dst.device != device {
+                    return Err(format!(
+                        "a copy of {:?} into {:?} recording {} bytes: lengths must be equal, \
+                         bytes = length × element size, and the destination the own device",
+                        c.src, c.dst, c.bytes
+                    ));
+                }
+                Ok(())
+            }
+            Node::FlagSet(_) => Ok(()),
+            Node::Gemm(g) => self.check_gemm(device, g),
+            Node::Reduce(r) => check_reduce(device, r),
+        }
+    }
+
+    /// A GEMM's views have its shape (A m×k, B n×k, C and D m×n), D is the own device's, a
+    /// GEMM without C has beta = 0 (else the executors would silently drop `beta·C`), and its
+    /// peer and tile name devices.
+    fn check_gemm(&self, device: usize, g: &GemmStage) -> Result<(), String> {
+        let s = g.shape;
+        let mut views = vec![
+            ("A", g.a, s.m, s.k),
+            ("B", g.b, s.n, s.k),
+            ("D", g.d, s.m, s.n),
+        ];
+        if let Some(c) = g.epilogue.source.view() {
+            views.push(("C", *c, s.m, s.n));
+        } else if g.epilogue.beta != 0.0 {
+            return Err(format!(
+                "beta is {} but the epilogue has no C",
+                g.epilogue.beta
+            ));
+        }
+        for (name, v, rows, cols) in views {
+            if (v.rows, v.cols) != (rows, cols) {
+                return Err(format!(
+                    "its {name} view is {}×{} but the GEMM shape {}×{}×{} needs {rows}×{cols}",
+                    v.rows, v.cols, s.m, s.n, s.k
+                ));
+            }
+        }
+        if g.d.device != device {
+            return Err(format!(
+                "it writes device {}'s {}: a GEMM writes its own device's memory",
+                g.d.device,
+                g.d.buffer.name()
+            ));
+        }
+        for (what, index) in [("peer", g.peer), ("tile", g.tile)] {
+            if let Some(i) = index
+                && i >= self.tp
+            {
+                return Err(format!("{what} {i} does not exist at TP={}", self.tp));
+            }
+        }
+        Ok(())
+    }
+
+    /// Every device waits for exactly as many arrivals as the other devices' barriers send it
+    /// (a mismatch would leave the running counter off by some arrivals for good).
+    fn check_barrier_arrivals(&self) -> Result<(), PlanError> {
+        let mut sent = vec![0usize; self.tp];
+        for dev in &self.devices {
+            for node in &dev.nodes {
+                if let Node::Barrier(b) = node {
+                    for &q in &b.arrive_at {
+                        sent[q] += 1;
+                    }
+                }
+            }
+        }
+        for dev in &self.devices {
+            let waits: Vec<u32> = dev
+                .nodes
+                .iter()
+                .filter_map(|n| match n {
+                    Node::Barrier(b) => Some(b.arrivals),
+                    _ => None,
+                })
+                .collect();
+            let received = sent[dev.device];
+            let consistent = match waits.as_slice() {
+                [] => received == 0,
+                [arrivals] => usize::try_from(*arrivals).is_ok_and(|a| a == received),
+                _ => false,
+            };
+            if !consistent {
+                return Err(PlanError::Inconsistent(format!(
+                    "device {} has barriers waiting for {waits:?} arrivals, the others send {received} \
+                     (one barrier per device, waiting for every arrival sent to it)",
+                    dev.device
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    fn buffer_len(&self, device: usize, buffer: BufferKind) -> Result<usize, String> {
+        self.devices
+            .get(device)
+            .map(|d| d.buffer_elements(buffer))
+            .ok_or_else(|| format!("device {device} does not exist"))
+    }
+
+    fn check_view(&self, v: &View) -> Result<(), String> {
+        let len = self.buffer_len(v.device, v.buffer)?;
+        let align = crate::schedule::ALIGN_ELEMENTS;
+        if v.end() > len || v.cols > v.ld {
+            return Err(format!("view {v:?} exceeds its buffer of {len} elements"));
+        }
+        if !v.offset.is_multiple_of(align) || !v.ld.is_multiple_of(align) {
+            return Err(format!("view {v:?} is not 16-byte aligned"));
+        }
+        Ok(())
+    }
+
+    fn check_region(&self, r: &Region) -> Result<(), String> {
+        let len = self.buffer_len(r.device, r.buffer)?;
+        if r.end() > len {
+            return Err(format!("region {r:?} exceeds its buffer of {len} elements"));
+        }
+        Ok(())
+    }
+}
+
+/// Whether `block` lies inside a `rows × cols` matrix.
+fn block_inside(block: &Block, rows: usize, cols: usize) -> bool {
+    block
+        .row0
+        .checked_add(block.rows)
+        .is_some_and(|r| r <= rows)
+        && block
+            .col0
+            .checked_add(block.cols)
+            .is_some_and(|c| c <= cols)
+}
+
+/// A reduction's sources have its destination's shape, which is the own device's.
+fn check_reduce(device: usize, r: &ReduceStep) -> Result<(), String> {
+    if r.dst.device != device {
+        return Err(format!(
+            "it writes device {}'s {}: a reduction writes its own device's memory",
+            r.dst.device,
+            r.dst.buffer.name()
+        ));
+    }
+    if let Some(src) = r
+        .sources
+        .iter()
+        .find(|s| (s.rows, s.cols) != (r.dst.rows, r.dst.cols))
+    {
+        return Err(format!(
+            "source {src:?} is {}×{} but the destination is {}×{}",
+            src.rows, src.cols, r.dst.rows, r.dst.cols
+        ));
+    }
+    Ok(())
+}
+
+/// Every matrix view a node reads or writes.
+fn node_views(node: &Node) -> Vec<View> {
+    match node {
+        Node::Gemm(g) => [
+            Some(g.a),
+            Some(g.b),
+            Some(g.d),
+            g.epilogue.source.view().copied(),
+        ]
+        .into_iter()
+        .flatten()
+        .collect(),
+        Node::Reduce(r) => r.sources.iter().copied().chain([r.dst]).collect(),
+        Node::Barrier(_) | Node::PeerCopy(_) | Node::FlagSet(_) => Vec::new(),
+    }
+}
+
+/// Every flat region a node reads or writes.
+fn node_regions(node: &Node) -> Vec<Region> {
+    match node {
+        Node::PeerCopy(c) => vec![c.src, c.dst],
+        _ => Vec::new(),
+    }
+}
