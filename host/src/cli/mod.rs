@@ -291,3 +291,49 @@ fn plan(args: &PlanArgs, out: &mut dyn Write) -> Result<(), CliError> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exit_codes_tell_bad_input_failed_runs_and_failed_checks_apart() {
+        let check = CliError::CheckFailed {
+            mismatches: 1,
+            elements: 4,
+            row: 0,
+            col: 1,
+            ratio: 2.0,
+        };
+        assert_eq!(check.exit_code(), EXIT_CHECK_FAILED);
+        assert_eq!(CliError::Usage(String::new()).exit_code(), EXIT_BAD_INPUT);
+        assert_eq!(
+            CliError::TooLarge(String::new()).exit_code(),
+            EXIT_BAD_INPUT
+        );
+        let ptx = RuntimeError::PtxMalformed {
+            origin: "DISTGEMM_PTX=x".into(),
+            reason: "NUL".into(),
+        };
+        assert_eq!(CliError::Runtime(ptx).exit_code(), EXIT_BAD_INPUT);
+        assert_eq!(
+            CliError::Exec(ExecError::Aborted).exit_code(),
+            EXIT_RUN_FAILED
+        );
+        let codes = [EXIT_OK, EXIT_RUN_FAILED, EXIT_BAD_INPUT, EXIT_CHECK_FAILED];
+        assert!(
+            codes
+                .iter()
+                .enumerate()
+                .all(|(i, c)| !codes[..i].contains(c))
+        );
+    }
+
+    #[test]
+    fn multi_line_messages_become_one_line() {
+        assert_eq!(
+            single_line("the JIT said:\nptxas error\n\n  line 2\n"),
+            "the JIT said: | ptxas error | line 2"
+        );
+    }
+}

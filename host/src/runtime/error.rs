@@ -19,7 +19,7 @@ pub enum RuntimeError {
     /// `libcuda.so` could not be loaded under any of the names cudarc tries.
     #[error(
         "no CUDA driver (libcuda.so) found: distgemm needs an NVIDIA driver ≥ 560 (CUDA 12.6 or \
-         newer; the GPU machines run 580 / CUDA 13.0). Install the driver, or add the folder \
+         newer; it is tested with 580 / CUDA 13.0). Install the driver, or add the folder \
          that holds libcuda.so.1 to LD_LIBRARY_PATH"
     )]
     DriverNotFound {
