@@ -15,7 +15,9 @@
 //! Re-running: Cargo re-runs a build script whenever a `rerun-if-changed` path is *missing*, so
 //! in the workspace the directory `target/ptx` is created if absent and watched (Cargo scans a
 //! watched directory for modified files, which catches a later `build-ptx`); files are watched
-//! only when they exist. Outside the workspace nothing is created.
+//! only when they exist, so a committed PTX that appears after a build that found none is
+//! picked up at the next change of `build.rs` or `target/ptx` (or after `cargo clean -p
+//! distgemm`). Outside the workspace nothing is created.
 
 use std::path::{Path, PathBuf};
 
