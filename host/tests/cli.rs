@@ -180,6 +180,11 @@ fn bad_input_is_one_line_and_exit_2() {
             "of host memory, this machine has",
         ),
         (
+            // Just above the cap: the numbers differ where they are printed.
+            words("run --schedule ag-a-single --tp 1 --m 65544 --n 128 --k 256 --backend cpu"),
+            "needs 4295491584 flop per iteration, above the CPU executor's cap of 4294967296",
+        ),
+        (
             // The default backend without GPUs: one line (no notice before the error).
             words("run --schedule ag-a --tp 8 --preset llama3-70b-fc1"),
             "no --tokens count of llama3-70b-fc1 fits the CPU at TP=8",
@@ -528,4 +533,39 @@ fn bench_without_gpus_exits_2_naming_the_cuda_backend() {
             other => panic!("{args:?}: exit status {other:?}, stderr: {err}"),
         }
     }
+}
+
+/// On a machine with 2 Hopper GPUs with peer access: `run --check` above the CPU cap uses the
+/// sampled check and passes, and a PTX file the driver rejects is bad input (exit 2, one line).
+/// Elsewhere both are refused for want of GPUs (exit 2) and the test says it skipped.
+#[test]
+fn gpu_runs_above_the_cap_are_checked_by_sampling_and_bad_ptx_is_bad_input() {
+    // 2·2048·4096·4096 ≈ 6.9e10 flop: 16 times the full check's cap.
+    let args = words(
+        "run --schedule ag-a --tp 2 --m 2048 --n 4096 --k 4096 --backend cuda --check --format json",
+    );
+    let out = distgemm(&args);
+    let err = text(&out.stderr);
+    if out.status.code() == Some(2) && err.contains("CUDA backend unavailable") {
+        println!(
+            "SKIPPED cli::gpu_runs_above_the_cap: no Hopper GPU pair ({})",
+            err.trim()
+        );
+        return;
+    }
+    assert_eq!(out.status.code(), Some(0), "{args:?}: {err}");
+    let json = text(&out.stdout);
+    assert!(
+        json.contains("\"check_coverage\":\"sampled\"") && json.contains("\"mismatches\":0"),
+        "{json}"
+    );
+
+    let dir = std::env::temp_dir().join(format!("distgemm-cli-jit-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
+    let garbage = dir.join("garbage.ptx");
+    std::fs::write(&garbage, "this is not PTX\n").unwrap_or_else(|e| panic!("{e}"));
+    let args = words("run --schedule ag-a --tp 2 --m 64 --n 64 --k 64 --backend cuda");
+    let out = distgemm_with_ptx(&args, Some(&garbage.to_string_lossy()));
+    assert_one_line_exit_2(&args, &out, "rejected the PTX");
+    std::fs::remove_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
 }

@@ -140,8 +140,9 @@ fn check_host_memory(plan: &Plan, executor: Executor, full_check: bool) -> Resul
 /// Why the problem does not fit the CPU executor, and a smaller problem that does.
 fn too_large(args: &RunArgs, problem: &Problem) -> String {
     let head = format!(
-        "{problem} needs {:.3e} flop per iteration, above the CPU executor's cap of {CPU_FLOP_CAP:.3e}",
-        problem.flops()
+        "{problem} needs {} flop per iteration, above the CPU executor's cap of {}",
+        flop_count(problem.flops()),
+        flop_count(CPU_FLOP_CAP)
     );
     match args.problem.preset {
         Some(preset) => match largest_cpu_tokens(args, problem) {
@@ -152,6 +153,16 @@ fn too_large(args: &RunArgs, problem: &Problem) -> String {
             ),
         },
         None => format!("{head}: use smaller --m/--n/--k"),
+    }
+}
+
+/// A flop count that tells a count just above the cap from the cap: exact below 10^15,
+/// scientific above.
+fn flop_count(flops: f64) -> String {
+    if flops < 1e15 {
+        format!("{flops:.0}")
+    } else {
+        format!("{flops:.3e}")
     }
 }
 

@@ -80,7 +80,22 @@ pub fn check(args: &GemmArgs) -> Result<(), GemmError> {
     Ok(())
 }
 
+/// Largest leading dimension, in elements: TMA row pitches must be below 2^40 bytes, and both
+/// element types are 2 bytes wide. Checked here because `ld · 2` of an ld ≥ 2^63 would wrap to
+/// a small pitch and read overlapping rows.
+const MAX_LD: u64 = 1 << 39;
+
 fn check_view(operand: &'static str, v: &MatrixView) -> Result<(), GemmError> {
+    if v.ld >= MAX_LD {
+        return Err(GemmError::Alignment {
+            operand,
+            rule: format!(
+                "leading dimension {} is 2^39 elements or more (a row pitch of 2^40 bytes or \
+                 more, beyond what TMA addresses)",
+                v.ld
+            ),
+        });
+    }
     if v.ld < v.cols {
         return Err(GemmError::Alignment {
             operand,
@@ -164,5 +179,9 @@ mod tests {
         let mut a = args(64, 60, 64);
         a.d.ld = 60;
         assert!(check(&a).unwrap_err().to_string().contains("multiple of 8"));
+        // 2^63 + 8: a multiple of 8 whose byte pitch wraps to 16 in u64.
+        let mut a = args(64, 64, 64);
+        a.a.ld = (1 << 63) + 8;
+        assert!(check(&a).unwrap_err().to_string().contains("2^39 elements"));
     }
 }
