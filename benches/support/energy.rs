@@ -3,33 +3,34 @@
 //!
 //! `nvmlDeviceGetTotalEnergyConsumption` counts millijoules since the driver loaded (Volta and
 //! later). Read around a block of launches (after the stream is synchronised) it gives the
-//! energy of that block, idle gaps included. It is coarse: on an H200, blocks of 0.6 s of one
-//! kernel read 3.6 and 4.1 J per launch in the same run, so take blocks of several seconds
-//! (`benches/results/gemm-2026-11-30-2886ee3-energy.json`). NVML is loaded at run
-//! time (`libnvidia-ml.so.1`, installed with the driver): without it, or on a GPU without the
+//! energy of that block, idle gaps included. It is coarse: blocks of a fraction of a second
+//! vary by several percent (`benches/results/gemm-2026-11-30-2886ee3-energy.json`), so take
+//! blocks of several seconds. NVML is loaded at run time through `nvml-wrapper`
+//! (`libnvidia-ml.so.1`, installed with the driver): without it, or on a GPU without the
 //! counter, the meter is absent and benchmarks leave the energy columns out.
 //!
 //! Under a power cap the clock follows power, so energy per GEMM is what decides speed on
 //! long runs (kernels-gpu/NOTES.md, step 8).
 use distgemm::runtime::Gpu;
-use libloading::{Library, Symbol};
-use std::ffi::{CString, c_char, c_int, c_uint, c_ulonglong, c_void};
-use std::sync::Arc;
+use nvml_wrapper::enum_wrappers::device::Clock;
+use nvml_wrapper::{Device, Nvml};
+use nvml_wrapper_sys::bindings::{field_id, nvmlFieldValue_t, nvmlReturn_enum_NVML_SUCCESS};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-/// `nvmlDevice_t`.
-type NvmlDevice = *mut c_void;
-/// `NVML_SUCCESS`.
-const NVML_SUCCESS: c_int = 0;
-/// `NVML_CLOCK_SM` (`nvmlClockType_t`).
-const NVML_CLOCK_SM: c_int = 1;
+/// NVML, initialised once per process on first use (or why it could not be).
+fn nvml() -> Result<&'static Nvml, String> {
+    static NVML: OnceLock<Result<Nvml, String>> = OnceLock::new();
+    NVML.get_or_init(|| Nvml::init().map_err(|e| format!("cannot initialise NVML: {e}")))
+        .as_ref()
+        .map_err(Clone::clone)
+}
 
-/// An open NVML handle on one GPU.
+/// NVML's handle on one GPU.
 pub struct EnergyMeter {
-    lib: Library,
-    device: NvmlDevice,
+    device: Device<'static>,
 }
 
 impl EnergyMeter {
@@ -40,129 +41,83 @@ impl EnergyMeter {
 
     /// NVML's handle on the GPU at PCI address `bus_id`, or why there is none.
     pub fn open_bus_id(bus_id: &str) -> Result<Self, String> {
-        // SAFETY: loading the driver's NVML runs its (trusted) initialisers only.
-        let lib = unsafe { Library::new("libnvidia-ml.so.1") }
-            .map_err(|e| format!("cannot load libnvidia-ml.so.1: {e}"))?;
-        let bus_id = CString::new(bus_id).map_err(|e| e.to_string())?;
-        let mut device: NvmlDevice = std::ptr::null_mut();
-        // SAFETY: signatures as in nvml.h: `nvmlReturn_t nvmlInit_v2(void)`,
-        // `nvmlReturn_t nvmlDeviceGetHandleByPciBusId_v2(const char*, nvmlDevice_t*)`; the
-        // string outlives the call and `device` is a valid out-pointer.
-        unsafe {
-            let init: Symbol<unsafe extern "C" fn() -> c_int> =
-                lib.get(b"nvmlInit_v2").map_err(|e| e.to_string())?;
-            check("nvmlInit_v2", init())?;
-            let by_bus: Symbol<unsafe extern "C" fn(*const c_char, *mut NvmlDevice) -> c_int> = lib
-                .get(b"nvmlDeviceGetHandleByPciBusId_v2")
-                .map_err(|e| e.to_string())?;
-            check(
-                "nvmlDeviceGetHandleByPciBusId_v2",
-                by_bus(bus_id.as_ptr(), &mut device),
-            )?;
-        }
-        let meter = EnergyMeter { lib, device };
+        let device = nvml()?
+            .device_by_pci_bus_id(bus_id)
+            .map_err(|e| format!("nvmlDeviceGetHandleByPciBusId_v2({bus_id}): {e}"))?;
+        let meter = EnergyMeter { device };
         meter.read_mj()?;
         Ok(meter)
     }
 
     /// The board's energy counter in millijoules.
     pub fn read_mj(&self) -> Result<u64, String> {
-        let mut mj: c_ulonglong = 0;
-        // SAFETY: `nvmlReturn_t nvmlDeviceGetTotalEnergyConsumption(nvmlDevice_t,
-        // unsigned long long*)`; `self.device` came from NVML and NVML stays initialised
-        // while `self` lives.
-        unsafe {
-            let total: Symbol<unsafe extern "C" fn(NvmlDevice, *mut c_ulonglong) -> c_int> = self
-                .lib
-                .get(b"nvmlDeviceGetTotalEnergyConsumption")
-                .map_err(|e| e.to_string())?;
-            check(
-                "nvmlDeviceGetTotalEnergyConsumption",
-                total(self.device, &mut mj),
-            )?;
-        }
-        Ok(mj)
+        self.device
+            .total_energy_consumption()
+            .map_err(|e| format!("nvmlDeviceGetTotalEnergyConsumption: {e}"))
     }
 
     /// The SM clock now, MHz, and the board's power draw, milliwatts.
     pub fn read_clock_and_power(&self) -> Result<(u32, u32), String> {
-        let (mut mhz, mut mw): (c_uint, c_uint) = (0, 0);
-        // SAFETY: `nvmlReturn_t nvmlDeviceGetClockInfo(nvmlDevice_t, nvmlClockType_t,
-        // unsigned int*)` and `nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t,
-        // unsigned int*)`; the handle is valid while `self` lives (see `read_mj`).
-        unsafe {
-            let clock: Symbol<unsafe extern "C" fn(NvmlDevice, c_int, *mut c_uint) -> c_int> = self
-                .lib
-                .get(b"nvmlDeviceGetClockInfo")
-                .map_err(|e| e.to_string())?;
-            check(
-                "nvmlDeviceGetClockInfo",
-                clock(self.device, NVML_CLOCK_SM, &mut mhz),
-            )?;
-            let power: Symbol<unsafe extern "C" fn(NvmlDevice, *mut c_uint) -> c_int> = self
-                .lib
-                .get(b"nvmlDeviceGetPowerUsage")
-                .map_err(|e| e.to_string())?;
-            check("nvmlDeviceGetPowerUsage", power(self.device, &mut mw))?;
-        }
+        let mhz = self
+            .device
+            .clock_info(Clock::SM)
+            .map_err(|e| format!("nvmlDeviceGetClockInfo: {e}"))?;
+        let mw = self
+            .device
+            .power_usage()
+            .map_err(|e| format!("nvmlDeviceGetPowerUsage: {e}"))?;
         Ok((mhz, mw))
     }
-}
 
-/// `NVML_FI_DEV_NVLINK_GET_POWER_STATE`: a link's power state, 0 = high speed, 1 = low speed
-/// (a link idle for the low-power threshold, `nvidia-smi nvlink -gLowPwrInfo`, drops to low
-/// speed).
-const NVML_FI_DEV_NVLINK_GET_POWER_STATE: c_uint = 167;
-/// `NVML_NVLINK_MAX_LINKS`: the field queries below ask for links `0..MAX_LINKS`.
-const NVML_NVLINK_MAX_LINKS: usize = 18;
-
-/// `nvmlFieldValue_t` (nvml.h): a field's id and scope (the link) in, its value out.
-#[repr(C)]
-#[derive(Clone, Copy, Default)]
-struct NvmlFieldValue {
-    field_id: c_uint,
-    scope_id: c_uint,
-    timestamp: i64,
-    latency_usec: i64,
-    value_type: c_int,
-    nvml_return: c_int,
-    /// `nvmlValue_t`, a union of 8 bytes; the power state is its `unsigned int`.
-    value: u64,
-}
-
-impl EnergyMeter {
     /// How many of the GPU's NVLinks are in the high-speed power state now, out of how many
-    /// report one.
+    /// report one (`NVML_FI_DEV_NVLINK_GET_POWER_STATE`: 0 = high speed, 1 = low speed; a link
+    /// idle for the low-power threshold, `nvidia-smi nvlink -gLowPwrInfo`, drops to low speed).
+    ///
+    /// The one raw NVML call here: `nvml-wrapper`'s `Device::field_values_for` sets only the
+    /// field id, and this field is per link, selected by `nvmlFieldValue_t::scopeId`.
     pub fn nvlinks_at_high_speed(&self) -> Result<(u32, u32), String> {
-        let mut fields = [NvmlFieldValue::default(); NVML_NVLINK_MAX_LINKS];
+        let get = nvml()?
+            .lib()
+            .nvmlDeviceGetFieldValues
+            .as_ref()
+            .map_err(|e| format!("nvmlDeviceGetFieldValues: {e}"))?;
+        // SAFETY: nvmlFieldValue_t is plain data (integers and a union of integers), for
+        // which all zeros is a valid value.
+        let mut fields: [nvmlFieldValue_t; NVML_NVLINK_MAX_LINKS] = unsafe { std::mem::zeroed() };
         for (link, f) in fields.iter_mut().enumerate() {
-            f.field_id = NVML_FI_DEV_NVLINK_GET_POWER_STATE;
-            f.scope_id = link as c_uint;
+            f.fieldId = field_id::NVML_FI_DEV_NVLINK_GET_POWER_STATE;
+            f.scopeId = link as u32;
         }
         // SAFETY: `nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t, int, nvmlFieldValue_t*)`
-        // over `fields`, whose layout is nvml.h's; the handle is valid while `self` lives.
-        unsafe {
-            let get: Symbol<unsafe extern "C" fn(NvmlDevice, c_int, *mut NvmlFieldValue) -> c_int> =
-                self.lib
-                    .get(b"nvmlDeviceGetFieldValues")
-                    .map_err(|e| e.to_string())?;
-            check(
-                "nvmlDeviceGetFieldValues",
-                get(self.device, fields.len() as c_int, fields.as_mut_ptr()),
-            )?;
+        // over `fields` (nvml.h's layout, from the sys crate); the handle comes from the
+        // process-wide NVML, which is never shut down.
+        let rc = unsafe {
+            get(
+                self.device.handle(),
+                fields.len() as i32,
+                fields.as_mut_ptr(),
+            )
+        };
+        if rc != nvmlReturn_enum_NVML_SUCCESS {
+            return Err(format!("nvmlDeviceGetFieldValues returned NVML error {rc}"));
         }
-        let reported = fields.iter().filter(|f| f.nvml_return == NVML_SUCCESS);
         let (mut high, mut total) = (0, 0);
-        for f in reported {
+        for f in fields
+            .iter()
+            .filter(|f| f.nvmlReturn == nvmlReturn_enum_NVML_SUCCESS)
+        {
             total += 1;
-            // The unsigned int of the union: its low 4 bytes (little-endian).
-            if f.value as u32 == 0 {
+            // SAFETY: the power state is the union's `unsigned int`.
+            if unsafe { f.value.uiVal } == 0 {
                 high += 1;
             }
         }
         Ok((high, total))
     }
 }
+
+/// `NVML_NVLINK_MAX_LINKS`: the field query asks for links `0..MAX_LINKS`.
+const NVML_NVLINK_MAX_LINKS: usize = 18;
 
 /// A GPU's mean SM clock and board power over a sampled stretch of time.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -253,31 +208,16 @@ impl PowerSampler {
     }
 }
 
-impl Drop for EnergyMeter {
-    fn drop(&mut self) {
-        // SAFETY: `nvmlReturn_t nvmlShutdown(void)`, balancing the `nvmlInit_v2` of `open`.
-        unsafe {
-            if let Ok(shutdown) = self
-                .lib
-                .get::<unsafe extern "C" fn() -> c_int>(b"nvmlShutdown")
-            {
-                shutdown();
-            }
-        }
-    }
-}
-
-fn check(call: &str, code: c_int) -> Result<(), String> {
-    if code == NVML_SUCCESS {
-        Ok(())
-    } else {
-        Err(format!("{call} returned NVML error {code}"))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::ClockPower;
+
+    #[test]
+    fn a_gpu_that_is_not_there_is_an_error_not_a_panic() {
+        // Without NVML (CI) the library does not load; with it, no GPU has this address.
+        let e = super::EnergyMeter::open_bus_id("00000000:FF:1F.7").err();
+        assert!(e.is_some_and(|e| e.contains("NVML") || e.contains("nvml")));
+    }
 
     #[test]
     fn merged_means_weigh_by_samples() {
