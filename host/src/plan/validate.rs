@@ -1,31 +1,27 @@
 //! [`Plan::validate`]: everything an executor relies on, checked once, so that a plan read
 //! from JSON (possibly edited) is refused with an error instead of panicking a device thread,
-//! reading wrong rows or asking for terabytes.
-//!
-//! The checks, in order:
-//! 1. the schedule can run the problem on `tp` devices ([`can_implement`]), there are `tp`
-//!    device plans numbered `0..tp`, and the exclusive layout is the one for `tp` devices;
-//! 2. per device: its shard blocks lie inside the global matrices (C exactly when beta ≠ 0),
-//!    its workspace has at most 2^40 elements and `workspace_bytes` matches it;
-//! 3. per device: edges go forward (`from < to < nodes`), so the node list is a topological
-//!    order and the DAG is acyclic;
-//! 4. per node: views and regions lie inside their buffers (saturating ends, so nothing wraps)
-//!    with 16-byte aligned offsets and leading dimensions; flags exist; a GEMM's views have
-//!    its shape and it writes its own D; a copy moves equal lengths into its own device with
-//!    `bytes = len · element size`; a reduction's sources have its destination's shape;
-//!    a barrier arrives only at peers, and every device waits for exactly the arrivals the
-//!    other barriers send it.
+//! reading wrong rows or asking for terabytes. The checks are listed at [`Plan::validate`].
 
-use super::{Node, Plan, PlanError};
+use super::{ExclusiveLayout, Node, Plan, PlanError};
 use crate::schedule::{
     Block, BufferKind, GemmStage, MAX_ELEMENTS, ReduceStep, Region, View, can_implement,
 };
 
-use super::ExclusiveLayout;
-
 impl Plan {
-    /// Checks that the plan is one the executors can run safely (see the module documentation
-    /// of `plan::validate` for the list); [`Plan::build`] and [`Plan::from_json`] call it.
+    /// Checks that the plan is one the executors can run safely; [`Plan::build`] and
+    /// [`Plan::from_json`] call it. The checks, in order:
+    /// 1. the schedule can run the problem on `tp` devices ([`can_implement`]), there are `tp`
+    ///    device plans numbered `0..tp`, and the exclusive layout is the one for `tp` devices;
+    /// 2. per device: its shard blocks lie inside the global matrices (C exactly when beta ≠ 0),
+    ///    its workspace has at most 2^40 elements and `workspace_bytes` matches it;
+    /// 3. per device: edges go forward (`from < to < nodes`), so the node list is a topological
+    ///    order and the DAG is acyclic;
+    /// 4. per node: views and regions lie inside their buffers (saturating ends, so nothing wraps)
+    ///    with 16-byte aligned offsets and leading dimensions; flags exist; a GEMM's views have
+    ///    its shape and it writes its own D; a copy moves equal lengths into its own device with
+    ///    `bytes = len · element size`; a reduction's sources have its destination's shape;
+    ///    a barrier arrives only at peers, and every device waits for exactly the arrivals the
+    ///    other barriers send it.
     pub fn validate(&self) -> Result<(), PlanError> {
         can_implement(self.schedule, &self.problem, self.tp)?;
         let inconsistent = |what: String| Err(PlanError::Inconsistent(what));
@@ -180,6 +176,13 @@ impl Plan {
                 Ok(())
             }
             Node::FlagSet(_) => Ok(()),
+            Node::AwaitRelease(w) => match w.flags.iter().find(|f| f.device != device) {
+                Some(f) => Err(format!(
+                    "it waits for flag {} of device {}, not its own",
+                    f.index, f.device
+                )),
+                None => Ok(()),
+            },
             Node::Gemm(g) => self.check_gemm(device, g),
             Node::Reduce(r) => check_reduce(device, r),
         }
@@ -342,7 +345,9 @@ fn node_views(node: &Node) -> Vec<View> {
         .flatten()
         .collect(),
         Node::Reduce(r) => r.sources.iter().copied().chain([r.dst]).collect(),
-        Node::Barrier(_) | Node::PeerCopy(_) | Node::FlagSet(_) => Vec::new(),
+        Node::Barrier(_) | Node::PeerCopy(_) | Node::FlagSet(_) | Node::AwaitRelease(_) => {
+            Vec::new()
+        }
     }
 }
 
