@@ -7,7 +7,7 @@ use std::time::Duration;
 use distgemm::cuda::{RankArgs, RankGemm, Rendezvous};
 use distgemm::dtype::Dtype;
 use distgemm::problem::Problem;
-use distgemm::runtime::Gpu;
+use distgemm::runtime::{Gpu, RawStream};
 use distgemm::schedule::{BufferKind, ScheduleKind};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -15,12 +15,32 @@ use pyo3::prelude::*;
 use crate::rendezvous::PyRendezvous;
 use crate::{DistGemmError, guard, to_py_err};
 
+/// A value handed to [`Python::detach`]'s closure.
+///
+/// [`RankGemm`] holds raw CUDA graph handles and is not `Send`, so the class is `unsendable`
+/// (pyo3 refuses its use from any thread but the creating one), and `detach` — which wants a
+/// `Send` closure in case it moved threads — gets the instance through this wrapper. Taken out
+/// with [`SameThread::into_inner`] inside the closure, so the closure captures the wrapper,
+/// not its field.
+struct SameThread<T>(T);
+
+// SAFETY: built only around a value passed to, or returned from, `Python::detach`, which runs
+// its closure on the calling thread and returns before the caller continues: the value never
+// reaches another thread.
+unsafe impl<T> Send for SameThread<T> {}
+
+impl<T> SameThread<T> {
+    fn into_inner(self) -> T {
+        self.0
+    }
+}
+
 /// One rank of a distgemm GEMM in a group of processes (one process per GPU).
 ///
 /// Private to the package: `distgemm._ops` builds and caches these, checks the tensors and
 /// passes their addresses. Building and `close()` are collective: every rank of the group
-/// calls them, in the same order.
-#[pyclass(name = "RankGemm", module = "distgemm._distgemm")]
+/// calls them, in the same order. Used from the thread that built it only (`unsendable`).
+#[pyclass(name = "RankGemm", module = "distgemm._distgemm", unsendable)]
 pub struct PyRankGemm {
     /// `None` after `close()`.
     inner: Option<RankGemm>,
@@ -112,19 +132,21 @@ impl PyRankGemm {
                 .with_dtype(dtype)
                 .with_scalars(alpha, beta);
             let built = py.detach(move || {
-                let gpu = Gpu::open(device)?;
-                let mut builder = RankGemm::builder().gpu(gpu).problem(problem);
-                builder = if auto {
-                    builder.auto_schedule(kind)
-                } else {
-                    builder.schedule(kind)
-                };
-                if let Some(t) = timeout {
-                    builder = builder.timeout(t);
-                }
-                builder.allow_shared_gpu(allow_shared_gpu).build(rdv)
+                SameThread((|| {
+                    let gpu = Gpu::open(device)?;
+                    let mut builder = RankGemm::builder().gpu(gpu).problem(problem);
+                    builder = if auto {
+                        builder.auto_schedule(kind)
+                    } else {
+                        builder.schedule(kind)
+                    };
+                    if let Some(t) = timeout {
+                        builder = builder.timeout(t);
+                    }
+                    builder.allow_shared_gpu(allow_shared_gpu).build(rdv)
+                })())
             });
-            let inner = built.map_err(to_py_err)?;
+            let inner = built.into_inner().map_err(to_py_err)?;
             Ok(PyRankGemm {
                 inner: Some(inner),
                 rank,
@@ -181,15 +203,18 @@ impl PyRankGemm {
                 d,
             };
             // SAFETY: this module is private to the `distgemm` package, whose `_ops` layer
-            // calls it only with the `data_ptr()` of torch tensors it has checked to be on
-            // this rank's GPU, contiguous, 16-byte aligned and at least the shard sizes
-            // (`shard_shape`), with an output that does not overlap the inputs. The tensors
-            // come from PyTorch's caching allocator, which reuses their memory only behind
-            // `stream` (the current stream they were used on), so they stay alive and
-            // unwritten until `stream` has passed this launch; distgemm's end-of-run release
-            // covers the peers' reads of this rank's shards. Every rank launches once per op
-            // call, the op being collective.
-            unsafe { dg.launch_raw(stream, args) }.map_err(to_py_err)
+            // calls it only with `torch.cuda.current_stream(device).cuda_stream` — a live
+            // stream of this rank's GPU in its primary context, which PyTorch uses too, and
+            // which PyTorch never destroys (pool streams) or the driver drains before
+            // destroying (user streams) — and with the `data_ptr()` of torch tensors it has
+            // checked to be on this rank's GPU, contiguous, 16-byte aligned and exactly the
+            // shard shapes (`shard_shape`), with an output that does not overlap the inputs.
+            // The tensors come from PyTorch's caching allocator, which hands their memory out
+            // again only to work ordered behind `stream` (the stream they are used on), so
+            // they stay alive and unwritten by other streams until `stream` has passed this
+            // launch; distgemm's end-of-run release covers the peers' reads of this rank's
+            // shards. Every rank launches once per op call, the op being collective.
+            unsafe { dg.launch_raw(RawStream::from_raw(stream), args) }.map_err(to_py_err)
         })
     }
 
@@ -201,8 +226,10 @@ impl PyRankGemm {
     /// Waits for this rank's last launch (GIL released), then raises its error, if any.
     fn synchronize(&mut self, py: Python<'_>) -> PyResult<()> {
         guard("synchronize", || {
-            let dg = self.live()?;
-            py.detach(|| dg.synchronize()).map_err(to_py_err)
+            let dg = SameThread(self.live()?);
+            py.detach(move || SameThread(dg.into_inner().synchronize()))
+                .into_inner()
+                .map_err(to_py_err)
         })
     }
 
@@ -217,7 +244,10 @@ impl PyRankGemm {
         guard("close", || {
             if let Some(dg) = self.inner.take() {
                 if collective {
-                    py.detach(move || drop(dg));
+                    let dg = SameThread(dg);
+                    py.detach(move || SameThread(dg.into_inner().close()))
+                        .into_inner()
+                        .map_err(to_py_err)?;
                 } else {
                     std::mem::forget(dg);
                 }

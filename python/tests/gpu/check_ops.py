@@ -1,0 +1,378 @@
+#!/usr/bin/env python3
+"""GPU checks of the distgemm package, one process per rank under torchrun:
+
+    torchrun --nproc-per-node 2 python/tests/gpu/check_ops.py [--quick] [--backend gloo]
+
+With fewer GPUs than ranks every rank runs on GPU 0 (gloo backend, DISTGEMM_ALLOW_SHARED_GPU=1),
+which is how one H200 tests TP=2; times mean nothing then, results do. For every op (the
+linear-style ops and the torch.ops.symm_mem drop-ins), both dtypes, the four Llama-3 presets at
+small token counts and ragged shapes, it checks:
+
+- all-gather: bitwise equal to distgemm's own single-GPU GEMM (a one-rank group) on the gathered
+  input, and within the float64 bound of the unsharded product;
+- reduce-scatter: within the float64 bound (r roundings: max(TP, 2));
+- new input tensors on every call (new addresses: the graph-update path), the inputs
+  overwritten on the stream right after the call (as PyTorch's allocator reuses memory), a
+  3-D input, out=, return_gathered / return_A;
+- bad inputs raise the documented exception (dtype, device, contiguity, divisibility, dims,
+  reduce_op) and ranks that disagree on the shape raise instead of hanging.
+
+The bound (host/src/reference.rs): |D - D_ref| <= 1.05 (r u + (K + P + 2) 2^-24) |alpha| (|A| |B|^T)
++ r s, with u the dtype's unit roundoff and s half its subnormal spacing.
+
+Rank 0 prints one line per check and a summary; the exit status is 1 if any rank failed.
+"""
+
+import argparse
+import datetime
+import os
+import sys
+import traceback
+import zlib
+
+PRESETS = {  # name: (N, K), as host/src/problem.rs (fc1: fused gate+up projection)
+    "llama3-70b-fc1": (57344, 8192),
+    "llama3-70b-fc2": (8192, 28672),
+    "llama3-405b-fc1": (106496, 16384),
+    "llama3-405b-fc2": (16384, 53248),
+}
+UNIT_ROUNDOFF = {"bf16": 2.0**-8, "f16": 2.0**-11}
+HALF_SUBNORMAL = {"bf16": 2.0**-134, "f16": 2.0**-25}
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="one token count, presets in bf16 only")
+    p.add_argument("--backend", default="gloo", help="torch.distributed backend (gloo shares GPUs)")
+    p.add_argument("--calls", type=int, default=3, help="calls per case, new inputs each")
+    return p.parse_args()
+
+
+def expected(exc):
+    return " or ".join(e.__name__ for e in (exc if isinstance(exc, tuple) else (exc,)))
+
+
+def seed_of(*parts):
+    """A seed every rank derives alike (Python's hash() of a str differs between processes)."""
+    return zlib.crc32(repr(parts).encode()) & 0x7FFFFFFF
+
+
+class Checker:
+    def __init__(self, rank):
+        self.rank = rank
+        self.passed = 0
+        self.failures = []
+
+    def ok(self, name, cond, detail=""):
+        if cond:
+            self.passed += 1
+        else:
+            self.failures.append(f"rank {self.rank}: {name}: {detail}")
+        if self.rank == 0:
+            print(f"{'ok  ' if cond else 'FAIL'} {name} {detail}", flush=True)
+
+    def raises(self, name, exc, fn, words=()):
+        try:
+            fn()
+        except exc as e:  # exc: an exception class or a tuple of them
+            msg = str(e)
+            missing = [w for w in words if w not in msg]
+            self.ok(name, not missing, f"({type(e).__name__}: {msg[:150]})")
+        except Exception as e:  # noqa: BLE001 - the wrong exception is a failure
+            self.ok(name, False, f"raised {type(e).__name__}: {e}, expected {expected(exc)}")
+        else:
+            self.ok(name, False, f"did not raise {expected(exc)}")
+
+
+def main():
+    args = parse_args()
+    import torch
+    import torch.distributed as dist
+
+    import distgemm
+
+    rank = int(os.environ["RANK"])
+    world = int(os.environ["WORLD_SIZE"])
+    local = int(os.environ.get("LOCAL_RANK", rank))
+    gpus = torch.cuda.device_count()
+    shared = gpus < world
+    device = 0 if shared else local
+    if shared:
+        if args.backend != "gloo":
+            raise SystemExit("ranks sharing one GPU need --backend gloo (NCCL refuses them)")
+        os.environ["DISTGEMM_ALLOW_SHARED_GPU"] = "1"
+    torch.cuda.set_device(device)
+    dist.init_process_group(args.backend, timeout=datetime.timedelta(seconds=300))
+    dev = torch.device("cuda", device)
+    check = Checker(rank)
+    if rank == 0:
+        print(
+            f"check_ops: torch {torch.__version__}, {world} ranks on "
+            f"{'one GPU (shared)' if shared else f'{world} GPUs'}: {torch.cuda.get_device_name(dev)}, "
+            f"backend {args.backend}, distgemm {distgemm.__version__} "
+            f"(PTX {distgemm._distgemm.embedded_ptx_bytes} bytes)",
+            flush=True,
+        )
+    check.ok("wheel carries the kernels' PTX", distgemm._distgemm.embedded_ptx_bytes > 0)
+    # One-rank groups: distgemm's single-GPU GEMM, the bitwise reference of all-gather.
+    solos = [dist.new_group([r]) for r in range(world)]
+    solo = solos[rank]
+    dtypes = {"bf16": torch.bfloat16, "f16": torch.float16}
+
+    def rand(shape, dtype, seed):
+        g = torch.Generator(device=dev)
+        g.manual_seed(seed)
+        return torch.randn(shape, generator=g, dtype=torch.float32, device=dev).to(dtype)
+
+    def within_bound(name, got, a_full, b_rows, dtype_name, r, k, alpha=1.0):
+        """got vs alpha * a_full @ b_rows.T in f64, with the bound of reference.rs."""
+        a64, b64 = a_full.double(), b_rows.double()
+        ref = alpha * (a64 @ b64.T)
+        mag = abs(alpha) * (a64.abs() @ b64.abs().T)
+        bound = (
+            1.05 * (r * UNIT_ROUNDOFF[dtype_name] + (k + world + 2) * 2.0**-24) * mag
+            + r * HALF_SUBNORMAL[dtype_name]
+        )
+        err = (got.double().reshape(ref.shape) - ref).abs()
+        bad = int((err > bound).sum())
+        finite = bool(torch.isfinite(got).all())
+        check.ok(
+            name,
+            bad == 0 and finite,
+            f"max err {err.max().item():.3g}, max bound {bound.max().item():.3g}, {bad} outside",
+        )
+
+    def ag_case(tag, dtype_name, m, n, k, calls, shape3=None):
+        dtype = dtypes[dtype_name]
+        ml, nl = m // world, n // world
+        for call in range(calls):
+            seed = seed_of(tag, dtype_name, call)
+            a_full = rand((m, k), dtype, seed)  # every rank: the same full input
+            w_full_d = rand((nl, k), dtype, seed + 1 + rank)  # this rank's weight shard
+            x = a_full[rank * ml : (rank + 1) * ml].clone()  # new tensors, new addresses
+            w = w_full_d.clone()
+            if shape3 is not None:
+                x = x.view(shape3[0] // world, shape3[1], k)
+            out = distgemm.all_gather_linear(x, w)
+            # The inputs overwritten right after the call, on its stream.
+            x.fill_(float("nan"))
+            w.fill_(float("nan"))
+            single = distgemm.all_gather_linear(a_full, w_full_d, group=solo)
+            torch.cuda.synchronize()
+            out2 = out.reshape(m, nl)
+            check.ok(
+                f"{tag} {dtype_name} ag call {call}: bitwise = single-GPU GEMM",
+                torch.equal(out2, single),
+            )
+            within_bound(
+                f"{tag} {dtype_name} ag call {call}: f64 bound",
+                out2,
+                a_full,
+                w_full_d,
+                dtype_name,
+                1,
+                k,
+            )
+        distgemm.synchronize()
+
+    def rs_case(tag, dtype_name, m, n, k, calls, op="linear", reduce_op="sum"):
+        dtype = dtypes[dtype_name]
+        kl, ml = k // world, m // world
+        for call in range(calls):
+            seed = seed_of(tag, dtype_name, call, op, reduce_op)
+            a_full = rand((m, k), dtype, seed)
+            w_full = rand((n, k), dtype, seed + 1)
+            x = a_full[:, rank * kl : (rank + 1) * kl].contiguous()
+            w = w_full[:, rank * kl : (rank + 1) * kl].contiguous()
+            if op == "linear":
+                out = distgemm.linear_reduce_scatter(x, w)
+            else:
+                out = distgemm.fused_matmul_reduce_scatter(
+                    x, w.t(), reduce_op, 0, dist.group.WORLD.group_name
+                )
+            x.fill_(float("nan"))
+            w.fill_(float("nan"))
+            torch.cuda.synchronize()
+            check.ok(
+                f"{tag} {dtype_name} rs {op} call {call}: shape",
+                tuple(out.shape) == (ml, n),
+                str(tuple(out.shape)),
+            )
+            alpha = 1.0 / world if reduce_op == "avg" else 1.0
+            within_bound(
+                f"{tag} {dtype_name} rs {op} {reduce_op} call {call}: f64 bound",
+                out,
+                a_full[rank * ml : (rank + 1) * ml],
+                w_full,
+                dtype_name,
+                max(world, 2),
+                k,
+                alpha,
+            )
+        distgemm.synchronize()
+
+    def dropin_ag(tag, dtype_name, m, n, k):
+        dtype = dtypes[dtype_name]
+        ml, nl = m // world, n // world
+        seed = seed_of(tag, "dropin")
+        a_full = rand((m, k), dtype, seed)
+        w1 = rand((nl, k), dtype, seed + 1 + rank)
+        w2 = rand((nl // 2 if nl % 16 == 0 else nl, k), dtype, seed + 11 + rank)
+        x = a_full[rank * ml : (rank + 1) * ml].clone()
+        gathered, (o1, o2) = distgemm.fused_all_gather_matmul(
+            x, [w1.t(), w2.t()], 0, dist.group.WORLD.group_name
+        )
+        _, (p1,) = distgemm.fused_all_gather_matmul(
+            x, [w1.t()], 0, dist.group.WORLD.group_name, return_A=False
+        )
+        s1 = distgemm.all_gather_linear(a_full, w1, group=solo)
+        s2 = distgemm.all_gather_linear(a_full, w2, group=solo)
+        torch.cuda.synchronize()
+        check.ok(
+            f"{tag} {dtype_name} fused_all_gather_matmul: A returned", torch.equal(gathered, a_full)
+        )
+        check.ok(
+            f"{tag} {dtype_name} fused_all_gather_matmul: Bs[0], Bs[1] bitwise",
+            torch.equal(o1, s1) and torch.equal(o2, s2),
+        )
+        check.ok(f"{tag} {dtype_name} fused_all_gather_matmul(return_A=False)", torch.equal(p1, s1))
+        distgemm.synchronize()
+
+    try:
+        tokens = [256] if args.quick else [256, 37 * world]  # 37 * TP: ragged per rank
+        for preset, (n, k) in PRESETS.items():
+            for dtype_name in ["bf16"] if args.quick else ["bf16", "f16"]:
+                for m in tokens:
+                    tag = f"{preset} M={m}"
+                    if preset.endswith("fc1"):
+                        ag_case(tag, dtype_name, m, n, k, args.calls)
+                    else:
+                        rs_case(tag, dtype_name, m, n, k, args.calls)
+        # Ragged problems (not multiples of any tile) and the other spellings.
+        for dtype_name in ["bf16", "f16"]:
+            n, k = world * 8 * 13, 8 * world * 29
+            ag_case(f"ragged M={world * 37} N={n} K={k}", dtype_name, world * 37, n, k, args.calls)
+            ag_case(
+                f"3-D input M={world * 6}x5", dtype_name, world * 30, n, k, 1, shape3=(world * 6, 5)
+            )
+            rs_case(f"ragged M={world * 37} N={n} K={k}", dtype_name, world * 37, n, k, args.calls)
+            rs_case(
+                f"drop-in M={world * 20}",
+                dtype_name,
+                world * 20,
+                n,
+                k,
+                1,
+                op="fused",
+                reduce_op="sum",
+            )
+            rs_case(
+                f"drop-in M={world * 20}",
+                dtype_name,
+                world * 20,
+                n,
+                k,
+                1,
+                op="fused",
+                reduce_op="avg",
+            )
+            dropin_ag(f"drop-in M={world * 20} N={2 * n} K={k}", dtype_name, world * 20, 2 * n, k)
+
+        # out= and return_gathered.
+        x = rand((64, 256), torch.bfloat16, 5 + rank)
+        w = rand((128, 256), torch.bfloat16, 7 + rank)
+        out = torch.empty((64 * world, 128), dtype=torch.bfloat16, device=dev)
+        res, gathered = distgemm.all_gather_linear(x, w, out=out, return_gathered=True)
+        torch.cuda.synchronize()
+        check.ok("out= is the result", res is out)
+        check.ok("return_gathered", torch.equal(gathered[rank * 64 : (rank + 1) * 64], x))
+
+        # Bad inputs: each raises before any collective starts.
+        bad = [
+            (
+                "float32 input",
+                TypeError,
+                lambda: distgemm.all_gather_linear(x.float(), w),
+                ["x_shard", "float32"],
+            ),
+            (
+                "CPU weight",
+                ValueError,
+                lambda: distgemm.all_gather_linear(x, w.cpu()),
+                ["weight", "cpu"],
+            ),
+            (
+                "non-contiguous weight",
+                ValueError,
+                lambda: distgemm.linear_reduce_scatter(x, w.t().contiguous().t()),
+                ["weight", "contiguous"],
+            ),
+            (
+                "N/TP not a multiple of 8",
+                ValueError,
+                lambda: distgemm.all_gather_linear(x, w[:12]),
+                ["N/TP=12"],
+            ),
+            (
+                "tokens not divisible",
+                ValueError,
+                lambda: distgemm.linear_reduce_scatter(x[: 2 * world + 1], w),
+                ["divisible"],
+            ),
+            (
+                "gather_dim=1",
+                ValueError,
+                lambda: distgemm.fused_all_gather_matmul(
+                    x, [w.t()], 1, dist.group.WORLD.group_name
+                ),
+                ["gather_dim"],
+            ),
+            (
+                "reduce_op=max",
+                ValueError,
+                lambda: distgemm.fused_matmul_reduce_scatter(
+                    x, w.t(), "max", 0, dist.group.WORLD.group_name
+                ),
+                ["reduce_op"],
+            ),
+            (
+                "mixed dtypes",
+                TypeError,
+                lambda: distgemm.all_gather_linear(x, w.half()),
+                ["bf16", "f16"],
+            ),
+            (
+                "unknown schedule",
+                ValueError,
+                lambda: distgemm.all_gather_linear(x, w, schedule="ag-b"),
+                ["schedule"],
+            ),
+        ]
+        for name, exc, fn, words in bad:
+            check.raises(f"bad input: {name}", exc, fn, words)
+        # Ranks that disagree on the problem: an error on every rank, never a hang.
+        xr = rand((64 + 8 * rank, 256), torch.bfloat16, 9)
+        check.raises(
+            "ranks with different token counts",
+            (distgemm.DistGemmError, ValueError),
+            lambda: distgemm.all_gather_linear(xr, w),
+        )
+        distgemm.clear_cache()
+    except Exception:  # noqa: BLE001 - report, then let every rank learn of it
+        check.failures.append(f"rank {rank}: {traceback.format_exc()}")
+        print(check.failures[-1], file=sys.stderr, flush=True)
+
+    results = [None] * world
+    dist.all_gather_object(results, (check.passed, check.failures))
+    failed = [f for _, fs in results for f in fs]
+    if rank == 0:
+        for f in failed:
+            print(f"FAIL {f}")
+        total = sum(p for p, _ in results)
+        print(f"check_ops: {total} checks passed, {len(failed)} failed ({world} ranks)", flush=True)
+    dist.destroy_process_group()
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
