@@ -58,39 +58,28 @@ pub(super) fn run(
     check_counts(args)?;
     let plan = Plan::build(args.problem.schedule, problem, args.problem.tp)?;
     let full_check = args.check && problem.flops() <= CPU_FLOP_CAP;
-    let gpus = match args.backend {
-        Backend::Cpu => None,
+    // With `auto`, why the GPUs are not used: a notice before a CPU run, or part of the one
+    // error line when the CPU cannot run the problem either.
+    let (gpus, no_gpus) = match args.backend {
+        Backend::Cpu => (None, None),
         Backend::Cuda => {
             // Everything that needs no GPU first: the PTX file, then the host memory.
             check_ptx_file()?;
             check_host_memory(&plan, Executor::Cuda, full_check)?;
-            Some(cuda_devices(plan.tp).map_err(|reason| {
+            let gpus = cuda_devices(plan.tp).map_err(|reason| {
                 CliError::CudaUnavailable(format!(
                     "{reason}; use --backend cpu (or auto, which falls back to the CPU)"
                 ))
-            })?)
+            })?;
+            (Some(gpus), None)
         }
         Backend::Auto => match cuda_devices(plan.tp) {
             Ok(gpus) => {
                 check_ptx_file()?;
                 check_host_memory(&plan, Executor::Cuda, full_check)?;
-                Some(gpus)
+                (Some(gpus), None)
             }
-            Err(reason) => {
-                // One line either way: the refusal says why the GPUs were not used.
-                if problem.flops() > CPU_FLOP_CAP {
-                    return Err(CliError::TooLarge(format!(
-                        "{} (the CUDA backend is unavailable: {reason})",
-                        too_large(args, &problem)
-                    )));
-                }
-                check_host_memory(&plan, Executor::Cpu, full_check)?;
-                writeln!(
-                    err,
-                    "notice: {reason}; running on the CPU executor (cap: 2·M·N·K ≤ {CPU_FLOP_CAP:.3e} flop)"
-                )?;
-                None
-            }
+            Err(reason) => (None, Some(reason)),
         },
     };
     if let Some(gpus) = gpus {
@@ -101,9 +90,19 @@ pub(super) fn run(
         };
     }
     if problem.flops() > CPU_FLOP_CAP {
-        return Err(CliError::TooLarge(too_large(args, &problem)));
+        let why = too_large(args, &problem);
+        return Err(CliError::TooLarge(match no_gpus {
+            Some(reason) => format!("{why} (the CUDA backend is unavailable: {reason})"),
+            None => why,
+        }));
     }
     check_host_memory(&plan, Executor::Cpu, full_check)?;
+    if let Some(reason) = no_gpus {
+        writeln!(
+            err,
+            "notice: {reason}; running on the CPU executor (cap: 2·M·N·K ≤ {CPU_FLOP_CAP:.3e} flop)"
+        )?;
+    }
     match problem.dtype {
         Dtype::Bf16 => run_typed::<half::bf16>(args, plan, out),
         Dtype::F16 => run_typed::<half::f16>(args, plan, out),
