@@ -319,8 +319,14 @@ pub const HOOK_DEFER_GRID_WAIT: u32 = 1;
 /// `signal_value` to it at system scope (after a system-scope fence, so everything the previous
 /// stage wrote is visible to whoever acquires the flag); then if `wait_flag != 0`, spin with
 /// system-scope acquire loads until `*wait_flag >= wait_value`. If that takes longer than
-/// `timeout_ns`, store `error_code` to `*error_word` and make the whole grid return without
-/// touching D (the host turns the code into an error naming device, stage and flag).
+/// `timeout_ns`, record `error_code` in `*error_word` and in every peer's error word
+/// (`atom.cas.sys 0 → code`: the first code stays, see
+/// [`crate::collective_abi`]) and make the whole grid return without touching D (the host
+/// turns the code into an error naming device, stage and flag).
+///
+/// The peers' error words travel inline (64 bytes of kernel parameters, read only on the
+/// timeout path) rather than through a pointer to a device-side table, which would need an
+/// upload and a lifetime of its own for a path that runs only after a failure.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct StageHook {
@@ -336,10 +342,12 @@ pub struct StageHook {
     pub signal_value: u32,
     /// The wait ends once `*wait_flag >= wait_value`.
     pub wait_value: u32,
-    /// Value stored to `*error_word` on timeout.
+    /// Value recorded in the error words on timeout.
     pub error_code: u32,
     /// Bit set of `HOOK_*` options.
     pub flags: u32,
+    /// The other devices' error words (unused entries 0).
+    pub peer_errors: crate::collective_abi::PeerErrorWords,
 }
 
 /// The GEMM kernels' single by-value parameter.
@@ -445,8 +453,8 @@ mod tests {
     #[test]
     fn parameter_block_layout_is_stable() {
         // The host passes the struct's bytes; the PTX declares a .param of this size.
-        assert_eq!(core::mem::size_of::<StageHook>(), 48);
-        assert_eq!(core::mem::size_of::<GemmParams>(), 48 + 32 + 48);
+        assert_eq!(core::mem::size_of::<StageHook>(), 48 + 64);
+        assert_eq!(core::mem::size_of::<GemmParams>(), 48 + 32 + 48 + 64);
         assert_eq!(core::mem::align_of::<GemmParams>(), 8);
     }
 }

@@ -56,6 +56,7 @@ macro_rules! kernel_table {
         pub const KERNELS: &[KernelInfo] = &[
             $(gemm(stringify!($bf16)), gemm(stringify!($f16)),)*
             plain("collective_barrier"),
+            plain("collective_wait_flags"),
             plain("reduce_sum_bf16"),
             plain("reduce_sum_f16"),
             plain("fill_normal_bf16"),

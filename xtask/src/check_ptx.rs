@@ -218,6 +218,7 @@ fn failures(
             }
         }
     }
+    out.extend(unacquired_tensor_maps(ptx_text, kernels));
     let missing = ptx::missing_required(ptx_text);
     if !missing.is_empty() {
         let what: Vec<String> = ptx::REQUIRED_PTX
@@ -230,6 +231,45 @@ fn failures(
              until the kernels that use them are written)",
             what.join(", ")
         ));
+    }
+    out
+}
+
+/// The tensormap-proxy acquire a GEMM entry must execute before it uses a tensor map.
+const TENSORMAP_ACQUIRE: &str = "fence.proxy.tensormap::generic.acquire";
+
+/// GEMM entries (kernels that issue `wgmma` and use tensor maps) in which a tensor map is used
+/// (`prefetch.tensormap`, `cp.async.bulk.tensor`) before any
+/// `fence.proxy.tensormap::generic.acquire`, in text order. Tensor maps live in global memory
+/// and the tensormap proxy is not acquired at kernel start; the kernels acquire each map in
+/// the thread that uses it, before its first use. Text order is a proxy for program order
+/// that holds for the kernels' straight-line prologues; a body with no acquire at all always
+/// fails.
+fn unacquired_tensor_maps(ptx_text: &str, kernels: &[KernelInfo]) -> Vec<String> {
+    let Ok(entries) = ptx::entries(ptx_text) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for e in &entries {
+        if !kernels.iter().any(|k| k.name == e.name && k.uses_wgmma) {
+            continue;
+        }
+        let body = e.body(ptx_text);
+        let first_use = ["prefetch.tensormap", "cp.async.bulk.tensor"]
+            .iter()
+            .filter_map(|op| body.find(op))
+            .min();
+        let Some(first_use) = first_use else {
+            continue;
+        };
+        if body.find(TENSORMAP_ACQUIRE).is_none_or(|at| at > first_use) {
+            out.push(format!(
+                "kernel `{}` uses a tensor map before any `{TENSORMAP_ACQUIRE}` (tensor maps \
+                 live in global memory; acquire each in the thread that uses it, before its \
+                 first use)",
+                e.name
+            ));
+        }
     }
     out
 }
@@ -282,6 +322,7 @@ mod tests {
     const PTX: &str = ".version 8.6\n.target sm_90a\n\
         .visible .entry gemm()\n{\nsetmaxnreg.inc.sync.aligned.u32 232;\n\
         wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 ...;\n\
+        fence.proxy.tensormap::generic.acquire.gpu [%rd1], 128;\n\
         cp.async.bulk.tensor.2d ...;\ngriddepcontrol.wait;\n}\n\
         .visible .entry add()\n{\nret;\n}\n";
 
@@ -325,6 +366,24 @@ mod tests {
         // Diagnostics outside the gated set are only printed.
         let hg4 = |_: &str| Some(4);
         assert!(failures(&report(0, Some("C7777")), PTX, &hg4, &TABLE).is_empty());
+    }
+
+    #[test]
+    fn tensor_maps_must_be_acquired_before_use() {
+        let hg = |n: &str| Some(if n == "gemm" { 4 } else { 0 });
+        let unacquired = PTX.replace(
+            "fence.proxy.tensormap::generic.acquire.gpu [%rd1], 128;\n",
+            "",
+        );
+        let f = failures(&report(0, None), &unacquired, &hg, &TABLE);
+        assert_eq!(f.len(), 1, "{f:#?}");
+        assert!(f[0].contains("`gemm` uses a tensor map before"), "{f:#?}");
+        // An acquire after the first use does not count.
+        let late = unacquired.replace(
+            "griddepcontrol.wait;",
+            "fence.proxy.tensormap::generic.acquire.gpu [%rd1], 128;\ngriddepcontrol.wait;",
+        );
+        assert_eq!(failures(&report(0, None), &late, &hg, &TABLE).len(), 1);
     }
 
     #[test]

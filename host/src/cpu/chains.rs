@@ -38,8 +38,10 @@ mod tests {
         .unwrap_or_else(|e| panic!("{e}"));
         let c = chains(&plan.devices[0]);
         assert_eq!(c.len(), 2);
-        assert_eq!(c[0].len(), 1 + 2 * 3);
-        assert_eq!(c[1].len(), 4);
+        // The barrier, then per peer a copy, its stage flag and the peer's release flag.
+        assert_eq!(c[0].len(), 1 + 3 * 3);
+        // The stage GEMMs, then the release wait (which also waits for chain 0's tail).
+        assert_eq!(c[1].len(), 4 + 1);
         let rs = Plan::build(
             ScheduleKind::ReduceScatterTilingA,
             Problem::new(64, 64, 64),

@@ -10,7 +10,7 @@ use std::sync::atomic::AtomicU32;
 use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crate::dtype::Element;
-use crate::plan::DevicePlan;
+use crate::plan::{DeviceInputs, DevicePlan};
 use crate::schedule::{BufferKind, Region, View};
 
 /// The buffers of one logical device.
@@ -60,6 +60,20 @@ impl<T: Element> DeviceMemory<T> {
             .unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Copies a device's input shards into its A, B and C (sizes checked by the caller).
+    pub(crate) fn store_inputs(&self, inputs: &DeviceInputs<T>) {
+        self.write(BufferKind::A).copy_from_slice(&inputs.a);
+        self.write(BufferKind::B).copy_from_slice(&inputs.b);
+        if let Some(c) = &inputs.c {
+            self.write(BufferKind::C).copy_from_slice(c);
+        }
+    }
+
+    /// Sets every element of a buffer to `value`.
+    pub(crate) fn fill(&self, kind: BufferKind, value: T) {
+        self.write(kind).fill(value);
+    }
+
     /// Exclusive access without locking (the executor is not running).
     pub(crate) fn get_mut(&mut self, kind: BufferKind) -> &mut Vec<T> {
         match kind {
@@ -101,7 +115,8 @@ pub(crate) fn copy_region<T: Element>(memory: &[DeviceMemory<T>], src: &Region, 
     memory[dst.device].write(dst.buffer)[dst.offset..dst.offset + dst.len].copy_from_slice(&data);
 }
 
-/// The exclusive workspace of one device: the running barrier counter and the stage flags.
+/// The exclusive workspace of one device: the running barrier counter and the flags (stage
+/// flags, then release flags).
 #[derive(Debug)]
 pub(crate) struct ExclusiveWorkspace {
     pub(crate) counter: AtomicU32,

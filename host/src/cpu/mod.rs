@@ -5,8 +5,16 @@
 //! A run of `iters` iterations starts every device's thread once; each thread replays its DAG
 //! `iters` times back to back, like graph launches queued on one stream, so fast devices reach
 //! the next barrier while slow ones are still finishing (which is what the running barrier
-//! counter is for). Every wait is bounded: a protocol error fails the run with an error naming
+//! counter is for). [`CpuExecutor::run_sequence`] also gives each run new inputs, which each
+//! device loads as soon as its own previous run has ended (the plan's ordering contract for
+//! input shards). Every wait is bounded: a protocol error fails the run with an error naming
 //! the device, stage and flag.
+//!
+//! Timing is modelled where the GPU lets work start early: a node after a
+//! [`EdgeKind::ProgrammaticDeferred`] edge (the pipelined all-gather's stage 0) runs at once
+//! and waits for that predecessor only before it completes, as its kernel does with its
+//! deferred `griddepcontrol.wait`. Other programmatic edges are treated like full ones: those
+//! kernels wait before touching memory.
 
 mod chains;
 mod memory;
@@ -23,7 +31,7 @@ use self::memory::{DeviceMemory, ExclusiveWorkspace};
 use self::node::Context;
 use self::wait::{WaitFailure, Waiter};
 use crate::dtype::{Dtype, Element};
-use crate::plan::{DeviceInputs, Plan, SizeError};
+use crate::plan::{DeviceInputs, EdgeKind, Plan, SizeError};
 use crate::schedule::{BufferKind, FlagRef};
 
 /// The default bound of every wait.
@@ -183,13 +191,22 @@ impl<T: Element> CpuExecutor<T> {
     /// Copies every device's input shards in (see [`Plan::shard_inputs`]): one per device,
     /// each with the sizes the plan gives the device's buffers.
     pub fn load_inputs(&mut self, shards: &[DeviceInputs<T>]) -> Result<(), ExecError> {
+        self.check_inputs(shards)?;
+        for (mem, inputs) in self.memory.iter().zip(shards) {
+            mem.store_inputs(inputs);
+        }
+        Ok(())
+    }
+
+    /// One input shard set per device, each with the sizes the plan gives its buffers.
+    fn check_inputs(&self, shards: &[DeviceInputs<T>]) -> Result<(), ExecError> {
         if shards.len() != self.plan.tp {
             return Err(ExecError::ShardCount {
                 got: shards.len(),
                 expected: self.plan.tp,
             });
         }
-        for ((dev, mem), inputs) in self.plan.devices.iter().zip(&mut self.memory).zip(shards) {
+        for (dev, inputs) in self.plan.devices.iter().zip(shards) {
             let empty = Vec::new();
             let given = [
                 (BufferKind::A, &inputs.a),
@@ -206,7 +223,6 @@ impl<T: Element> CpuExecutor<T> {
                         expected,
                     });
                 }
-                mem.get_mut(buffer).copy_from_slice(data);
             }
         }
         Ok(())
@@ -233,6 +249,62 @@ impl<T: Element> CpuExecutor<T> {
         iters: usize,
         progress: &(dyn Fn(usize) + Sync),
     ) -> Result<(), ExecError> {
+        self.run_devices(iters, &|_, _| {}, &|d, i| {
+            if d == 0 {
+                progress(i + 1);
+            }
+        })
+    }
+
+    /// Runs the plan once per entry of `inputs` (one shard set per device each), back to
+    /// back on every device, like a model calling the layer on new activations: device d
+    /// fills its D with NaN and loads its shards of run i right after its own run i − 1 has
+    /// ended, without waiting for the other devices (the plan's ordering contract for input
+    /// shards, see [`crate::plan`]). Returns every run's output shards, `outputs[i][d]`.
+    pub fn run_sequence(
+        &self,
+        inputs: &[Vec<DeviceInputs<T>>],
+    ) -> Result<Vec<Vec<Vec<T>>>, ExecError> {
+        for shards in inputs {
+            self.check_inputs(shards)?;
+        }
+        let outputs: Vec<Vec<std::sync::Mutex<Vec<T>>>> = inputs
+            .iter()
+            .map(|_| (0..self.plan.tp).map(|_| Default::default()).collect())
+            .collect();
+        let before = |d: usize, i: usize| {
+            let mem = &self.memory[d];
+            mem.fill(BufferKind::D, T::nan());
+            mem.store_inputs(&inputs[i][d]);
+        };
+        let after = |d: usize, i: usize| {
+            let d_shard = self.memory[d].read(BufferKind::D).clone();
+            *outputs[i][d]
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = d_shard;
+        };
+        self.run_devices(inputs.len(), &before, &after)?;
+        Ok(outputs
+            .into_iter()
+            .map(|run| {
+                run.into_iter()
+                    .map(|m| {
+                        m.into_inner()
+                            .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    })
+                    .collect()
+            })
+            .collect())
+    }
+
+    /// Every device's thread replays its DAG `iters` times, calling `before(d, i)` and
+    /// `after(d, i)` around its i-th replay (0-based), in its own order.
+    fn run_devices(
+        &self,
+        iters: usize,
+        before: &(dyn Fn(usize, usize) + Sync),
+        after: &(dyn Fn(usize, usize) + Sync),
+    ) -> Result<(), ExecError> {
         let abort = AtomicBool::new(false);
         let waiter = Waiter {
             timeout: self.timeout,
@@ -250,11 +322,10 @@ impl<T: Element> CpuExecutor<T> {
                     let abort = &abort;
                     s.spawn(move || {
                         for i in 0..iters {
+                            before(d, i);
                             self.run_device(ctx, d)
                                 .inspect_err(|_| abort.store(true, Ordering::Relaxed))?;
-                            if d == 0 {
-                                progress(i + 1);
-                            }
+                            after(d, i);
                         }
                         Ok(())
                     })
@@ -273,25 +344,33 @@ impl<T: Element> CpuExecutor<T> {
     fn run_device(&self, ctx: &Context<'_, T>, d: usize) -> Result<(), ExecError> {
         let dev = &self.plan.devices[d];
         let done: Vec<AtomicBool> = dev.nodes.iter().map(|_| AtomicBool::new(false)).collect();
+        let wait_for = |n: usize, pred: usize| {
+            let flag = &done[pred];
+            ctx.waiter
+                .until(|| flag.load(Ordering::Acquire))
+                .map_err(|e| match e {
+                    WaitFailure::Aborted => ExecError::Aborted,
+                    WaitFailure::TimedOut { since } => ExecError::DependencyTimeout {
+                        since,
+                        device: d,
+                        node: n,
+                        pred,
+                        timeout: self.timeout,
+                    },
+                })
+        };
         let run_chain = |chain: &[usize]| -> Result<(), ExecError> {
             for &n in chain {
-                for (pred, _) in dev.predecessors(n) {
-                    let flag = &done[pred];
-                    ctx.waiter
-                        .until(|| flag.load(Ordering::Acquire))
-                        .map_err(|e| match e {
-                            WaitFailure::Aborted => ExecError::Aborted,
-                            WaitFailure::TimedOut { since } => ExecError::DependencyTimeout {
-                                since,
-                                device: d,
-                                node: n,
-                                pred,
-                                timeout: self.timeout,
-                            },
-                        })?;
+                let deferred = |kind: &EdgeKind| *kind == EdgeKind::ProgrammaticDeferred;
+                for (pred, _) in dev.predecessors(n).filter(|(_, k)| !deferred(k)) {
+                    wait_for(n, pred)?;
                 }
                 ctx.run(d, &dev.nodes[n])
                     .inspect_err(|_| ctx.waiter.abort.store(true, Ordering::Relaxed))?;
+                // A deferred predecessor is waited for at the end, as the kernel does.
+                for (pred, _) in dev.predecessors(n).filter(|(_, k)| deferred(k)) {
+                    wait_for(n, pred)?;
+                }
                 done[n].store(true, Ordering::Release);
             }
             Ok(())

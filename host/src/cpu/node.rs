@@ -1,6 +1,13 @@
-//! Executing one plan node on the CPU, with the memory orderings the GPU uses.
+//! Executing one plan node on the CPU, with the memory orderings the GPU uses:
+//!
+//! | node | GPU | CPU |
+//! |---|---|---|
+//! | barrier | `st.relaxed` resets, `fence.acq_rel.sys`, `red.release.sys` arrivals, `ld.acquire.sys` poll, `atom.acq_rel.sys` subtraction | relaxed stores, `Release` RMWs, `Acquire` loads, `AcqRel` RMW |
+//! | flag set | write-value node: a fence "similar to `__threadfence_system()`" (the driver's words), then a 32-bit write | `SeqCst` fence, then a relaxed store |
+//! | kernel signal | `fence.acq_rel.sys`, `st.release.sys` | `Release` store |
+//! | flag wait, release wait | `ld.acquire.sys` poll | `Acquire` loads |
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{Ordering, fence};
 use std::time::Instant;
 
 use super::ExecError;
@@ -32,8 +39,10 @@ impl<T: Element> Context<'_, T> {
                 Ok(())
             }
             Node::FlagSet(f) => {
-                // Release: the copy before it (same chain) is visible to the acquirer.
-                self.flag(&f.flag).store(f.value, Ordering::Release);
+                // The write-value node's fence, then its plain write: together a release, so
+                // the copy before it (same chain) is visible to whoever acquires the value.
+                fence(Ordering::SeqCst);
+                self.flag(&f.flag).store(f.value, Ordering::Relaxed);
                 Ok(())
             }
             Node::Gemm(g) => {
@@ -52,6 +61,7 @@ impl<T: Element> Context<'_, T> {
                 self.reduce(r);
                 Ok(())
             }
+            Node::AwaitRelease(w) => self.wait_flags(device, 0, "release", &w.flags),
         }
     }
 
@@ -101,6 +111,17 @@ impl<T: Element> Context<'_, T> {
         for f in signals {
             self.flag(f).store(KERNEL_SIGNAL_VALUE, Ordering::Release);
         }
+        self.wait_flags(device, stage, node, waits)
+    }
+
+    /// Waits (acquire, bounded) until every flag of `waits` is non-zero.
+    fn wait_flags(
+        &self,
+        device: usize,
+        stage: usize,
+        node: &'static str,
+        waits: &[FlagRef],
+    ) -> Result<(), ExecError> {
         for f in waits {
             let flag = self.flag(f);
             self.waiter

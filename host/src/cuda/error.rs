@@ -5,11 +5,16 @@
 //!
 //! ```text
 //! bit 31     1 (a code is present)
-//! bits 24-27 the waiting node: 1 barrier, 2 stage GEMM, 3 reduction
+//! bits 28-30 the waiting device
+//! bits 24-27 the waiting node: 1 barrier, 2 stage GEMM, 3 reduction, 4 end-of-run release wait
 //! bits 16-23 its stage
 //! bits 8-15  the device owning the awaited flag (0xFF: the barrier counter)
 //! bits 0-7   the flag index (0xFF: the barrier counter)
 //! ```
+//!
+//! A timed-out wait records its code in its own device's error word *and in every peer's*
+//! (compare-and-swap from 0: each word keeps the first code it got), so the device named by a
+//! word's code is the one whose wait expired, not necessarily the word's owner.
 
 use std::time::Duration;
 
@@ -29,6 +34,8 @@ pub enum WaitingNode {
     Gemm,
     /// The single-stage reduce-scatter's reduction.
     Reduce,
+    /// The end-of-run wait of an all-gather device for its peers' release flags.
+    Release,
 }
 
 impl WaitingNode {
@@ -39,13 +46,17 @@ impl WaitingNode {
             WaitingNode::Barrier => "barrier",
             WaitingNode::Gemm => "gemm",
             WaitingNode::Reduce => "reduce",
+            WaitingNode::Release => "release",
         }
     }
 }
 
-/// Where a wait timed out: the node, its stage and the flag (none for the barrier counter).
+/// Where a wait timed out: the device, the node, its stage and the flag (none for the barrier
+/// counter).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TimeoutSite {
+    /// The device whose wait expired.
+    pub device: usize,
     /// The waiting node.
     pub node: WaitingNode,
     /// Its stage.
@@ -58,19 +69,21 @@ const PRESENT: u32 = 1 << 31;
 const COUNTER: u32 = 0xFF;
 
 /// The error code of a wait at `site`. Stages, devices and flag indices above 254 cannot occur
-/// (TP ≤ 8) and are clamped.
+/// (TP ≤ 8, flag indices < 2·TP) and are clamped; the waiting device is kept modulo 8.
 #[must_use]
 pub fn encode_timeout(site: TimeoutSite) -> u32 {
     let kind = match site.node {
         WaitingNode::Barrier => 1,
         WaitingNode::Gemm => 2,
         WaitingNode::Reduce => 3,
+        WaitingNode::Release => 4,
     };
     let byte = |x: usize| u32::try_from(x.min(0xFE)).unwrap_or(0xFE);
     let (device, index) = site
         .flag
         .map_or((COUNTER, COUNTER), |f| (byte(f.device), byte(f.index)));
-    PRESENT | kind << 24 | byte(site.stage) << 16 | device << 8 | index
+    let waiter = u32::try_from(site.device % 8).unwrap_or(0);
+    PRESENT | waiter << 28 | kind << 24 | byte(site.stage) << 16 | device << 8 | index
 }
 
 /// Decodes a non-zero error word; `None` for 0 or a word no kernel writes.
@@ -79,10 +92,11 @@ pub fn decode_timeout(code: u32) -> Option<TimeoutSite> {
     if code & PRESENT == 0 {
         return None;
     }
-    let node = match (code >> 24) & 0x7F {
+    let node = match (code >> 24) & 0xF {
         1 => WaitingNode::Barrier,
         2 => WaitingNode::Gemm,
         3 => WaitingNode::Reduce,
+        4 => WaitingNode::Release,
         _ => return None,
     };
     let (device, index) = ((code >> 8) & 0xFF, code & 0xFF);
@@ -91,6 +105,7 @@ pub fn decode_timeout(code: u32) -> Option<TimeoutSite> {
         index: index as usize,
     });
     Some(TimeoutSite {
+        device: ((code >> 28) & 0x7) as usize,
         node,
         stage: ((code >> 16) & 0xFF) as usize,
         flag,
@@ -124,25 +139,20 @@ pub enum DistGemmError {
         /// The GPU.
         ordinal: usize,
     },
-    /// Ranks sharing a GPU whose kernels could not all be resident at once.
-    #[error(
-        "rank {rank}'s {node} kernel needs {blocks} blocks, but {ranks} ranks share GPU {ordinal} \
-         and only {limit} blocks per rank are guaranteed to be resident together; use a smaller \
-         problem or one GPU per rank"
-    )]
-    TooLargeForSharedGpu {
+    /// The ranks of a per-rank group disagree, or one of them failed (the message names the
+    /// rank and what differs).
+    #[error("TP group: {0}")]
+    Group(String),
+    /// The caller's rendezvous failed (a rank that never joined, exited or stalled).
+    #[error(transparent)]
+    Rendezvous(#[from] crate::cuda::rank::RendezvousError),
+    /// Arguments of a per-rank launch that cannot be used.
+    #[error("rank {rank}: {reason}")]
+    BadLaunch {
         /// The rank.
         rank: usize,
-        /// The node name.
-        node: &'static str,
-        /// Its blocks.
-        blocks: u32,
-        /// Ranks on the GPU.
-        ranks: usize,
-        /// The GPU.
-        ordinal: usize,
-        /// Blocks per rank that fit.
-        limit: u32,
+        /// What is wrong.
+        reason: String,
     },
     /// The problem does not fit the schedule.
     #[error(transparent)]
@@ -209,7 +219,8 @@ pub enum DistGemmError {
     },
     /// An earlier run failed; the barrier counters may be out of step.
     #[error(
-        "this DistGemm is unusable after an earlier failure ({0}); drop it and build a new one"
+        "this distributed GEMM is unusable after an earlier failure ({0}); drop it and build a \
+         new one (on every rank)"
     )]
     Poisoned(String),
     /// A driver-level failure.
@@ -223,12 +234,18 @@ pub enum DistGemmError {
 fn site_node(site: TimeoutSite) -> String {
     match site.node {
         WaitingNode::Barrier => "the start-of-run barrier".to_string(),
+        WaitingNode::Release => "the end-of-run release wait".to_string(),
         node => format!("the stage-{} {} node", site.stage, node.name()),
     }
 }
 
 fn site_wait(site: TimeoutSite) -> String {
     match site.flag {
+        Some(f) if site.node == WaitingNode::Release => format!(
+            "release flag {} of device {} was never set (a peer did not finish copying this \
+             device's input shard)",
+            f.index, f.device
+        ),
         None => "not every peer arrived at its barrier counter (a peer did not launch this run, \
                  or is stuck in an earlier one)"
             .to_string(),
@@ -260,11 +277,13 @@ mod tests {
     fn codes_round_trip_and_are_never_zero() {
         let sites = [
             TimeoutSite {
+                device: 0,
                 node: WaitingNode::Barrier,
                 stage: 0,
                 flag: None,
             },
             TimeoutSite {
+                device: 7,
                 node: WaitingNode::Gemm,
                 stage: 3,
                 flag: Some(FlagRef {
@@ -273,11 +292,22 @@ mod tests {
                 }),
             },
             TimeoutSite {
+                device: 2,
                 node: WaitingNode::Reduce,
                 stage: 1,
                 flag: Some(FlagRef {
                     device: 0,
                     index: 5,
+                }),
+            },
+            // Device 3's end-of-run wait for device 1's release of its shard (P = 8).
+            TimeoutSite {
+                device: 3,
+                node: WaitingNode::Release,
+                stage: 0,
+                flag: Some(FlagRef {
+                    device: 3,
+                    index: 8 + 1,
                 }),
             },
         ];
@@ -296,6 +326,7 @@ mod tests {
             device: 1,
             ordinal: 1,
             site: TimeoutSite {
+                device: 1,
                 node: WaitingNode::Gemm,
                 stage: 1,
                 flag: Some(FlagRef {

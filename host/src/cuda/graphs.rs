@@ -28,6 +28,7 @@ pub(crate) struct DeviceKernels {
     gemm: GemmKernel,
     barrier: Kernel,
     reduce: Kernel,
+    wait_flags: Kernel,
     _module: Arc<Module>,
 }
 
@@ -42,6 +43,7 @@ impl DeviceKernels {
                 Dtype::Bf16 => "reduce_sum_bf16",
                 Dtype::F16 => "reduce_sum_f16",
             })?,
+            wait_flags: module.kernel("collective_wait_flags")?,
             _module: Arc::clone(module),
         })
     }
@@ -138,6 +140,12 @@ fn kernel_launch(
                 None,
             ))
         }
+        LoweredNode::WaitFlags(p) => Some((
+            kernels.wait_flags.clone(),
+            LaunchConfig::linear(1, 1),
+            KernelArgs::new().by_value(p),
+            None,
+        )),
         LoweredNode::Copy { .. } | LoweredNode::FlagSet { .. } => None,
     };
     Ok(launch)
@@ -151,6 +159,7 @@ pub(crate) fn node_name(node: &LoweredNode) -> &'static str {
         LoweredNode::Reduce(_) => "reduce",
         LoweredNode::Copy { .. } => "copy",
         LoweredNode::FlagSet { .. } => "flag",
+        LoweredNode::WaitFlags(_) => "release",
     }
 }
 
@@ -193,7 +202,7 @@ impl DeviceGraph {
                     launches.push(None);
                     gemms.push(None);
                     // SAFETY: the function's contract (a flag of an exclusive workspace).
-                    unsafe { graph.add_memset_u32_node(*dst, *value)? }
+                    unsafe { graph.add_write_value_node(*dst, *value)? }
                 }
                 (None, other) => {
                     return Err(DistGemmError::Internal(format!(
@@ -299,7 +308,8 @@ impl DeviceGraph {
                     };
                 }
                 (LoweredNode::Reduce(_), LoweredNode::Reduce(_))
-                | (LoweredNode::Barrier(_), LoweredNode::Barrier(_)) => {
+                | (LoweredNode::Barrier(_), LoweredNode::Barrier(_))
+                | (LoweredNode::WaitFlags(_), LoweredNode::WaitFlags(_)) => {
                     let Some((kernel, cfg)) = self.launches[i].as_ref() else {
                         return Err(DistGemmError::Internal(format!(
                             "kernel node {i} of device {device} has no launch"
@@ -308,6 +318,7 @@ impl DeviceGraph {
                     let mut kargs = match node {
                         LoweredNode::Reduce(p) => KernelArgs::new().by_value(p),
                         LoweredNode::Barrier(p) => KernelArgs::new().by_value(p),
+                        LoweredNode::WaitFlags(p) => KernelArgs::new().by_value(p),
                         other => {
                             return Err(DistGemmError::Internal(format!(
                                 "{} node {i} is not a collective kernel",

@@ -8,9 +8,10 @@
 //! |---|---|
 //! | `Barrier` | kernel `collective_barrier` (1 thread), [`BarrierParams`] |
 //! | `PeerCopy` | memcpy node (copy engine), peer → own workspace |
-//! | `FlagSet` | 4-byte memset node storing the flag value |
+//! | `FlagSet` | write-value node (`CU_STREAM_MEM_OP_WRITE_VALUE_32`: a fence, then the store), own stage flag or a peer's release flag |
 //! | `Gemm` | kernel node of the GEMM stage kernel, [`GemmArgs`] + [`StageHook`] |
 //! | `Reduce` | kernel `reduce_sum_{bf16,f16}`, [`ReduceParams`] |
+//! | `AwaitRelease` | kernel `collective_wait_flags` (1 thread), [`WaitFlagsParams`] |
 //!
 //! `Full` edges become default edges and `Programmatic` edges programmatic ones (only between
 //! kernel nodes, which the plan guarantees and [`lower_device`] checks).
@@ -18,18 +19,26 @@
 //! Addresses: element `e` of buffer `X` of device `q` is `addresses[q].X + 2·e`; flag `i` of
 //! device `q` is `addresses[q].exclusive + layout.flag_offset(i)`, its counter
 //! `+ counter_offset` and its error word `+ error_offset`. Nothing here re-derives an index of
-//! the schedule: views, regions and flags come from the plan as they are.
+//! the schedule: views, regions and flags come from the plan as they are. Every waiting kernel
+//! gets the device's own error word and every peer's ([`PeerErrorWords`]): a timeout is
+//! recorded in all of them, and its code names the waiting device (sticky poison, see
+//! [`kernels_gpu::collective_abi`]).
 
 use std::time::Duration;
 
-use kernels_gpu::collective_abi::{BarrierParams, MAX_PEERS, REDUCE_VECTOR, ReduceParams};
+use kernels_gpu::collective_abi::{
+    BarrierParams, PeerErrorWords, REDUCE_VECTOR, ReduceParams, WaitFlagsParams,
+};
 use kernels_gpu::gemm_abi::{HOOK_DEFER_GRID_WAIT, StageHook};
 
 use super::error::{DistGemmError, TimeoutSite, WaitingNode, encode_timeout};
 use crate::gemm::{GemmArgs, MatrixView};
-use crate::plan::{EdgeKind, KERNEL_SIGNAL_VALUE, Node, Plan};
+use crate::plan::{
+    AwaitReleaseNode, BarrierNode, DevicePlan, EdgeKind, FlagSetNode, KERNEL_SIGNAL_VALUE, Node,
+    PeerCopyNode, Plan,
+};
 use crate::runtime::stream::DependencyKind;
-use crate::schedule::{BufferKind, FlagRef, Region, View};
+use crate::schedule::{BufferKind, FlagRef, GemmStage, ReduceStep, Region, View};
 
 /// The device addresses of one device's buffers (0 for an absent buffer).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -119,13 +128,16 @@ pub enum LoweredNode {
         /// Bytes.
         bytes: usize,
     },
-    /// A 4-byte store.
+    /// A release store of a 4-byte value: a write-value node
+    /// ([`crate::runtime::Graph::add_write_value_node`]), a fence then the store.
     FlagSet {
-        /// The flag's address.
+        /// The flag's address (own, or a peer's release flag).
         dst: u64,
         /// The value.
         value: u32,
     },
+    /// The end-of-run wait kernel for the peers' release flags.
+    WaitFlags(WaitFlagsParams),
 }
 
 impl LoweredNode {
@@ -134,7 +146,10 @@ impl LoweredNode {
     pub fn is_kernel(&self) -> bool {
         matches!(
             self,
-            LoweredNode::Barrier(_) | LoweredNode::Gemm { .. } | LoweredNode::Reduce(_)
+            LoweredNode::Barrier(_)
+                | LoweredNode::Gemm { .. }
+                | LoweredNode::Reduce(_)
+                | LoweredNode::WaitFlags(_)
         )
     }
 }
@@ -212,6 +227,13 @@ impl Resolver<'_> {
         self.exclusive(f.device, self.plan.exclusive.flag_offset(f.index))
     }
 
+    fn flags<'f>(
+        &self,
+        flags: impl IntoIterator<Item = &'f FlagRef>,
+    ) -> Result<Vec<u64>, DistGemmError> {
+        flags.into_iter().map(|f| self.flag(f)).collect()
+    }
+
     fn counter(&self, device: usize) -> Result<u64, DistGemmError> {
         self.exclusive(device, self.plan.exclusive.counter_offset)
     }
@@ -219,23 +241,306 @@ impl Resolver<'_> {
     fn error_word(&self, device: usize) -> Result<u64, DistGemmError> {
         self.exclusive(device, self.plan.exclusive.error_offset)
     }
+
+    /// The error words of every device but `device`.
+    fn peer_errors(&self, device: usize) -> Result<PeerErrorWords, DistGemmError> {
+        let words: Vec<u64> = (0..self.plan.tp)
+            .filter(|&q| q != device)
+            .map(|q| self.error_word(q))
+            .collect::<Result<_, _>>()?;
+        fixed(&words, "peers' error words")
+    }
 }
 
-/// Copies up to [`MAX_PEERS`] values into a fixed array.
-fn fixed<T: Copy + Default>(values: &[T], what: &str) -> Result<[T; MAX_PEERS], DistGemmError> {
-    if values.len() > MAX_PEERS {
+/// Copies up to `N` values into a fixed array (unused entries default).
+fn fixed<T: Copy + Default, const N: usize>(
+    values: &[T],
+    what: &str,
+) -> Result<[T; N], DistGemmError> {
+    if values.len() > N {
         return Err(DistGemmError::Internal(format!(
-            "{} {what}, more than the {MAX_PEERS} a parameter block holds",
+            "{} {what}, more than the {N} a parameter block holds",
             values.len()
         )));
     }
-    let mut out = [T::default(); MAX_PEERS];
+    let mut out = [T::default(); N];
     out[..values.len()].copy_from_slice(values);
     Ok(out)
 }
 
 fn count(n: usize) -> u32 {
     u32::try_from(n).unwrap_or(u32::MAX)
+}
+
+/// The lowering of one device: the plan, the resolved addresses and what every node of the
+/// device shares; one method per node kind.
+struct DeviceLowering<'a> {
+    r: Resolver<'a>,
+    dev: &'a DevicePlan,
+    options: &'a LowerOptions,
+    timeout_ns: u64,
+    error_word: u64,
+    peer_errors: PeerErrorWords,
+}
+
+impl DeviceLowering<'_> {
+    fn device(&self) -> usize {
+        self.dev.device
+    }
+
+    /// Whether a store into `f` is made (fault injection drops some).
+    fn sends(&self, f: &FlagRef) -> bool {
+        !self.options.missing_signals.contains(f)
+    }
+
+    /// The error code of this device's `node` at `stage` waiting on `flag`.
+    fn code(&self, node: WaitingNode, stage: usize, flag: Option<FlagRef>) -> u32 {
+        encode_timeout(TimeoutSite {
+            device: self.device(),
+            node,
+            stage,
+            flag,
+        })
+    }
+
+    fn node(&self, index: usize, node: &Node) -> Result<LoweredNode, DistGemmError> {
+        match node {
+            Node::Barrier(b) => self.barrier(b),
+            Node::PeerCopy(c) => self.copy(c),
+            Node::FlagSet(f) => self.flag_set(f),
+            Node::Gemm(g) => self.gemm(index, g),
+            Node::Reduce(red) => self.reduce(red),
+            Node::AwaitRelease(w) => self.await_release(w),
+        }
+    }
+
+    fn barrier(&self, b: &BarrierNode) -> Result<LoweredNode, DistGemmError> {
+        let r = &self.r;
+        let reset = r.flags(&b.reset_flags)?;
+        let arrive: Vec<u64> = b
+            .arrive_at
+            .iter()
+            .map(|&q| r.counter(q))
+            .collect::<Result<_, _>>()?;
+        let uncoupled = self.options.diagnostics.no_rendezvous;
+        Ok(LoweredNode::Barrier(BarrierParams {
+            reset: fixed(&reset, "flags to reset")?,
+            arrive: fixed(&arrive, "peers to arrive at")?,
+            peer_errors: self.peer_errors,
+            counter: r.counter(self.device())?,
+            error_word: self.error_word,
+            timeout_ns: self.timeout_ns,
+            reset_count: count(reset.len()),
+            arrive_count: if uncoupled { 0 } else { count(arrive.len()) },
+            arrivals: if uncoupled { 0 } else { b.arrivals },
+            error_code: self.code(WaitingNode::Barrier, 0, None),
+        }))
+    }
+
+    fn copy(&self, c: &PeerCopyNode) -> Result<LoweredNode, DistGemmError> {
+        Ok(LoweredNode::Copy {
+            dst: self.r.region(&c.dst)?,
+            src: self.r.region(&c.src)?,
+            bytes: self
+                .options
+                .diagnostics
+                .copy_limit
+                .map_or(c.bytes, |limit| c.bytes.min(limit)),
+        })
+    }
+
+    fn flag_set(&self, f: &FlagSetNode) -> Result<LoweredNode, DistGemmError> {
+        Ok(LoweredNode::FlagSet {
+            dst: self.r.flag(&f.flag)?,
+            value: if self.sends(&f.flag) { f.value } else { 0 },
+        })
+    }
+
+    fn gemm(&self, index: usize, g: &GemmStage) -> Result<LoweredNode, DistGemmError> {
+        let (r, device, diagnostics) = (&self.r, self.device(), &self.options.diagnostics);
+        let deferred = self
+            .dev
+            .predecessors(index)
+            .any(|(_, kind)| kind == EdgeKind::ProgrammaticDeferred);
+        if deferred {
+            check_deferrable(device, g)?;
+        }
+        let c = g
+            .epilogue
+            .source
+            .view()
+            .map(|v| {
+                let v = if diagnostics.local_c {
+                    View { device, ..*v }
+                } else {
+                    *v
+                };
+                r.view(&v)
+            })
+            .transpose()?;
+        let args = GemmArgs {
+            dtype: r.plan.problem.dtype,
+            a: r.view(&g.a)?,
+            b: r.view(&g.b)?,
+            c,
+            d: r.view(&g.d)?,
+            alpha: g.epilogue.alpha,
+            beta: g.epilogue.beta,
+        };
+        let signal_flag = match g.signals.filter(|f| self.sends(f)) {
+            Some(f) => r.flag(&f)?,
+            None => 0,
+        };
+        let wait_flag = match &g.waits {
+            Some(f) if !diagnostics.no_flag_waits => r.flag(f)?,
+            _ => 0,
+        };
+        let hook = StageHook {
+            signal_flag,
+            wait_flag,
+            error_word: self.error_word,
+            timeout_ns: self.timeout_ns,
+            signal_value: KERNEL_SIGNAL_VALUE,
+            wait_value: 1,
+            error_code: self.code(WaitingNode::Gemm, g.stage, g.waits),
+            flags: if deferred { HOOK_DEFER_GRID_WAIT } else { 0 },
+            peer_errors: self.peer_errors,
+        };
+        Ok(LoweredNode::Gemm {
+            stage: g.stage,
+            args,
+            hook,
+        })
+    }
+
+    fn reduce(&self, red: &ReduceStep) -> Result<LoweredNode, DistGemmError> {
+        let r = &self.r;
+        let dst = r.view(&red.dst)?;
+        let mut sources = Vec::with_capacity(red.sources.len());
+        let mut source_ld = Vec::with_capacity(red.sources.len());
+        for s in &red.sources {
+            if (s.rows, s.cols) != (red.dst.rows, red.dst.cols) {
+                return Err(DistGemmError::Internal(format!(
+                    "reduce source {s:?} is not the shape of its destination"
+                )));
+            }
+            let v = r.view(s)?;
+            sources.push(v.ptr);
+            source_ld.push(u32::try_from(v.ld).map_err(|_| {
+                DistGemmError::Internal(format!("leading dimension {} exceeds 2^32", v.ld))
+            })?);
+        }
+        let vector_ok = |x: u64| x.is_multiple_of(u64::from(REDUCE_VECTOR));
+        let aligned = sources
+            .iter()
+            .chain([&dst.ptr])
+            .all(|p| p.is_multiple_of(16))
+            && source_ld.iter().all(|&ld| vector_ok(u64::from(ld)))
+            && vector_ok(dst.ld)
+            && vector_ok(dst.cols);
+        if !aligned {
+            return Err(DistGemmError::Internal(format!(
+                "the reduction of device {} is not 16-byte aligned",
+                self.device()
+            )));
+        }
+        let signals = r.flags(red.signals.iter().filter(|f| self.sends(f)))?;
+        let waits = r.flags(&red.waits)?;
+        let codes: Vec<u32> = red
+            .waits
+            .iter()
+            .map(|f| self.code(WaitingNode::Reduce, red.stage, Some(*f)))
+            .collect();
+        let dim = |x: u64| {
+            u32::try_from(x).map_err(|_| {
+                DistGemmError::Internal(format!("reduction dimension {x} exceeds 2^32"))
+            })
+        };
+        Ok(LoweredNode::Reduce(ReduceParams {
+            sources: fixed(&sources, "reduction sources")?,
+            signals: fixed(&signals, "flags to signal")?,
+            waits: fixed(&waits, "flags to wait on")?,
+            source_ld: fixed(&source_ld, "reduction sources")?,
+            wait_codes: fixed(&codes, "flags to wait on")?,
+            peer_errors: self.peer_errors,
+            dst: dst.ptr,
+            error_word: self.error_word,
+            timeout_ns: self.timeout_ns,
+            rows: dim(dst.rows)?,
+            cols: dim(dst.cols)?,
+            dst_ld: dim(dst.ld)?,
+            source_count: count(sources.len()),
+            signal_count: count(signals.len()),
+            wait_count: count(waits.len()),
+            signal_value: KERNEL_SIGNAL_VALUE,
+            reserved: 0,
+        }))
+    }
+
+    fn await_release(&self, w: &AwaitReleaseNode) -> Result<LoweredNode, DistGemmError> {
+        let flags = self.r.flags(&w.flags)?;
+        let codes: Vec<u32> = w
+            .flags
+            .iter()
+            .map(|f| self.code(WaitingNode::Release, 0, Some(*f)))
+            .collect();
+        Ok(LoweredNode::WaitFlags(WaitFlagsParams {
+            flags: fixed(&flags, "release flags")?,
+            peer_errors: self.peer_errors,
+            codes: fixed(&codes, "release flags")?,
+            error_word: self.error_word,
+            timeout_ns: self.timeout_ns,
+            count: count(flags.len()),
+            reserved: 0,
+        }))
+    }
+}
+
+/// A stage that waits for its programmatic predecessor only at its end
+/// ([`HOOK_DEFER_GRID_WAIT`]) may touch nothing that predecessor (the start-of-run barrier)
+/// guards: no flag to wait on or signal, and only its own device's memory. The plan's
+/// construction guarantees it; this keeps an edited or future plan from breaking it silently.
+fn check_deferrable(device: usize, g: &GemmStage) -> Result<(), DistGemmError> {
+    let views = [Some(&g.a), Some(&g.b), Some(&g.d), g.epilogue.source.view()];
+    let peer_view = views.into_iter().flatten().find(|v| v.device != device);
+    if g.waits.is_some() || g.signals.is_some() || peer_view.is_some() {
+        return Err(DistGemmError::Internal(format!(
+            "device {device}'s stage {} waits for the barrier only at its end, but it waits on \
+             {:?}, signals {:?} or reads a peer's view ({peer_view:?})",
+            g.stage, g.waits, g.signals
+        )));
+    }
+    Ok(())
+}
+
+/// The plan's edges as graph edges (programmatic ones only between kernel nodes).
+fn lower_edges(dev: &DevicePlan, nodes: &[LoweredNode]) -> Result<Vec<LoweredEdge>, DistGemmError> {
+    dev.edges
+        .iter()
+        .map(|e| {
+            let kind = match e.kind {
+                EdgeKind::Full => DependencyKind::Default,
+                EdgeKind::Programmatic | EdgeKind::ProgrammaticDeferred => {
+                    DependencyKind::Programmatic
+                }
+            };
+            let (Some(from), Some(to)) = (nodes.get(e.from), nodes.get(e.to)) else {
+                return Err(DistGemmError::Internal(format!(
+                    "edge {e:?} leaves the node list"
+                )));
+            };
+            if kind == DependencyKind::Programmatic && !(from.is_kernel() && to.is_kernel()) {
+                return Err(DistGemmError::Internal(format!(
+                    "programmatic edge {e:?} does not join two kernel nodes"
+                )));
+            }
+            Ok(LoweredEdge {
+                from: e.from,
+                to: e.to,
+                kind,
+            })
+        })
+        .collect()
 }
 
 /// Lowers device `device` of `plan`, with every device's buffer addresses.
@@ -257,226 +562,21 @@ pub fn lower_device(
         addresses,
         elem_bytes: plan.problem.dtype.size_bytes() as u64,
     };
-    let timeout_ns = u64::try_from(options.timeout.as_nanos()).unwrap_or(u64::MAX);
-    let sends = |f: &FlagRef| !options.missing_signals.contains(f);
-    let uncoupled = options.diagnostics.no_rendezvous;
-    let error_word = r.error_word(device)?;
-
+    let lowering = DeviceLowering {
+        error_word: r.error_word(device)?,
+        peer_errors: r.peer_errors(device)?,
+        r,
+        dev,
+        options,
+        timeout_ns: u64::try_from(options.timeout.as_nanos()).unwrap_or(u64::MAX),
+    };
     let nodes = dev
         .nodes
         .iter()
         .enumerate()
-        .map(|(index, node)| -> Result<LoweredNode, DistGemmError> {
-            Ok(match node {
-                Node::Barrier(b) => {
-                    let reset: Vec<u64> = b
-                        .reset_flags
-                        .iter()
-                        .map(|f| r.flag(f))
-                        .collect::<Result<_, _>>()?;
-                    let arrive: Vec<u64> = b
-                        .arrive_at
-                        .iter()
-                        .map(|&q| r.counter(q))
-                        .collect::<Result<_, _>>()?;
-                    LoweredNode::Barrier(BarrierParams {
-                        reset: fixed(&reset, "flags to reset")?,
-                        arrive: fixed(&arrive, "peers to arrive at")?,
-                        counter: r.counter(device)?,
-                        error_word,
-                        timeout_ns,
-                        reset_count: count(reset.len()),
-                        arrive_count: if uncoupled { 0 } else { count(arrive.len()) },
-                        arrivals: if uncoupled { 0 } else { b.arrivals },
-                        error_code: encode_timeout(TimeoutSite {
-                            node: WaitingNode::Barrier,
-                            stage: 0,
-                            flag: None,
-                        }),
-                    })
-                }
-                Node::PeerCopy(c) => LoweredNode::Copy {
-                    dst: r.region(&c.dst)?,
-                    src: r.region(&c.src)?,
-                    bytes: options
-                        .diagnostics
-                        .copy_limit
-                        .map_or(c.bytes, |limit| c.bytes.min(limit)),
-                },
-                Node::FlagSet(f) => LoweredNode::FlagSet {
-                    dst: r.flag(&f.flag)?,
-                    value: if sends(&f.flag) { f.value } else { 0 },
-                },
-                Node::Gemm(g) => {
-                    let c = g
-                        .epilogue
-                        .source
-                        .view()
-                        .map(|v| {
-                            let v = if options.diagnostics.local_c {
-                                View { device, ..*v }
-                            } else {
-                                *v
-                            };
-                            r.view(&v)
-                        })
-                        .transpose()?;
-                    let args = GemmArgs {
-                        dtype: plan.problem.dtype,
-                        a: r.view(&g.a)?,
-                        b: r.view(&g.b)?,
-                        c,
-                        d: r.view(&g.d)?,
-                        alpha: g.epilogue.alpha,
-                        beta: g.epilogue.beta,
-                    };
-                    let signal_flag = match g.signals.filter(|f| sends(f)) {
-                        Some(f) => r.flag(&f)?,
-                        None => 0,
-                    };
-                    let wait_flag = match &g.waits {
-                        Some(f) if !options.diagnostics.no_flag_waits => r.flag(f)?,
-                        _ => 0,
-                    };
-                    let hook = StageHook {
-                        signal_flag,
-                        wait_flag,
-                        error_word,
-                        timeout_ns,
-                        signal_value: KERNEL_SIGNAL_VALUE,
-                        wait_value: 1,
-                        error_code: encode_timeout(TimeoutSite {
-                            node: WaitingNode::Gemm,
-                            stage: g.stage,
-                            flag: g.waits,
-                        }),
-                        flags: if dev
-                            .predecessors(index)
-                            .any(|(_, kind)| kind == EdgeKind::ProgrammaticDeferred)
-                        {
-                            HOOK_DEFER_GRID_WAIT
-                        } else {
-                            0
-                        },
-                    };
-                    LoweredNode::Gemm {
-                        stage: g.stage,
-                        args,
-                        hook,
-                    }
-                }
-                Node::Reduce(red) => {
-                    let dst = r.view(&red.dst)?;
-                    let mut sources = Vec::with_capacity(red.sources.len());
-                    let mut source_ld = Vec::with_capacity(red.sources.len());
-                    for s in &red.sources {
-                        if (s.rows, s.cols) != (red.dst.rows, red.dst.cols) {
-                            return Err(DistGemmError::Internal(format!(
-                                "reduce source {s:?} is not the shape of its destination"
-                            )));
-                        }
-                        let v = r.view(s)?;
-                        sources.push(v.ptr);
-                        source_ld.push(u32::try_from(v.ld).map_err(|_| {
-                            DistGemmError::Internal(format!(
-                                "leading dimension {} exceeds 2^32",
-                                v.ld
-                            ))
-                        })?);
-                    }
-                    let vector_ok = |x: u64| x.is_multiple_of(u64::from(REDUCE_VECTOR));
-                    let aligned = sources
-                        .iter()
-                        .chain([&dst.ptr])
-                        .all(|p| p.is_multiple_of(16))
-                        && source_ld.iter().all(|&ld| vector_ok(u64::from(ld)))
-                        && vector_ok(dst.ld)
-                        && vector_ok(dst.cols);
-                    if !aligned {
-                        return Err(DistGemmError::Internal(format!(
-                            "the reduction of device {device} is not 16-byte aligned"
-                        )));
-                    }
-                    let signals: Vec<u64> = red
-                        .signals
-                        .iter()
-                        .filter(|f| sends(f))
-                        .map(|f| r.flag(f))
-                        .collect::<Result<_, _>>()?;
-                    let waits: Vec<u64> = red
-                        .waits
-                        .iter()
-                        .map(|f| r.flag(f))
-                        .collect::<Result<_, _>>()?;
-                    let codes: Vec<u32> = red
-                        .waits
-                        .iter()
-                        .map(|f| {
-                            encode_timeout(TimeoutSite {
-                                node: WaitingNode::Reduce,
-                                stage: red.stage,
-                                flag: Some(*f),
-                            })
-                        })
-                        .collect();
-                    let dim = |x: u64| {
-                        u32::try_from(x).map_err(|_| {
-                            DistGemmError::Internal(format!("reduction dimension {x} exceeds 2^32"))
-                        })
-                    };
-                    LoweredNode::Reduce(ReduceParams {
-                        sources: fixed(&sources, "reduction sources")?,
-                        signals: fixed(&signals, "flags to signal")?,
-                        waits: fixed(&waits, "flags to wait on")?,
-                        source_ld: fixed(&source_ld, "reduction sources")?,
-                        wait_codes: fixed(&codes, "flags to wait on")?,
-                        dst: dst.ptr,
-                        error_word,
-                        timeout_ns,
-                        rows: dim(dst.rows)?,
-                        cols: dim(dst.cols)?,
-                        dst_ld: dim(dst.ld)?,
-                        source_count: count(sources.len()),
-                        signal_count: count(signals.len()),
-                        wait_count: count(waits.len()),
-                        signal_value: KERNEL_SIGNAL_VALUE,
-                        reserved: 0,
-                    })
-                }
-            })
-        })
+        .map(|(index, node)| lowering.node(index, node))
         .collect::<Result<Vec<_>, _>>()?;
-
-    let edges = dev
-        .edges
-        .iter()
-        .map(|e| {
-            let kind = match e.kind {
-                EdgeKind::Full => DependencyKind::Default,
-                EdgeKind::Programmatic | EdgeKind::ProgrammaticDeferred => {
-                    DependencyKind::Programmatic
-                }
-            };
-            let endpoints_are_kernels = nodes.get(e.from).is_some_and(LoweredNode::is_kernel)
-                && nodes.get(e.to).is_some_and(LoweredNode::is_kernel);
-            if e.from >= nodes.len() || e.to >= nodes.len() {
-                return Err(DistGemmError::Internal(format!(
-                    "edge {e:?} leaves the node list"
-                )));
-            }
-            if kind == DependencyKind::Programmatic && !endpoints_are_kernels {
-                return Err(DistGemmError::Internal(format!(
-                    "programmatic edge {e:?} does not join two kernel nodes"
-                )));
-            }
-            Ok(LoweredEdge {
-                from: e.from,
-                to: e.to,
-                kind,
-            })
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-
+    let edges = lower_edges(dev, &nodes)?;
     Ok(LoweredGraph {
         device,
         nodes,
@@ -486,6 +586,8 @@ pub fn lower_device(
 
 #[cfg(test)]
 mod tests {
+    use kernels_gpu::collective_abi::MAX_PEERS;
+
     use super::*;
     use crate::problem::Problem;
     use crate::schedule::ScheduleKind;
@@ -553,7 +655,8 @@ mod tests {
         let LoweredNode::Barrier(b) = &g.nodes[0] else {
             panic!("node 0 is not the barrier")
         };
-        assert_eq!((b.reset_count, b.arrive_count, b.arrivals), (4, 3, 3));
+        // The 4 stage flags and the 4 release flags.
+        assert_eq!((b.reset_count, b.arrive_count, b.arrivals), (8, 3, 3));
         let counters: Vec<u64> = b.arrive[..3].to_vec();
         assert_eq!(
             counters,
@@ -561,20 +664,20 @@ mod tests {
         );
         assert_eq!(b.counter, addr[2].exclusive);
         assert_eq!(b.error_word, addr[2].exclusive + 4);
-        for (t, &flag) in b.reset.iter().take(4).enumerate() {
+        for (t, &flag) in b.reset.iter().take(8).enumerate() {
             assert_eq!(
                 flag,
                 addr[2].exclusive + plan.exclusive.flag_offset(t) as u64
             );
         }
         assert_eq!(b.timeout_ns, 1_500_000_000);
-        assert_eq!(b.reset[4..], [0; 4]);
+        assert_eq!(b.reset[8..], [0; 8]);
     }
 
     #[test]
     fn all_gather_copies_pull_the_peer_shard_into_the_own_slot() {
         let (plan, addr, g) = lowered(ScheduleKind::AllGatherRotatingA, 2, 0);
-        // Barrier, copy, flag set, gemm 0, gemm 1.
+        // Barrier, copy, stage flag set, release flag set, gemm 0, gemm 1, release wait.
         let LoweredNode::Copy { dst, src, bytes } = g.nodes[1] else {
             panic!("node 1 is not a copy")
         };
@@ -588,8 +691,16 @@ mod tests {
                 value: crate::plan::FLAG_SET_VALUE
             }
         );
-        let LoweredNode::Gemm { args, hook, .. } = &g.nodes[4] else {
-            panic!("node 4 is not a gemm")
+        // Device 0 has finished reading device 1's A shard: it sets device 1's release flag 0.
+        assert_eq!(
+            g.nodes[3],
+            LoweredNode::FlagSet {
+                dst: addr[1].exclusive + plan.exclusive.flag_offset(2) as u64,
+                value: crate::plan::FLAG_SET_VALUE
+            }
+        );
+        let LoweredNode::Gemm { args, hook, .. } = &g.nodes[5] else {
+            panic!("node 5 is not a gemm")
         };
         assert_eq!(args.a.ptr, addr[0].workspace);
         assert_eq!(hook.wait_flag, addr[0].exclusive + 36);
@@ -597,6 +708,7 @@ mod tests {
         assert_eq!(
             super::super::error::decode_timeout(hook.error_code),
             Some(TimeoutSite {
+                device: 0,
                 node: WaitingNode::Gemm,
                 stage: 1,
                 flag: Some(FlagRef {
@@ -609,11 +721,152 @@ mod tests {
         assert_eq!(args.d.ptr, addr[0].d + 2 * 64 * 64);
         // It waits for stage 0 before its main loop; stage 0 waits for the barrier at its end.
         assert_eq!(hook.flags, 0);
-        let LoweredNode::Gemm { hook: first, .. } = &g.nodes[3] else {
-            panic!("node 3 is not a gemm")
+        let LoweredNode::Gemm { hook: first, .. } = &g.nodes[4] else {
+            panic!("node 4 is not a gemm")
         };
         assert_eq!(first.flags, HOOK_DEFER_GRID_WAIT);
         assert_eq!((first.wait_flag, first.signal_flag), (0, 0));
+        // The run ends when device 1 has released device 0's shard (release flag 2 + 1).
+        let LoweredNode::WaitFlags(w) = &g.nodes[6] else {
+            panic!("node 6 is not the release wait")
+        };
+        assert_eq!(w.count, 1);
+        assert_eq!(
+            w.flags[0],
+            addr[0].exclusive + plan.exclusive.flag_offset(3) as u64
+        );
+        assert_eq!(w.flags[1..], [0; 7]);
+        assert_eq!(
+            super::super::error::decode_timeout(w.codes[0]),
+            Some(TimeoutSite {
+                device: 0,
+                node: WaitingNode::Release,
+                stage: 0,
+                flag: Some(FlagRef {
+                    device: 0,
+                    index: 3
+                })
+            })
+        );
+        assert_eq!(
+            g.edges.last().map(|e| (e.to, e.kind)),
+            Some((6, DependencyKind::Default))
+        );
+    }
+
+    #[test]
+    fn every_waiting_kernel_records_its_timeout_in_every_error_word() {
+        let tp = 4;
+        for kind in ScheduleKind::ALL {
+            for d in 0..tp {
+                let (_, addr, g) = lowered(kind, tp, d);
+                let own = addr[d].exclusive + 4;
+                let mut peers: Vec<u64> = (0..tp)
+                    .filter(|&q| q != d)
+                    .map(|q| addr[q].exclusive + 4)
+                    .collect();
+                peers.resize(MAX_PEERS, 0);
+                let mut kinds = std::collections::BTreeSet::new();
+                for node in &g.nodes {
+                    let (error_word, peer_errors, code) = match node {
+                        LoweredNode::Barrier(p) => (p.error_word, p.peer_errors, p.error_code),
+                        LoweredNode::Gemm { hook, .. } => {
+                            (hook.error_word, hook.peer_errors, hook.error_code)
+                        }
+                        LoweredNode::Reduce(p) => (p.error_word, p.peer_errors, p.wait_codes[0]),
+                        LoweredNode::WaitFlags(p) => (p.error_word, p.peer_errors, p.codes[0]),
+                        LoweredNode::Copy { .. } | LoweredNode::FlagSet { .. } => continue,
+                    };
+                    kinds.insert(node_kind(node));
+                    assert_eq!((error_word, peer_errors.to_vec()), (own, peers.clone()));
+                    let site = super::super::error::decode_timeout(code);
+                    assert_eq!(site.map(|s| s.device), Some(d), "{kind}: {node:?}");
+                }
+                let expected: &[&str] = match (kind.collective(), kind.is_pipelined()) {
+                    (crate::schedule::Collective::AllGather, _) => &["barrier", "gemm", "release"],
+                    (_, true) => &["barrier", "gemm"],
+                    (_, false) => &["barrier", "gemm", "reduce"],
+                };
+                assert_eq!(kinds.into_iter().collect::<Vec<_>>(), expected, "{kind}");
+            }
+        }
+    }
+
+    /// A name per lowered-node kind.
+    fn node_kind(node: &LoweredNode) -> &'static str {
+        match node {
+            LoweredNode::Barrier(_) => "barrier",
+            LoweredNode::Gemm { .. } => "gemm",
+            LoweredNode::Reduce(_) => "reduce",
+            LoweredNode::Copy { .. } => "copy",
+            LoweredNode::FlagSet { .. } => "flag",
+            LoweredNode::WaitFlags(_) => "release",
+        }
+    }
+
+    #[test]
+    fn every_node_kind_lowers_to_its_graph_node() {
+        // TP = 3: one schedule of each shape, every plan node kind.
+        let mut seen = std::collections::BTreeSet::new();
+        for kind in ScheduleKind::ALL {
+            let (plan, addr, g) = lowered(kind, 3, 1);
+            for (node, lowered) in plan.devices[1].nodes.iter().zip(&g.nodes) {
+                let expected = match node {
+                    Node::Barrier(_) => "barrier",
+                    Node::PeerCopy(_) => "copy",
+                    Node::FlagSet(_) => "flag",
+                    Node::Gemm(_) => "gemm",
+                    Node::Reduce(_) => "reduce",
+                    Node::AwaitRelease(_) => "release",
+                };
+                assert_eq!(node_kind(lowered), expected, "{kind}");
+                seen.insert(expected);
+                if let (Node::FlagSet(f), LoweredNode::FlagSet { dst, value }) = (node, lowered) {
+                    let owner = &addr[f.flag.device];
+                    let at = owner.exclusive + plan.exclusive.flag_offset(f.flag.index) as u64;
+                    assert_eq!((*dst, *value), (at, f.value), "{kind}");
+                }
+            }
+        }
+        assert_eq!(seen.len(), 6, "{seen:?}");
+    }
+
+    #[test]
+    fn a_deferred_stage_may_not_touch_what_the_barrier_guards() {
+        let problem = Problem::new(128, 128, 128);
+        let plan = Plan::build(ScheduleKind::AllGatherRotatingB, problem, 2)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let first = plan.devices[0]
+            .nodes
+            .iter()
+            .position(|n| matches!(n, Node::Gemm(_)))
+            .unwrap_or_else(|| panic!("no gemm"));
+        assert!(
+            plan.devices[0]
+                .predecessors(first)
+                .any(|(_, k)| k == EdgeKind::ProgrammaticDeferred)
+        );
+        let flag = FlagRef {
+            device: 0,
+            index: 1,
+        };
+        let peer_view = |g: &mut GemmStage| g.b.device = 1;
+        let edits: [&dyn Fn(&mut GemmStage); 3] = [
+            &|g| g.waits = Some(flag),
+            &|g| g.signals = Some(flag),
+            &peer_view,
+        ];
+        for edit in edits {
+            let mut plan = plan.clone();
+            if let Node::Gemm(g) = &mut plan.devices[0].nodes[first] {
+                edit(g);
+            }
+            assert!(matches!(
+                lower_device(&plan, 0, &addresses(2), &options()),
+                Err(DistGemmError::Internal(_))
+            ));
+        }
+        assert!(lower_device(&plan, 0, &addresses(2), &options()).is_ok());
     }
 
     #[test]

@@ -4,30 +4,52 @@
 //! Device d's DAG (P = TP):
 //!
 //! ```text
-//! pipelined all-gather:   Barrier ─full→ Copy1 → Flag1 → Copy2 → Flag2 … Copy(P−1) → Flag(P−1)
-//!                            └─pdl*→ Gemm0 ─pdl→ Gemm1 ─pdl→ … Gemm(P−1)  (Gemm t>0 waits flag t)
-//!                            (pdl*: Gemm0 waits for the barrier at its end, see
-//!                            `EdgeKind::ProgrammaticDeferred`)
+//! pipelined all-gather:   Barrier ─full→ Copy1 → Flag1 → Rel1 → … Copy(P−1) → Flag(P−1) → Rel(P−1) ─┐
+//!                            └─pdl*→ Gemm0 ─pdl→ Gemm1 ─pdl→ … Gemm(P−1) ─full→ AwaitRelease ←─┘
+//!                            (Gemm t>0 waits flag t; pdl*: Gemm0 waits for the barrier at its
+//!                            end, see `EdgeKind::ProgrammaticDeferred`)
 //! pipelined reduce-scatter: Barrier ─pdl→ Gemm0 ─pdl→ … Gemm(P−1)
 //!                            (Gemm t>0 signals right's flag t, then waits own flag t)
-//! single-stage all-gather:  Barrier ─full→ Copy(d) → Copy(d+1) … → Copy(d−1) ─full→ Gemm
+//! single-stage all-gather:  Barrier ─full→ Copy(d) → Copy(d+1) → Rel … → Copy(d−1) → Rel ─full→ Gemm
+//!                            ─full→ AwaitRelease
 //! single-stage reduce-scatter: Barrier ─pdl→ Gemm ─pdl→ Reduce
 //!                            (Reduce signals flag d of every peer, then waits own flags q ≠ d)
 //! ```
 //!
-//! Nodes are listed in a topological order. There are no cross-device edges: data readiness
-//! between devices is carried by the stage flags of the exclusive workspace.
+//! `Rel` after a copy from peer q's input shard sets q's release flag of this device
+//! ([`ExclusiveLayout::release_flag`]); `AwaitRelease` waits until every peer that copies this
+//! device's shards has set its release flag here.
 //!
-//! **Memory ordering** (what both executors implement): a flag store is a *release* (on the GPU
-//! `st.release.sys` / `red.release.sys`, or a fence before the memset), a flag poll an
-//! *acquire* (`ld.acquire.sys`); the barrier's arrivals are release RMWs and its poll an
-//! acquire load, and its flag reset is ordered before its arrival. Hence a GEMM that observes
+//! Nodes are listed in a topological order. There are no cross-device edges: data readiness
+//! between devices is carried by the stage flags of the exclusive workspace, and the end of
+//! peers' reads of a device's input shards by its release flags.
+//!
+//! **Memory ordering** (what both executors implement): a kernel's flag store is a *release*
+//! (on the GPU `fence.acq_rel.sys` then `st.release.sys`); a flag-set node after a copy is a
+//! system-wide fence followed by a 32-bit store (a write-value node, whose default the driver
+//! documents as a fence "similar to `__threadfence_system()`" before the write; on the CPU a
+//! `SeqCst` fence then a relaxed store), which is a release too; a flag poll is an *acquire*
+//! (`ld.acquire.sys`); the barrier's arrivals are release RMWs and its poll an acquire load,
+//! and its flag reset is ordered before its arrival. Hence a GEMM that observes
 //! flag t set also observes the copy (all-gather) or the left neighbour's partial
 //! (reduce-scatter) that was complete before the flag was stored; and it cannot see the flag
 //! still set by the previous run, since it runs after a stage whose completion implies the
 //! barrier's (and with it the flag reset). Across runs, nobody writes
 //! into a buffer a peer may still read until that peer has arrived at the next barrier, i.e.
 //! finished the previous run.
+//!
+//! **Input shards and the end of a run.** In all-gather schedules peers read a device's input
+//! shard (A for `ag-a`, B for `ag-b`) with their copy engines, possibly after the device's own
+//! GEMMs are done; the device's DAG therefore ends with `AwaitRelease`, and the contract is:
+//! *a device's input shards may be rewritten in its own stream order once its graph has
+//! ended* (no host-side wait for the other devices is needed). Reduce-scatter schedules need
+//! no release: peers read only a device's workspace, which the device rewrites in the next run
+//! only after that run's barrier, i.e. after every peer has finished the previous run. Its
+//! D is written by the device alone.
+//!
+//! **Failures.** A GPU wait that times out records its code in every device's error word, and
+//! a barrier that finds its own word set arrives nowhere (sticky poison: no device runs on one
+//! barrier ahead of the others). The CPU executor stops the whole run at the first failure.
 
 mod exclusive;
 mod node;
@@ -40,15 +62,15 @@ use thiserror::Error;
 
 pub use exclusive::ExclusiveLayout;
 pub use node::{
-    BarrierNode, Edge, EdgeKind, FLAG_SET_VALUE, FlagSetNode, KERNEL_SIGNAL_VALUE, Node,
-    PeerCopyNode,
+    AwaitReleaseNode, BarrierNode, Edge, EdgeKind, FLAG_SET_VALUE, FlagSetNode,
+    KERNEL_SIGNAL_VALUE, Node, PeerCopyNode,
 };
 pub use shard::{DeviceInputs, GlobalInputs, SizeError, random_normal};
 
 use crate::problem::Problem;
 use crate::schedule::{
-    BufferKind, Collective, DeviceProgram, FlagRef, ScheduleError, ScheduleKind, ShardLayout,
-    WorkspaceLayout, can_implement, device_program,
+    BufferKind, Collective, CopyStep, DeviceProgram, FlagRef, ScheduleError, ScheduleKind,
+    ShardLayout, WorkspaceLayout, can_implement, device_program,
 };
 
 /// Why no plan was built.
@@ -151,21 +173,18 @@ impl Plan {
     /// Builds the plan of `schedule` for `problem` on `tp` devices.
     pub fn build(schedule: ScheduleKind, problem: Problem, tp: usize) -> Result<Plan, PlanError> {
         can_implement(schedule, &problem, tp)?;
+        let exclusive = ExclusiveLayout::new(tp);
+        let programs: Vec<DeviceProgram> = (0..tp)
+            .map(|d| device_program(schedule, &problem, tp, d))
+            .collect();
         let devices = (0..tp)
-            .map(|d| {
-                wire(
-                    schedule,
-                    &problem,
-                    tp,
-                    device_program(schedule, &problem, tp, d),
-                )
-            })
+            .map(|d| wire(schedule, &problem, &exclusive, &programs, d))
             .collect();
         let plan = Plan {
             schedule,
             problem,
             tp,
-            exclusive: ExclusiveLayout::new(tp),
+            exclusive,
             devices,
         };
         plan.validate()?;
@@ -186,11 +205,30 @@ impl Plan {
     }
 }
 
-/// Turns a device program into nodes and edges (see the module documentation for the shapes).
-fn wire(kind: ScheduleKind, problem: &Problem, tp: usize, program: DeviceProgram) -> DevicePlan {
-    let d = program.device;
+/// Whether a copy reads another device's input shard (which that device must not rewrite
+/// before the copy is over: the copying device releases it afterwards).
+fn reads_peer_shard(copy: &CopyStep, device: usize) -> bool {
+    copy.src.device != device
+        && matches!(
+            copy.src.buffer,
+            BufferKind::A | BufferKind::B | BufferKind::C
+        )
+}
+
+/// Turns device `d`'s program into nodes and edges (see the module documentation for the
+/// shapes); `programs` are every device's, for the release flags of d's input shards.
+fn wire(
+    kind: ScheduleKind,
+    problem: &Problem,
+    exclusive: &ExclusiveLayout,
+    programs: &[DeviceProgram],
+    d: usize,
+) -> DevicePlan {
+    let program = &programs[d];
+    let tp = programs.len();
+    let own = |index| FlagRef { device: d, index };
     let mut nodes = vec![Node::Barrier(BarrierNode {
-        reset_flags: (0..tp).map(|index| FlagRef { device: d, index }).collect(),
+        reset_flags: (0..exclusive.flag_count).map(own).collect(),
         arrive_at: (0..tp).filter(|&q| q != d).collect(),
         arrivals: u32::try_from(tp - 1).unwrap_or(u32::MAX),
     })];
@@ -205,7 +243,8 @@ fn wire(kind: ScheduleKind, problem: &Problem, tp: usize, program: DeviceProgram
         nodes.len() - 1
     };
 
-    // The copy chain hangs off the barrier with full edges.
+    // The copy chain hangs off the barrier with full edges: each copy, then the stage flag it
+    // feeds, then (for a peer's input shard) the owner's release flag.
     let mut copy_tail = 0;
     for copy in &program.copies {
         let bytes = copy.src.len * problem.dtype.size_bytes();
@@ -216,7 +255,11 @@ fn wire(kind: ScheduleKind, problem: &Problem, tp: usize, program: DeviceProgram
             bytes,
         });
         copy_tail = push(&mut nodes, node, copy_tail, EdgeKind::Full);
-        if let Some(flag) = copy.sets_flag {
+        let release = reads_peer_shard(copy, d).then(|| FlagRef {
+            device: copy.src.device,
+            index: exclusive.release_flag(d),
+        });
+        for flag in copy.sets_flag.into_iter().chain(release) {
             let node = Node::FlagSet(FlagSetNode {
                 stage: copy.stage,
                 flag,
@@ -236,17 +279,46 @@ fn wire(kind: ScheduleKind, problem: &Problem, tp: usize, program: DeviceProgram
         (true, true) => (0, EdgeKind::ProgrammaticDeferred),
         (false, _) => (0, EdgeKind::Programmatic),
     };
-    for gemm in program.gemms {
-        tail = push(&mut nodes, Node::Gemm(gemm), tail, edge);
+    for gemm in &program.gemms {
+        tail = push(&mut nodes, Node::Gemm(*gemm), tail, edge);
         edge = EdgeKind::Programmatic;
     }
-    if let Some(reduce) = program.reduce {
-        push(
+    if let Some(reduce) = &program.reduce {
+        tail = push(
             &mut nodes,
-            Node::Reduce(reduce),
+            Node::Reduce(reduce.clone()),
             tail,
             EdgeKind::Programmatic,
         );
+    }
+
+    // The end of the run: wait until every peer that copies one of d's input shards has
+    // released it. It follows the last kernel and, when the copy chain runs beside the
+    // kernels, the copy chain too, so that it is the DAG's only sink.
+    let released: Vec<FlagRef> = programs
+        .iter()
+        .filter(|p| p.device != d)
+        .filter(|p| {
+            p.copies
+                .iter()
+                .any(|c| c.src.device == d && reads_peer_shard(c, p.device))
+        })
+        .map(|p| own(exclusive.release_flag(p.device)))
+        .collect();
+    if !released.is_empty() {
+        let wait = push(
+            &mut nodes,
+            Node::AwaitRelease(AwaitReleaseNode { flags: released }),
+            tail,
+            EdgeKind::Full,
+        );
+        if copy_tail != tail {
+            edges.push(Edge {
+                from: copy_tail,
+                to: wait,
+                kind: EdgeKind::Full,
+            });
+        }
     }
 
     DevicePlan {

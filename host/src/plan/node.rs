@@ -11,7 +11,7 @@ pub const KERNEL_SIGNAL_VALUE: u32 = 1;
 pub const FLAG_SET_VALUE: u32 = 0xFFFF_FFFF;
 
 /// The all-device rendezvous at the start of every run (a 1-thread kernel on the GPU):
-/// 1. store 0 into every flag of `reset_flags` (the device's own stage flags);
+/// 1. store 0 into every flag of `reset_flags` (the device's own stage and release flags);
 /// 2. atomically add 1 (release) to the barrier counter of every device in `arrive_at`;
 /// 3. spin (acquire loads, bounded) until the own counter is ≥ `arrivals`;
 /// 4. atomically subtract `arrivals` from the own counter.
@@ -22,7 +22,7 @@ pub const FLAG_SET_VALUE: u32 = 0xFFFF_FFFF;
 /// no signal of this run can be wiped by the reset.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BarrierNode {
-    /// The own flags to reset (all P).
+    /// The own flags to reset (all 2P: stage and release flags).
     pub reset_flags: Vec<FlagRef>,
     /// The devices whose counter receives an arrival (all but the own device).
     pub arrive_at: Vec<usize>,
@@ -44,16 +44,34 @@ pub struct PeerCopyNode {
     pub bytes: usize,
 }
 
-/// Stores `value` into a stage flag (release: everything before it in the DAG is visible to
-/// whoever acquires the flag). A 4-byte memset node on the GPU.
+/// Stores `value` into a flag with release semantics, after the copy before it in the DAG:
+/// - into an own *stage* flag: the copied data is ready for the stage that waits on the flag;
+/// - into a peer's *release* flag ([`crate::plan::ExclusiveLayout::release_flag`]): this
+///   device has finished reading the peer's input shard.
+///
+/// On the GPU it is a write-value node (`CU_STREAM_MEM_OP_WRITE_VALUE_32`, default flags),
+/// which the driver documents as a memory fence "similar to `__threadfence_system()`" before a
+/// 32-bit write, run by the GPU's front end without an SM. The CPU executor does exactly that:
+/// a sequentially consistent fence, then a relaxed store. Either way, whoever acquires the
+/// value sees everything ordered before the node.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FlagSetNode {
-    /// The stage whose GEMM waits on the flag.
+    /// The stage whose copy the flag follows (and, for a stage flag, whose GEMM waits on it).
     pub stage: usize,
     /// The flag.
     pub flag: FlagRef,
     /// The value stored ([`FLAG_SET_VALUE`]).
     pub value: u32,
+}
+
+/// The end of an all-gather device's run: wait (acquire, bounded) until every flag of `flags`
+/// is non-zero. They are the device's release flags of the peers that copy its input shards,
+/// so when the device's DAG has finished, no peer reads its shards any more. A 1-thread kernel
+/// on the GPU (`collective_wait_flags`), after the device's last kernel on a full edge.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AwaitReleaseNode {
+    /// The own release flags to wait for (one per peer that copies this device's shards).
+    pub flags: Vec<FlagRef>,
 }
 
 /// A node of a device's DAG.
@@ -70,20 +88,22 @@ pub enum Node {
     Barrier(BarrierNode),
     /// A copy from a peer into the workspace.
     PeerCopy(PeerCopyNode),
-    /// A flag store after a copy.
+    /// A flag store after a copy (an own stage flag, or a peer's release flag).
     FlagSet(FlagSetNode),
     /// A stage GEMM (views, epilogue, flags).
     Gemm(GemmStage),
     /// The single-stage reduce-scatter's reduction.
     Reduce(ReduceStep),
+    /// The end-of-run wait for the peers' release of the own input shards (all-gather).
+    AwaitRelease(AwaitReleaseNode),
 }
 
 impl Node {
-    /// The stage the node belongs to (the barrier: 0).
+    /// The stage the node belongs to (the barrier and the release wait: 0).
     #[must_use]
     pub fn stage(&self) -> usize {
         match self {
-            Node::Barrier(_) => 0,
+            Node::Barrier(_) | Node::AwaitRelease(_) => 0,
             Node::PeerCopy(c) => c.stage,
             Node::FlagSet(f) => f.stage,
             Node::Gemm(g) => g.stage,
@@ -98,7 +118,7 @@ impl Node {
             Node::FlagSet(f) => vec![f.flag],
             Node::Gemm(g) => g.signals.into_iter().collect(),
             Node::Reduce(r) => r.signals.clone(),
-            Node::Barrier(_) | Node::PeerCopy(_) => Vec::new(),
+            Node::Barrier(_) | Node::PeerCopy(_) | Node::AwaitRelease(_) => Vec::new(),
         }
     }
 
@@ -108,11 +128,12 @@ impl Node {
         match self {
             Node::Gemm(g) => g.waits.into_iter().collect(),
             Node::Reduce(r) => r.waits.clone(),
+            Node::AwaitRelease(w) => w.flags.clone(),
             Node::Barrier(_) | Node::PeerCopy(_) | Node::FlagSet(_) => Vec::new(),
         }
     }
 
-    /// A short name: `barrier`, `copy`, `flag`, `gemm`, `reduce`.
+    /// A short name: `barrier`, `copy`, `flag`, `gemm`, `reduce`, `release`.
     #[must_use]
     pub fn name(&self) -> &'static str {
         match self {
@@ -121,6 +142,7 @@ impl Node {
             Node::FlagSet(_) => "flag",
             Node::Gemm(_) => "gemm",
             Node::Reduce(_) => "reduce",
+            Node::AwaitRelease(_) => "release",
         }
     }
 }

@@ -187,6 +187,7 @@ fn dot_label(d: usize, node: &Node) -> String {
             view(d, &g.d)
         ),
         Node::Reduce(r) => format!("reduce\\n{} sources → {}", r.sources.len(), view(d, &r.dst)),
+        Node::AwaitRelease(w) => format!("await release\\n{}", flags(&w.flags)),
     }
 }
 
@@ -217,7 +218,11 @@ fn render_device(out: &mut String, dev: &DevicePlan) {
         .nodes
         .iter()
         .filter(|n| matches!(n, Node::PeerCopy(_) | Node::FlagSet(_)));
-    for node in kernels_first.chain(copies) {
+    let end = dev
+        .nodes
+        .iter()
+        .filter(|n| matches!(n, Node::AwaitRelease(_)));
+    for node in kernels_first.chain(copies).chain(end) {
         match node {
             Node::Gemm(g) => {
                 let c = match &g.epilogue.source {
@@ -267,6 +272,13 @@ fn render_device(out: &mut String, dev: &DevicePlan) {
                     out,
                     "  then set dev{}.flag{} = {:#x}",
                     f.flag.device, f.flag.index, f.value
+                );
+            }
+            Node::AwaitRelease(w) => {
+                let _ = writeln!(
+                    out,
+                    "  end: wait until {} are set (every peer released this device's shards)",
+                    flags(&w.flags)
                 );
             }
             Node::Barrier(_) => {}

@@ -254,6 +254,11 @@ impl Gpu {
         })
     }
 
+    /// The GPU's UUID, as [`device_uuid`] gives it.
+    pub fn uuid(&self) -> Result<String> {
+        device_uuid(self.ordinal())
+    }
+
     /// PCI address `DDDDDDDD:BB:DD.0` (hex), the key NVML and `nvidia-smi` know the GPU by.
     pub fn pci_bus_id(&self) -> &str {
         &self.pci_bus_id
@@ -315,6 +320,13 @@ impl Gpu {
             .map_err(RuntimeError::driver("cuCtxSynchronize"))
     }
 
+    /// `(free, total)` bytes of device memory (`cuMemGetInfo`), as the driver sees them for
+    /// every process on the GPU.
+    pub fn memory_info(&self) -> Result<(usize, usize)> {
+        self.bind()?;
+        result::mem_get_info().map_err(RuntimeError::driver("cuMemGetInfo"))
+    }
+
     /// Whether this GPU can read and write `peer`'s memory directly (`cuDeviceCanAccessPeer`).
     pub fn can_access_peer(&self, peer: &Gpu) -> Result<bool> {
         if self.ordinal() == peer.ordinal() {
@@ -326,6 +338,19 @@ impl Gpu {
             .result()
             .map_err(RuntimeError::driver("cuDeviceCanAccessPeer"))?;
         Ok(can != 0)
+    }
+
+    /// Whether this GPU's atomics on `peer`'s memory are performed natively over the link
+    /// (`CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED`, see [`peer_support`]); always true for
+    /// the same GPU. The cross-GPU flags and the barrier counter use system-scope atomics
+    /// (`red`, `atom`) on peers' memory: without native support they are not atomic (PCIe
+    /// peers, e.g. boards outside one NVLink bridge domain), so distributed runs refuse such
+    /// pairs ([`RuntimeError::NoPeerAtomics`]).
+    pub fn native_atomics_with(&self, peer: &Gpu) -> Result<bool> {
+        if self.ordinal() == peer.ordinal() {
+            return Ok(true);
+        }
+        Ok(peer_support(self.ordinal(), peer.ordinal())?.native_atomics)
     }
 
     /// Lets kernels and copies in this GPU's context access `peer`'s `cuMemAlloc` memory
@@ -361,6 +386,69 @@ impl Gpu {
 pub fn enable_peer_access_between(a: &Gpu, b: &Gpu) -> Result<()> {
     a.enable_peer_access(b)?;
     b.enable_peer_access(a)
+}
+
+/// The UUID of GPU `ordinal` (`cuDeviceGetUuid`) as `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`,
+/// as `nvidia-smi -L` prints it: the name by which processes with different
+/// `CUDA_VISIBLE_DEVICES` agree on a GPU. Needs no context.
+pub fn device_uuid(ordinal: usize) -> Result<String> {
+    let dev = cu_device(ordinal)?;
+    let mut raw = sys::CUuuid { bytes: [0; 16] };
+    // SAFETY: `raw` is an out-parameter; `dev` came from cuDeviceGet.
+    unsafe { sys::cuDeviceGetUuid_v2(&mut raw, dev) }
+        .result()
+        .map_err(RuntimeError::driver("cuDeviceGetUuid"))?;
+    let bytes: Vec<u8> = raw.bytes.iter().map(|&x| x as u8).collect();
+    let hex = |r: std::ops::Range<usize>| -> String {
+        bytes[r].iter().map(|x| format!("{x:02x}")).collect()
+    };
+    Ok(format!(
+        "GPU-{}-{}-{}-{}-{}",
+        hex(0..4),
+        hex(4..6),
+        hex(6..8),
+        hex(8..10),
+        hex(10..16)
+    ))
+}
+
+/// What GPU `from` can do with GPU `to`'s memory (`cuDeviceGetP2PAttribute`; no context).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PeerSupport {
+    /// Loads, stores and copies (`CU_DEVICE_P2P_ATTRIBUTE_ACCESS_SUPPORTED`).
+    pub access: bool,
+    /// Atomics performed natively over the link (`…_NATIVE_ATOMIC_SUPPORTED`), which the
+    /// flags and the barrier counter need.
+    pub native_atomics: bool,
+}
+
+/// [`PeerSupport`] of GPU ordinal `from` towards `to` (distinct GPUs).
+pub fn peer_support(from: usize, to: usize) -> Result<PeerSupport> {
+    let (src, dst) = (cu_device(from)?, cu_device(to)?);
+    let query = |attr: sys::CUdevice_P2PAttribute| -> Result<bool> {
+        let mut value = 0;
+        // SAFETY: out-parameter; both devices came from cuDeviceGet.
+        unsafe { sys::cuDeviceGetP2PAttribute(&mut value, attr, src, dst) }
+            .result()
+            .map_err(RuntimeError::driver("cuDeviceGetP2PAttribute"))?;
+        Ok(value != 0)
+    };
+    Ok(PeerSupport {
+        access: query(sys::CUdevice_P2PAttribute::CU_DEVICE_P2P_ATTRIBUTE_ACCESS_SUPPORTED)?,
+        native_atomics: query(
+            sys::CUdevice_P2PAttribute::CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED,
+        )?,
+    })
+}
+
+/// The driver's handle of GPU `ordinal`, after checking the driver and the ordinal.
+fn cu_device(ordinal: usize) -> Result<sys::CUdevice> {
+    let count = device_count()?;
+    let index = i32::try_from(ordinal)
+        .ok()
+        .filter(|_| ordinal < count)
+        .ok_or(RuntimeError::NoSuchGpu { ordinal, count })?;
+    result::device::get(index).map_err(RuntimeError::driver("cuDeviceGet"))
 }
 
 /// Opens every visible GPU; fails (naming the GPU) unless all are compute capability 9.0, and

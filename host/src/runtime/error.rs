@@ -101,6 +101,19 @@ pub enum RuntimeError {
         to: usize,
     },
 
+    /// Two GPUs whose atomics on each other's memory are not native.
+    #[error(
+        "GPU {from} cannot perform atomics on the memory of GPU {to} natively \
+         (CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED = 0): distgemm's cross-GPU flags and \
+         barrier need native peer atomics (NVLink) between every pair"
+    )]
+    NoPeerAtomics {
+        /// The device performing the atomics.
+        from: usize,
+        /// The device whose memory they target.
+        to: usize,
+    },
+
     /// No PTX: neither embedded at build time nor given through `DISTGEMM_PTX`.
     #[error(
         "no PTX for the GPU kernels: this binary was built before `cargo xtask build-ptx` wrote \
@@ -198,6 +211,10 @@ pub enum RuntimeError {
     /// A CUDA graph that does not have the shape the caller expected.
     #[error("CUDA graph: {0}")]
     Graph(String),
+
+    /// Memory shared between processes (CUDA IPC) that cannot be used as given.
+    #[error("CUDA IPC: {0}")]
+    Ipc(String),
 
     /// Any other driver call that failed.
     #[error("{call} failed: {source}")]

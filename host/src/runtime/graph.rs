@@ -1,5 +1,5 @@
-//! Explicitly built CUDA graphs: kernel, memcpy and memset nodes, dependencies with edge
-//! data, instantiation, launch, and parameter updates of an instantiated graph.
+//! Explicitly built CUDA graphs: kernel, memcpy and write-value nodes, dependencies
+//! with edge data, instantiation, launch, and parameter updates of an instantiated graph.
 //!
 //! cudarc's safe layer only offers graphs made by stream capture. distgemm builds its
 //! per-device graphs node by node instead, because a plan's DAG is data: every node and every
@@ -135,6 +135,38 @@ fn memcpy_params(dst: u64, src: u64, bytes: usize) -> sys::CUDA_MEMCPY3D {
     }
 }
 
+/// One `CU_STREAM_MEM_OP_WRITE_VALUE_32` of `value` at `dst` with the default flags (a memory
+/// fence before the write).
+fn write_value_op(dst: u64, value: u32) -> sys::CUstreamBatchMemOpParams {
+    // SAFETY: the union is plain data; all-zero is valid and the write member is set below.
+    let mut op: sys::CUstreamBatchMemOpParams = unsafe { std::mem::zeroed() };
+    op.writeValue = sys::CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st {
+        operation: sys::CUstreamBatchMemOpType::CU_STREAM_MEM_OP_WRITE_VALUE_32,
+        address: dst,
+        __bindgen_anon_1:
+            sys::CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st__bindgen_ty_1 {
+                value,
+            },
+        flags: sys::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as u32,
+        alias: 0,
+    };
+    op
+}
+
+/// The parameters of a batch-mem-op node of the one operation `op` in `gpu`'s context. `op`
+/// must outlive the driver call that reads the struct.
+fn batch_mem_op_params(
+    gpu: &Gpu,
+    op: &mut sys::CUstreamBatchMemOpParams,
+) -> sys::CUDA_BATCH_MEM_OP_NODE_PARAMS {
+    sys::CUDA_BATCH_MEM_OP_NODE_PARAMS {
+        ctx: gpu.context().cu_ctx(),
+        count: 1,
+        paramArray: op,
+        flags: 0,
+    }
+}
+
 impl Graph {
     /// An empty graph on `gpu` (`cuGraphCreate`).
     pub fn new(gpu: &Gpu) -> Result<Graph> {
@@ -267,35 +299,30 @@ impl Graph {
         Ok(self.push(node))
     }
 
-    /// Adds a store of the 4-byte `value` at `dst` without dependencies
-    /// (`cuGraphAddMemsetNode`, element size 4, one element).
+    /// Adds a release store of the 4-byte `value` at `dst` without dependencies: a batch
+    /// memory-operation node (`cuGraphAddBatchMemOpNode`) of one
+    /// `CU_STREAM_MEM_OP_WRITE_VALUE_32` with the default flags. The driver documents the
+    /// default (`CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER` unset) as: "cuStreamWriteValue32 will
+    /// provide a memory fence before the write, which has similar semantics to
+    /// `__threadfence_system()` but is scoped to the stream rather than a CUDA thread". So
+    /// everything ordered before the node (e.g. a memcpy node on a graph edge) is visible
+    /// system-wide before the value is: whoever acquires the value sees it. The operation runs
+    /// in the front end of the GPU and needs no SM, so it makes progress while persistent
+    /// kernels occupy every SM. `dst` may be a peer GPU's memory (peer access enabled).
     ///
     /// # Safety
-    /// `dst` must be 4-byte-aligned device memory valid for as long as the graph may run.
-    pub unsafe fn add_memset_u32_node(&mut self, dst: u64, value: u32) -> Result<GraphNode> {
-        let params = sys::CUDA_MEMSET_NODE_PARAMS {
-            dst,
-            pitch: 4,
-            value,
-            elementSize: 4,
-            width: 1,
-            height: 1,
-        };
+    /// `dst` must be 4-byte-aligned device memory (this GPU's, or a peer's with peer access
+    /// enabled) valid for as long as the graph may run.
+    pub unsafe fn add_write_value_node(&mut self, dst: u64, value: u32) -> Result<GraphNode> {
+        let mut op = write_value_op(dst, value);
+        let params = batch_mem_op_params(&self.gpu, &mut op);
         self.gpu.bind()?;
         let mut node: sys::CUgraphNode = std::ptr::null_mut();
-        // SAFETY: `params` lives across the call.
-        unsafe {
-            sys::cuGraphAddMemsetNode(
-                &mut node,
-                self.raw,
-                std::ptr::null(),
-                0,
-                &params,
-                self.gpu.context().cu_ctx(),
-            )
-        }
-        .result()
-        .map_err(RuntimeError::driver("cuGraphAddMemsetNode"))?;
+        // SAFETY: `params` and the operation it points to live across the call; the driver
+        // copies them.
+        unsafe { sys::cuGraphAddBatchMemOpNode(&mut node, self.raw, std::ptr::null(), 0, &params) }
+            .result()
+            .map_err(RuntimeError::driver("cuGraphAddBatchMemOpNode"))?;
         Ok(self.push(node))
     }
 
@@ -395,9 +422,15 @@ impl GraphExec {
                 self.gpu.ordinal()
             )));
         }
+        self.launch_on(super::caller_stream::RawStream::of(stream))
+    }
+
+    /// Enqueues one run of the graph on a stream given by handle (`cuGraphLaunch`), e.g. the
+    /// caller's; the stream must belong to this graph's GPU (the driver refuses others).
+    pub fn launch_on(&self, stream: super::caller_stream::RawStream) -> Result<()> {
         self.gpu.bind()?;
-        // SAFETY: the instance and the stream are alive.
-        unsafe { sys::cuGraphLaunch(self.raw, stream.cu_stream()) }
+        // SAFETY: the instance is alive; the stream is (RawStream's contract).
+        unsafe { sys::cuGraphLaunch(self.raw, stream.raw()) }
             .result()
             .map_err(RuntimeError::driver("cuGraphLaunch"))
     }
@@ -456,6 +489,30 @@ impl GraphExec {
     }
 }
 
+impl GraphExec {
+    /// Replaces the address and value of write-value node `node` (made by
+    /// [`Graph::add_write_value_node`]) in this instance (`cuGraphExecBatchMemOpNodeSetParams`);
+    /// the same timing rule as for kernel nodes.
+    ///
+    /// # Safety
+    /// As for [`Graph::add_write_value_node`].
+    pub unsafe fn set_write_value_node_params(
+        &mut self,
+        node: GraphNode,
+        dst: u64,
+        value: u32,
+    ) -> Result<()> {
+        let mut op = write_value_op(dst, value);
+        let params = batch_mem_op_params(&self.gpu, &mut op);
+        self.gpu.bind()?;
+        // SAFETY: `node` belongs to the graph this instance came from; `params` and the
+        // operation live across the call.
+        unsafe { sys::cuGraphExecBatchMemOpNodeSetParams(self.raw, node.0, &params) }
+            .result()
+            .map_err(RuntimeError::driver("cuGraphExecBatchMemOpNodeSetParams"))
+    }
+}
+
 impl Drop for GraphExec {
     /// `cuGraphExecDestroy`; errors are recorded in the cudarc context.
     fn drop(&mut self) {
@@ -476,6 +533,22 @@ mod tests {
         assert_eq!((e.type_, e.from_port, e.to_port), (1, 1, 0));
         let e = edge_data(DependencyKind::Default);
         assert_eq!((e.type_, e.from_port, e.to_port), (0, 0, 0));
+    }
+
+    #[test]
+    fn flag_stores_are_fenced_32_bit_writes() {
+        let op = write_value_op(0x4000, 0xFFFF_FFFF);
+        // SAFETY: `write_value_op` sets the write member.
+        let w = unsafe { op.writeValue };
+        assert_eq!(
+            w.operation,
+            sys::CUstreamBatchMemOpType::CU_STREAM_MEM_OP_WRITE_VALUE_32
+        );
+        assert_eq!(w.address, 0x4000);
+        // SAFETY: a 32-bit write sets `value`.
+        assert_eq!(unsafe { w.__bindgen_anon_1.value }, 0xFFFF_FFFF);
+        // The default: the fence before the write stays.
+        assert_eq!(w.flags, 0);
     }
 
     #[test]

@@ -40,3 +40,21 @@ pub fn proxy_async_global() {
 pub fn acq_rel_sys() {
     unsafe { core::arch::asm!("fence.acq_rel.sys;", options(nostack)) }
 }
+
+/// `fence.proxy.tensormap::generic.acquire.gpu [map], 128`: makes the 128-byte tensor map at
+/// `map` (global memory, written through the generic proxy: by the host's upload before the
+/// launch) visible to this thread's later tensor-map-proxy uses of it (`prefetch.tensormap`,
+/// TMA loads and stores). The tensormap proxy is not acquired at kernel start (PTX ISA,
+/// "tensormap proxy"), so each thread that uses a map acquires it once before its first use.
+/// GPU scope: the upload is ordered before the launch by the stream, so it is visible at GPU
+/// scope to the generic proxy already; only the proxy crossing is missing.
+#[inline(always)]
+pub unsafe fn tensormap_acquire(map: u64) {
+    unsafe {
+        core::arch::asm!(
+            "fence.proxy.tensormap::generic.acquire.gpu [{m}], 128;",
+            m = in(reg64) map,
+            options(nostack)
+        )
+    }
+}

@@ -4,7 +4,14 @@
 //! A GPU signals "data ready" by a *release* store or reduction at system scope after writing
 //! the data; the waiter's *acquire* load at system scope that observes the value makes the data
 //! visible to it (PTX memory model, `.sys` scope covers peer GPUs and the host).
+use crate::collective_abi::{MAX_PEERS, PeerErrorWords};
 use core::arch::asm;
+use seq_macro::seq;
+
+const _: () = assert!(
+    MAX_PEERS == 8,
+    "record_error's unrolled loop assumes 8 peers"
+);
 
 /// `ld.acquire.sys.global.u32`.
 #[inline(always)]
@@ -49,6 +56,31 @@ pub unsafe fn fetch_add_acq_rel_sys(ptr: *mut u32, value: u32) -> u32 {
             options(nostack))
     };
     old
+}
+
+/// `atom.relaxed.sys.global.cas.b32`: stores `new` if `*ptr == expected`; returns the old value.
+#[inline(always)]
+pub unsafe fn compare_and_swap_relaxed_sys(ptr: *mut u32, expected: u32, new: u32) -> u32 {
+    let old: u32;
+    unsafe {
+        asm!("atom.relaxed.sys.global.cas.b32 {o}, [{p}], {e}, {n};", o = out(reg32) old, p = in(reg64) ptr,
+            e = in(reg32) expected, n = in(reg32) new, options(nostack))
+    };
+    old
+}
+
+/// Records error `code` in the own error word and in every non-zero entry of `peers` with
+/// `atom.cas 0 → code` (relaxed, system scope), so each word keeps the first code it got.
+/// Relaxed suffices: nothing is published through the words but the codes themselves, and any
+/// later release by this thread (a flag store, the grid's completion) orders them before it.
+#[inline(always)]
+pub unsafe fn record_error(own: u64, peers: &PeerErrorWords, code: u32) {
+    unsafe { compare_and_swap_relaxed_sys(own as *mut u32, 0, code) };
+    seq!(I in 0..8 {
+        if peers[I] != 0 {
+            unsafe { compare_and_swap_relaxed_sys(peers[I] as *mut u32, 0, code) };
+        }
+    });
 }
 
 /// `nanosleep.u32 ns`: suspends the thread for about `ns` nanoseconds (at most 1 ms).

@@ -2,12 +2,17 @@
 //! [`crate::collective_abi`]):
 //! - `collective_barrier`: the start-of-run rendezvous of all devices (one thread);
 //! - `reduce_sum_bf16` / `reduce_sum_f16`: the single-stage reduce-scatter's reduction, which
-//!   sums block d of every device's partial product (read over NVLink) into the device's D.
+//!   sums block d of every device's partial product (read over NVLink) into the device's D;
+//! - `collective_wait_flags`: the end-of-run wait of an all-gather device until every peer has
+//!   released its input shard (one thread).
 //!
 //! Memory ordering: flag and counter stores are system-scope *releases*, polls system-scope
-//! *acquires* ([`crate::device::flags`]); every spin is bounded by `%globaltimer` and reports
-//! a timeout through the device's error word instead of hanging.
-use crate::collective_abi::{BarrierParams, MAX_PEERS, REDUCE_VECTOR, ReduceParams};
+//! *acquires* ([`crate::device::flags`]); every spin is bounded by `%globaltimer` and records
+//! a timeout in the device's and every peer's error word instead of hanging (sticky poison,
+//! see [`crate::collective_abi`]).
+use crate::collective_abi::{
+    BarrierParams, MAX_PEERS, REDUCE_VECTOR, ReduceParams, WaitFlagsParams,
+};
 use crate::device::flags::{self, WaitOutcome};
 use crate::device::wgmma::{Bf16, F16, InputType};
 use crate::device::{fence, gdc, index, smem, sync};
@@ -16,8 +21,19 @@ use seq_macro::seq;
 
 const _: () = assert!(MAX_PEERS == 8, "the unrolled loops below assume 8 peers");
 
-/// The value a timed-out barrier leaves in its own flags, so later waits of the run pass.
+/// The value a timed-out or poisoned barrier leaves in its own flags, so later waits of the
+/// run pass.
 const DRAIN_FLAG_VALUE: u32 = 0xFFFF_FFFF;
+
+/// Sets the barrier's first `resets` reset flags to [`DRAIN_FLAG_VALUE`] (release).
+#[inline(always)]
+unsafe fn drain(p: &BarrierParams, resets: usize) {
+    seq!(I in 0..16 {
+        if I < resets {
+            unsafe { flags::store_release_sys(p.reset[I] as *mut u32, DRAIN_FLAG_VALUE) };
+        }
+    });
+}
 
 /// The start-of-run barrier (grid 1×1, one thread); see [`BarrierParams`].
 #[unsafe(no_mangle)]
@@ -27,9 +43,16 @@ pub unsafe extern "ptx-kernel" fn collective_barrier(p: BarrierParams) {
     if index::thread_idx() != 0 || index::block_idx() != 0 {
         return;
     }
-    let resets = (p.reset_count as usize).min(MAX_PEERS);
+    let resets = (p.reset_count as usize).min(2 * MAX_PEERS);
     let arrivals = (p.arrive_count as usize).min(MAX_PEERS);
-    seq!(I in 0..8 {
+    if unsafe { flags::load_acquire_sys(p.error_word as *const u32) } != 0 {
+        // Poisoned (by an earlier timeout here or on a peer): arriving would put this device
+        // out of step with the peers for good. Arrive nowhere; the peers time out and poison
+        // themselves; drain so this run ends quickly.
+        unsafe { drain(&p, resets) };
+        return;
+    }
+    seq!(I in 0..16 {
         if I < resets {
             unsafe { flags::store_relaxed_sys(p.reset[I] as *mut u32, 0) };
         }
@@ -49,14 +72,33 @@ pub unsafe extern "ptx-kernel" fn collective_barrier(p: BarrierParams) {
             unsafe { flags::fetch_add_acq_rel_sys(counter, p.arrivals.wrapping_neg()) };
         }
         WaitOutcome::TimedOut => {
-            unsafe { flags::store_relaxed_sys(p.error_word as *mut u32, p.error_code) };
-            seq!(I in 0..8 {
-                if I < resets {
-                    unsafe { flags::store_release_sys(p.reset[I] as *mut u32, DRAIN_FLAG_VALUE) };
-                }
-            });
+            unsafe { flags::record_error(p.error_word, &p.peer_errors, p.error_code) };
+            unsafe { drain(&p, resets) };
         }
     }
+}
+
+/// The end-of-run wait for the peers' release flags (grid 1×1, one thread); see
+/// [`WaitFlagsParams`].
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn collective_wait_flags(p: WaitFlagsParams) {
+    if index::thread_idx() != 0 || index::block_idx() != 0 {
+        return;
+    }
+    if unsafe { flags::load_acquire_sys(p.error_word as *const u32) } != 0 {
+        // Poisoned: a peer may never get to its release; the run's results are void anyway.
+        return;
+    }
+    let count = (p.count as usize).min(MAX_PEERS);
+    seq!(I in 0..8 {
+        if I < count {
+            let flag = p.flags[I] as *const u32;
+            if unsafe { flags::wait_at_least(flag, 1, p.timeout_ns) } == WaitOutcome::TimedOut {
+                unsafe { flags::record_error(p.error_word, &p.peer_errors, p.codes[I]) };
+                return;
+            }
+        }
+    });
 }
 
 /// `ld.global.v4.u32`: 16 bytes (8 elements) at a 16-byte-aligned address.
@@ -108,7 +150,7 @@ unsafe fn reduce_prologue(p: &ReduceParams) -> bool {
             if abort == 0 && I < p.wait_count as usize {
                 let flag = p.waits[I] as *const u32;
                 if unsafe { flags::wait_at_least(flag, 1, p.timeout_ns) } == WaitOutcome::TimedOut {
-                    unsafe { flags::store_relaxed_sys(p.error_word as *mut u32, p.wait_codes[I]) };
+                    unsafe { flags::record_error(p.error_word, &p.peer_errors, p.wait_codes[I]) };
                     abort = 1;
                 }
             }

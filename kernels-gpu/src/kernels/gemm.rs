@@ -28,6 +28,11 @@
 //!   (unless [`HOOK_DEFER_GRID_WAIT`] moves it to the end, for thread 0); thread 0 then
 //!   signals/waits on cross-GPU flags as [`StageHook`] says. The producer issues
 //!   `griddepcontrol.launch_dependents` after its last load.
+//! - **proxies**: tensor maps live in global memory and are acquired for the tensormap proxy
+//!   (`fence.proxy.tensormap::generic.acquire`) by every thread that uses one, before its first
+//!   use: thread 0 all four (prefetch, A/B loads), the consumer leaders D and C. After the
+//!   hook's flag acquire, thread 0 and each C-loading leader run their own
+//!   `fence.proxy.async.global` before their TMA reads of what the flag guards.
 use crate::device::flags::{self, WaitOutcome};
 use crate::device::mbarrier::{MBarrier, PipelineState};
 use crate::device::wgmma::{self, Bf16, F16, InputType};
@@ -415,10 +420,11 @@ unsafe fn prologue_hook(hook: &StageHook, ring: Ring) -> bool {
                 )
             };
             if outcome == WaitOutcome::TimedOut {
-                unsafe { flags::store_relaxed_sys(hook.error_word as *mut u32, hook.error_code) };
+                unsafe { flags::record_error(hook.error_word, &hook.peer_errors, hook.error_code) };
                 abort = 1;
             }
-            // TMA reads what the flag guards through the async proxy.
+            // TMA reads what the flag guards through the async proxy (A and B: this thread;
+            // C: the consumer leaders, which fence for themselves in `consume`).
             fence::proxy_async_global();
         }
         unsafe { smem::store_u32(ring.abort_flag(), abort) };
@@ -532,6 +538,19 @@ unsafe fn consume<T: InputType, C: Config>(p: &GemmParams, ring: Ring, tiles: Ti
         let (row, col) = tiles.origin(t);
         // This warpgroup's share of the tile.
         let (row, col) = (row + wg_row, col + wg_col);
+        if staged && t == tiles.first && index::thread_in_warpgroup() == 0 {
+            // This leader issues the TMA stores of D and the TMA loads of C: it acquires their
+            // tensor maps itself before its first use; and since C may be a peer's partial
+            // guarded by the hook's flag (acquired by thread 0, handed over by a CTA or
+            // cluster barrier), it orders its own generic-proxy view of global memory before
+            // its async-proxy reads of C. (Placed before this loop, these fences made ptxas
+            // spill accumulators of the 128×256 and 192×192 tiles.)
+            unsafe { fence::tensormap_acquire(p.map_d) };
+            if p.beta != 0.0 {
+                unsafe { fence::tensormap_acquire(p.map_c) };
+                fence::proxy_async_global();
+            }
+        }
         if staged && p.beta != 0.0 && index::thread_in_warpgroup() == 0 {
             // The tile's first C chunk goes into the buffer that the store of the previous
             // tile's last chunk but one reads: once it has, the load overlaps the main loop.
@@ -622,6 +641,16 @@ unsafe fn gemm<T: InputType, C: Config>(p: &GemmParams) {
     let tid = index::thread_idx();
     if tid == 0 {
         unsafe {
+            // Thread 0 prefetches every map and issues the A and B loads: it acquires them
+            // first (the consumer leaders acquire the D and C maps they use themselves).
+            fence::tensormap_acquire(p.map_a);
+            fence::tensormap_acquire(p.map_b);
+            if p.map_d != 0 {
+                fence::tensormap_acquire(p.map_d);
+            }
+            if p.map_c != 0 {
+                fence::tensormap_acquire(p.map_c);
+            }
             tma::prefetch_descriptor(p.map_a);
             tma::prefetch_descriptor(p.map_b);
             if p.map_d != 0 {
