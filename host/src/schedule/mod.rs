@@ -172,44 +172,37 @@ impl ScheduleKind {
         )
     }
 
-    /// The pipelined schedule of this schedule's family: the one with the same collective and
-    /// shard layout (itself when pipelined). `ag-a-single` → `ag-a`.
+    /// This schedule's family: its pipelined and its single-stage schedule, the two with its
+    /// collective and shard layout (`ag-a` and `ag-a-single` for either of them).
     #[must_use]
-    pub const fn pipelined(self) -> ScheduleKind {
+    pub const fn family(self) -> (ScheduleKind, ScheduleKind) {
+        use ScheduleKind as S;
         match self {
-            ScheduleKind::AllGatherRotatingA | ScheduleKind::AllGatherSingleStageA => {
-                ScheduleKind::AllGatherRotatingA
+            S::AllGatherRotatingA | S::AllGatherSingleStageA => {
+                (S::AllGatherRotatingA, S::AllGatherSingleStageA)
             }
-            ScheduleKind::AllGatherRotatingB | ScheduleKind::AllGatherSingleStageB => {
-                ScheduleKind::AllGatherRotatingB
+            S::AllGatherRotatingB | S::AllGatherSingleStageB => {
+                (S::AllGatherRotatingB, S::AllGatherSingleStageB)
             }
-            ScheduleKind::ReduceScatterTilingA | ScheduleKind::ReduceScatterSingleStageA => {
-                ScheduleKind::ReduceScatterTilingA
+            S::ReduceScatterTilingA | S::ReduceScatterSingleStageA => {
+                (S::ReduceScatterTilingA, S::ReduceScatterSingleStageA)
             }
-            ScheduleKind::ReduceScatterTilingB | ScheduleKind::ReduceScatterSingleStageB => {
-                ScheduleKind::ReduceScatterTilingB
+            S::ReduceScatterTilingB | S::ReduceScatterSingleStageB => {
+                (S::ReduceScatterTilingB, S::ReduceScatterSingleStageB)
             }
         }
     }
 
+    /// The pipelined schedule of this schedule's family (itself when pipelined).
+    #[must_use]
+    pub const fn pipelined(self) -> ScheduleKind {
+        self.family().0
+    }
+
     /// The single-stage schedule of this schedule's family (itself when single-stage).
-    /// `ag-a` → `ag-a-single`.
     #[must_use]
     pub const fn single_stage(self) -> ScheduleKind {
-        match self {
-            ScheduleKind::AllGatherRotatingA | ScheduleKind::AllGatherSingleStageA => {
-                ScheduleKind::AllGatherSingleStageA
-            }
-            ScheduleKind::AllGatherRotatingB | ScheduleKind::AllGatherSingleStageB => {
-                ScheduleKind::AllGatherSingleStageB
-            }
-            ScheduleKind::ReduceScatterTilingA | ScheduleKind::ReduceScatterSingleStageA => {
-                ScheduleKind::ReduceScatterSingleStageA
-            }
-            ScheduleKind::ReduceScatterTilingB | ScheduleKind::ReduceScatterSingleStageB => {
-                ScheduleKind::ReduceScatterSingleStageB
-            }
-        }
+        self.family().1
     }
 }
 
@@ -246,7 +239,7 @@ mod tests {
             for member in [piped, single] {
                 assert_eq!(member.collective(), k.collective(), "{k}");
                 assert_eq!(member.tiles_rows(), k.tiles_rows(), "{k}");
-                assert_eq!((member.pipelined(), member.single_stage()), (piped, single));
+                assert_eq!(member.family(), (piped, single));
             }
             assert!(k == piped || k == single, "{k}");
         }
