@@ -17,7 +17,7 @@ use crate::dtype::{Dtype, Element};
 use crate::plan::{GlobalInputs, Plan};
 use crate::problem::Problem;
 use crate::reference::{CheckInputs, CheckReport, check, check_sampled};
-use crate::runtime::{DeviceBuffer, DeviceCopy, Gpu};
+use crate::runtime::{DeviceBuffer, DeviceCopy, Gpu, Module};
 use crate::schedule::{BufferKind, can_implement};
 
 /// The CPU executor's cap on `2·M·N·K` per iteration (≈4.3 GFLOP: seconds, not hours, on a
@@ -218,6 +218,12 @@ fn run_cuda<T: Element + DeviceCopy>(
     out: &mut dyn Write,
 ) -> Result<(), CliError> {
     let problem = plan.problem;
+    // The kernels first: a PTX that the driver rejects is bad input, reported before the
+    // inputs are generated and uploaded.
+    let modules = gpus
+        .iter()
+        .map(Module::load)
+        .collect::<Result<Vec<_>, _>>()?;
     let inputs = GlobalInputs::<T>::random(&problem, args.seed);
     let mut shards = Vec::with_capacity(plan.tp);
     for ((shard, gpu), dev) in plan
@@ -252,6 +258,7 @@ fn run_cuda<T: Element + DeviceCopy>(
         .schedule(plan.schedule)
         .problem(problem)
         .timeout(Duration::from_millis(args.timeout_ms))
+        .modules(modules)
         .args(device_args)
         .build()?;
     let start = Instant::now();
