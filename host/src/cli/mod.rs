@@ -5,12 +5,13 @@
 //! (`--schedule`, `--tp`, `--m/--n/--k` or `--preset [--tokens]`, `--dtype`) plus `--auto` (the
 //! `Auto` rule picks the pipelined or single-stage schedule of `--schedule`'s family),
 //! `--warmup N` (default 5), `--reps N` (default 20, 1..=10000), `--timeout-ms` (default
-//! 10000) and `--json`. It fills per-device shards on the GPUs (`fill_normal`; D poisoned
+//! 10000) and `--format text|json` (`--json` is short for `--format json`; `run` takes the
+//! same, `plan` takes `table` (alias `text`), `json` or `dot`). It fills per-device shards on the GPUs (`fill_normal`; D poisoned
 //! once), builds one `DistGemm`, times `run()` per repetition with CUDA events on every GPU
 //! ([`crate::timing::time_on_streams`]: the slowest GPU's median repetition), then
 //! `wait()`s, which turns a timed-out GPU wait into an error. It reports the schedule that
 //! ran, TP, problem, median/min/max ms, TFLOP/s per GPU (2·M·N·K / TP / median) and the
-//! workspace bytes per GPU: two text lines, or one JSON object with `--json`.
+//! workspace bytes per GPU: two text lines, or one JSON object.
 //!
 //! Exit status ([`EXIT_RUN_FAILED`] and the other constants; `--help` lists them too): 0 on
 //! success; 1 when a run fails (a driver error, a timed-out wait, a CPU executor failure);
