@@ -6,7 +6,7 @@ use crate::diagnose::GraphExtra;
 use distgemm::baseline::{
     CublasLtGemm, NcclElement, NcclGemmBaseline, NcclGemmKind, NcclGemmLayout, TnGemmShape,
 };
-use distgemm::cuda::{DistGemm, TimingDiagnostics};
+use distgemm::cuda::{DistGemm, DistGemmBuilder, TimingDiagnostics};
 use distgemm::gemm::{GemmArgs, GemmKernel, MatrixView, PreparedGemm};
 use distgemm::plan::{DevicePlan, Plan};
 use distgemm::problem::Problem;
@@ -346,56 +346,70 @@ pub(crate) fn nccl_block<'a, T: NcclElement>(
     Ok((Box::new(block), timing_for(layout.gemm.flops(), &ctx.opts)))
 }
 
-/// A built `DistGemm` and the shards it reads and writes (dropped after it).
-pub(crate) struct DistRun<T: NcclElement> {
-    pub(crate) dist: DistGemm,
-    pub(crate) _shards: Vec<RandomShard<T>>,
+/// (d)'s operands for `kind`: per-device shards sized by the plan and filled on their GPUs.
+/// The caller keeps them while the [`distgemm_block`] that borrows them lives.
+pub(crate) fn dist_shards<T: NcclElement>(
+    ctx: &Ctx,
+    kind: ScheduleKind,
+    problem: Problem,
+    tp: usize,
+) -> Result<Vec<RandomShard<T>>, String> {
+    let plan = dist_builder::<T>(ctx, kind, problem, tp)
+        .plan()
+        .map_err(err)?;
+    random_shards::<T>(&plan, &ctx.gpus[..tp], &ctx.modules[..tp], 41).map_err(err)
 }
 
-impl<T: NcclElement> DistRun<T> {
-    /// Times one block of `run()`s on every device's stream, then `wait()`s, which turns a
-    /// timed-out GPU wait into an error instead of a number. A method, so that the closure
-    /// calling it owns the shards too (see [`PlanRun::launch_all`]).
-    pub(crate) fn time_block(
-        &mut self,
-        gpus: &[Gpu],
-        timing: TimingConfig,
-    ) -> Result<Timing, String> {
-        let streams = self.dist.streams();
-        let dist = &mut self.dist;
-        let measured = time_on_streams(gpus, &streams, timing, |_| {
-            dist.run().map_err(|e| BenchError::Work(e.to_string()))
-        });
-        // Always wait (and read the error words), also after a failed launch.
-        let waited = dist.wait().map_err(err);
-        let t = measured.map_err(err)?;
-        waited?;
-        Ok(t)
-    }
+fn dist_builder<'a, T: NcclElement>(
+    ctx: &Ctx,
+    kind: ScheduleKind,
+    problem: Problem,
+    tp: usize,
+) -> DistGemmBuilder<'a> {
+    DistGemm::builder()
+        .devices(ctx.gpus[..tp].to_vec())
+        .tp(tp)
+        .schedule(kind)
+        .problem(problem)
+        .dtype(T::DTYPE)
+        .modules(ctx.modules[..tp].to_vec())
 }
 
-/// (d): distgemm (`host/src/cuda`) running `kind` on the first `tp` GPUs: per-device shards
-/// sized by the plan and filled on their GPUs, one `DistGemm` built (graphs instantiated
-/// once); each block is [`DistRun::time_block`].
+/// Times one block of `run()`s on every device's stream, then `wait()`s, which turns a
+/// timed-out GPU wait into an error instead of a number.
+fn time_dist_block(
+    dist: &mut DistGemm<'_>,
+    gpus: &[Gpu],
+    timing: TimingConfig,
+) -> Result<Timing, String> {
+    let streams = dist.streams();
+    let measured = time_on_streams(gpus, &streams, timing, |_| {
+        dist.run().map_err(|e| BenchError::Work(e.to_string()))
+    });
+    // Always wait (and read the error words), also after a failed launch.
+    let waited = dist.wait().map_err(err);
+    let t = measured.map_err(err)?;
+    waited?;
+    Ok(t)
+}
+
+/// (d): distgemm (`host/src/cuda`) running `kind` on the first `tp` GPUs over `shards` (from
+/// [`dist_shards`]), one `DistGemm` built (graphs instantiated once); each block is
+/// [`time_dist_block`].
 pub(crate) fn distgemm_block<'a, T: NcclElement>(
     ctx: &'a Ctx,
+    shards: &'a [RandomShard<T>],
     kind: ScheduleKind,
     problem: Problem,
     tp: usize,
     diagnostics: TimingDiagnostics,
 ) -> Result<(Block<'a>, TimingConfig), String> {
     let gpus = &ctx.gpus[..tp];
-    let builder = DistGemm::builder()
-        .devices(gpus.to_vec())
-        .tp(tp)
-        .schedule(kind)
-        .problem(problem)
-        .dtype(T::DTYPE)
-        .modules(ctx.modules[..tp].to_vec());
-    let plan = builder.plan().map_err(err)?;
-    let shards = random_shards::<T>(&plan, gpus, &ctx.modules[..tp], 41).map_err(err)?;
     let args = shards.iter().map(RandomShard::device_args).collect();
-    let mut dist = builder.args(args).build().map_err(err)?;
+    let mut dist = dist_builder::<T>(ctx, kind, problem, tp)
+        .args(args)
+        .build()
+        .map_err(err)?;
     if diagnostics != TimingDiagnostics::default() {
         // One full run first: runs with capped copies then multiply the real data left in
         // the workspace.
@@ -403,11 +417,7 @@ pub(crate) fn distgemm_block<'a, T: NcclElement>(
         dist.wait().map_err(err)?;
         dist.set_timing_diagnostics(diagnostics).map_err(err)?;
     }
-    let mut run = DistRun {
-        dist,
-        _shards: shards,
-    };
-    let block = move |timing| run.time_block(gpus, timing);
+    let block = move |timing| time_dist_block(&mut dist, gpus, timing);
     let flops_per_gpu = problem.flops() / tp as f64;
     Ok((Box::new(block), timing_for(flops_per_gpu, &ctx.opts)))
 }

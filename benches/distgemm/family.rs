@@ -1,6 +1,8 @@
 //! A schedule family's contenders, timed together in interleaved rounds.
 
-use crate::contenders::{Block, Ctx, distgemm_block, err, nccl_block, plan_gemms_block};
+use crate::contenders::{
+    Block, Ctx, dist_shards, distgemm_block, err, nccl_block, plan_gemms_block,
+};
 use crate::diagnose::{DIAGNOSTICS, POWER_SAMPLE_PERIOD, SCATTER_DIAGNOSTICS, Variant, power_skip};
 use distgemm::baseline::NcclElement;
 use distgemm::cuda::{DistGemm, TimingDiagnostics};
@@ -40,6 +42,30 @@ pub(crate) fn family_timings<T: NcclElement>(
 ) -> FamilyTimings {
     let (piped, single) = (family.pipelined(), family.single_stage());
     let mut shapes = [String::new(), String::new()];
+    // With --diagnose, the family's diagnostic variants of its pipelined schedule too.
+    let variants: &[(&str, Variant)] = match (ctx.opts.diagnose, family.collective()) {
+        (false, _) => &[],
+        (true, Collective::AllGather) => &DIAGNOSTICS,
+        (true, Collective::ReduceScatter) => &SCATTER_DIAGNOSTICS,
+    };
+    // The operands of every (d) contender, in the order they are prepared below; each
+    // `DistGemm` borrows its own.
+    let dist_variants = variants
+        .iter()
+        .filter(|(_, v)| matches!(v, Variant::Dist(_)));
+    let shard_sets: Vec<_> = [piped, single]
+        .into_iter()
+        .chain(dist_variants.map(|_| piped))
+        .map(|kind| dist_shards::<T>(ctx, kind, problem, tp))
+        .collect();
+    let mut shard_sets = shard_sets.iter();
+    let mut dist_block = |kind, diagnostics| {
+        let shards = shard_sets.next().expect("one shard set per (d) contender");
+        shards
+            .as_ref()
+            .map_err(Clone::clone)
+            .and_then(|shards| distgemm_block::<T>(ctx, shards, kind, problem, tp, diagnostics))
+    };
     let mut prepared: Vec<Result<(Block<'_>, TimingConfig), String>> = Vec::new();
     for (i, kind) in [single, piped].into_iter().enumerate() {
         prepared.push(plan_gemms_block::<T>(ctx, kind, problem, tp, None).map(
@@ -50,30 +76,16 @@ pub(crate) fn family_timings<T: NcclElement>(
         ));
     }
     for kind in [piped, single] {
-        prepared.push(distgemm_block::<T>(
-            ctx,
-            kind,
-            problem,
-            tp,
-            TimingDiagnostics::default(),
-        ));
+        prepared.push(dist_block(kind, TimingDiagnostics::default()));
     }
     prepared.push(nccl_block::<T>(ctx, nccl_kind_of(family), problem, tp));
-    // With --diagnose, the family's diagnostic variants of its pipelined schedule too.
-    let variants: &[(&str, Variant)] = match (ctx.opts.diagnose, family.collective()) {
-        (false, _) => &[],
-        (true, Collective::AllGather) => &DIAGNOSTICS,
-        (true, Collective::ReduceScatter) => &SCATTER_DIAGNOSTICS,
-    };
     for (_, variant) in variants {
         prepared.push(match variant {
             Variant::NocommGraphs(extra) => {
                 plan_gemms_block::<T>(ctx, piped, problem, tp, Some(*extra))
                     .map(|(block, timing, _)| (block, timing))
             }
-            Variant::Dist(diagnostics) => {
-                distgemm_block::<T>(ctx, piped, problem, tp, *diagnostics)
-            }
+            Variant::Dist(diagnostics) => dist_block(piped, *diagnostics),
         });
     }
     // With --diagnose, what clock and power every contender's blocks ran at.

@@ -1,7 +1,7 @@
 //! `--sweep`: the token sweep over 70B fc1/fc2, where pipelining stops paying (issue 6,
 //! item 6).
 
-use crate::contenders::{Ctx, distgemm_block, nccl_block, one_block};
+use crate::contenders::{Ctx, dist_shards, distgemm_block, nccl_block, one_block};
 use crate::family::resolve_auto;
 use crate::table::write_outputs;
 use distgemm::baseline::NcclElement;
@@ -74,9 +74,18 @@ pub(crate) fn sweep<T: NcclElement>(
             };
             p.family = family.cli_name().into();
             for kind in ScheduleKind::ALL {
-                match distgemm_block::<T>(ctx, kind, problem, tp, TimingDiagnostics::default())
-                    .and_then(one_block)
-                {
+                let timed = dist_shards::<T>(ctx, kind, problem, tp).and_then(|shards| {
+                    let block = distgemm_block::<T>(
+                        ctx,
+                        &shards,
+                        kind,
+                        problem,
+                        tp,
+                        TimingDiagnostics::default(),
+                    );
+                    block.and_then(one_block)
+                });
+                match timed {
                     Ok(t) => {
                         p.schedules_ms
                             .insert(kind.cli_name().into(), Some(t.median_ms));
