@@ -10,9 +10,9 @@ use std::time::Duration;
 
 use distgemm::cpu::{CpuExecutor, ExecError};
 use distgemm::dtype::{Dtype, Element};
-use distgemm::plan::{Node, Plan};
+use distgemm::plan::{FLAG_SET_VALUE, GlobalInputs, Node, Plan};
 use distgemm::problem::Problem;
-use distgemm::reference::gemm_like_stage;
+use distgemm::reference::{CheckInputs, check, gemm_like_stage};
 use distgemm::schedule::{Collective, FlagRef, ScheduleKind};
 use distgemm_tests::cpu::{run_checked, shape};
 use half::{bf16, f16};
@@ -148,6 +148,7 @@ fn a_misdirected_flag_set_is_a_deadlock_naming_device_stage_and_flag() {
         for node in &mut plan.devices[1].nodes {
             if let Node::FlagSet(f) = node
                 && f.stage == 2
+                && f.flag.device == 1
             {
                 f.flag.index = 1;
             }
@@ -272,4 +273,111 @@ fn plans_roundtrip_through_json() {
         let back = Plan::from_json(&json).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(back, plan, "{kind}");
     }
+}
+
+/// Every run of a sequence gets new inputs, which each device loads right after its own
+/// previous run (the plan's ordering contract for input shards): all-gather peers may still be
+/// copying a device's old shard then, unless the end-of-run release holds the device back.
+#[test]
+fn every_run_of_a_sequence_sees_its_own_inputs() {
+    for kind in ScheduleKind::ALL {
+        for tp in [2, 3, 5] {
+            let problem = Problem::new(8 * tp, 8 * tp, 8 * tp).with_scalars(1.0, 0.0);
+            let plan = Plan::build(kind, problem, tp).unwrap_or_else(|e| panic!("{e}"));
+            let exec = CpuExecutor::<bf16>::new(plan).unwrap_or_else(|e| panic!("{e}"));
+            let runs: Vec<GlobalInputs<bf16>> = (0..4)
+                .map(|i| GlobalInputs::random(&problem, 100 * tp as u64 + i))
+                .collect();
+            let shards: Vec<_> = runs
+                .iter()
+                .map(|g| {
+                    exec.plan()
+                        .shard_inputs(g)
+                        .unwrap_or_else(|e| panic!("{e}"))
+                })
+                .collect();
+            let outputs = exec
+                .run_sequence(&shards)
+                .unwrap_or_else(|e| panic!("{kind} TP={tp}: {e}"));
+            for (i, (inputs, out)) in runs.iter().zip(&outputs).enumerate() {
+                let plan = exec.plan();
+                let d = plan.gather_output(out).unwrap_or_else(|e| panic!("{e}"));
+                let report = check(
+                    &problem,
+                    plan.schedule.roundings(tp),
+                    tp,
+                    CheckInputs {
+                        a: &inputs.a,
+                        b: &inputs.b,
+                        c: None,
+                    },
+                    &d,
+                )
+                .unwrap_or_else(|e| panic!("{e}"));
+                assert!(report.passed(), "{kind} TP={tp} run {i}: {report:?}");
+            }
+            assert!(exec.exclusive_state().iter().all(|e| e.counter == 0));
+        }
+    }
+}
+
+/// All-gather: after a run every device holds a release flag from each peer (flag P + q), none
+/// from itself; reduce-scatter plans have no release flags in use.
+#[test]
+fn every_peer_releases_the_shards_it_copied() {
+    for kind in ScheduleKind::ALL {
+        let tp = 4;
+        let mut exec = executor(kind, tp);
+        let (_, _, report) = run_checked(&mut exec, 5, 1);
+        assert!(report.passed(), "{kind}: {report:?}");
+        let base = exec.plan().exclusive.release_base;
+        for (d, state) in exec.exclusive_state().iter().enumerate() {
+            let released: Vec<u32> = state.flags[base..].to_vec();
+            let expected: Vec<u32> = (0..tp)
+                .map(|q| match kind.collective() {
+                    Collective::AllGather if q != d => FLAG_SET_VALUE,
+                    _ => 0,
+                })
+                .collect();
+            assert_eq!(released, expected, "{kind} device {d}");
+            let awaits = exec.plan().devices[d]
+                .nodes
+                .iter()
+                .any(|n| matches!(n, Node::AwaitRelease(_)));
+            assert_eq!(awaits, kind.collective() == Collective::AllGather, "{kind}");
+        }
+    }
+}
+
+#[test]
+fn a_missing_release_is_a_deadlock_at_the_end_of_the_run() {
+    let tp = 3;
+    let exec = mutate(executor(ScheduleKind::AllGatherRotatingB, tp), |plan| {
+        let base = plan.exclusive.release_base;
+        // Device 1 releases device 0's shard into its own flag instead.
+        for node in &mut plan.devices[1].nodes {
+            if let Node::FlagSet(f) = node
+                && f.flag.device == 0
+                && f.flag.index == base + 1
+            {
+                f.flag.device = 1;
+            }
+        }
+    });
+    let err = exec.run(1).expect_err("must deadlock");
+    assert!(
+        matches!(
+            err,
+            ExecError::FlagTimeout {
+                device: 0,
+                node: "release",
+                flag: FlagRef {
+                    device: 0,
+                    index: 4
+                },
+                ..
+            }
+        ),
+        "{err}"
+    );
 }

@@ -540,6 +540,65 @@ mod tests {
         );
     }
 
+    /// The pipelined all-gather's stage 0 waits for the barrier only at its end: with a
+    /// barrier that never completes (a peer that never arrives), it has still written its D
+    /// rows when the run fails, while later stages have not.
+    #[test]
+    fn the_deferred_first_stage_runs_beside_the_barrier() {
+        let (mut exec, _) = executor(ScheduleKind::AllGatherRotatingA, 2);
+        if let Some(Node::Barrier(b)) = exec.plan.devices[1].nodes.first_mut() {
+            b.arrive_at.clear();
+        }
+        let exec = exec.with_timeout(Duration::from_millis(200));
+        let err = exec.run(1).err();
+        assert!(
+            matches!(err, Some(ExecError::BarrierTimeout { device: 0, .. })),
+            "{err:?}"
+        );
+        // Device 0's D: what stage 0 writes is there, what stage 1 writes is not.
+        let d = &exec.outputs()[0];
+        let written = |stage: usize| {
+            let g = exec.plan.devices[0]
+                .gemms()
+                .find(|g| g.stage == stage)
+                .unwrap_or_else(|| panic!("no stage {stage}"));
+            (0..g.d.rows).all(|r| {
+                let row = &d[g.d.offset + r * g.d.ld..][..g.d.cols];
+                row.iter().all(|x| !x.is_nan())
+            })
+        };
+        assert!(written(0));
+        assert!(!written(1));
+    }
+
+    /// The barrier resets the release flags too: a release left over from the previous run
+    /// does not end the next one early.
+    #[test]
+    fn a_stale_release_does_not_count_in_the_next_run() {
+        let (mut exec, _) = executor(ScheduleKind::AllGatherRotatingB, 2);
+        exec.run(1).unwrap_or_else(|e| panic!("{e}"));
+        let released = exec.plan.exclusive.release_flag(1);
+        assert_ne!(exec.exclusive_state()[0].flags[released], 0);
+        // From now on device 1 releases device 0's shard into its own flags instead.
+        for node in &mut exec.plan.devices[1].nodes {
+            if let Node::FlagSet(f) = node
+                && f.flag.device == 0
+            {
+                f.flag.device = 1;
+            }
+        }
+        let exec = exec.with_timeout(Duration::from_millis(200));
+        let err = exec.run(1).err();
+        assert!(
+            matches!(
+                err,
+                Some(ExecError::FlagTimeout { device: 0, node: "release", flag, .. })
+                    if flag == FlagRef { device: 0, index: released }
+            ),
+            "{err:?}"
+        );
+    }
+
     #[test]
     fn wrong_dtype_is_refused() {
         let plan = Plan::build(
