@@ -3,10 +3,12 @@
 //! The test writes a scratch crate that depends on this one by path (without default features,
 //! as a library user would) and whose only code is a compile-time assertion that
 //! `distgemm::runtime::module::EMBEDDED_PTX` is `Some`, then runs `cargo check --offline` on it
-//! with its own target directory (under `CARGO_TARGET_TMPDIR`, kept between runs, so only the
-//! first run checks every dependency). `host/build.rs` embeds `target/ptx/kernels_gpu.ptx` when
-//! the workspace has built it, else the committed `host/ptx/kernels_gpu.ptx`; the check fails
-//! when neither exists.
+//! with its own target directory under `CARGO_TARGET_TMPDIR`, kept between runs. The first run
+//! checks every dependency (40–70 s on two cores), hence `#[ignore]`: run it with
+//! `cargo test -p distgemm --test dependency -- --ignored`.
+//!
+//! `host/build.rs` embeds `target/ptx/kernels_gpu.ptx` when the workspace has built it, else
+//! the committed `host/ptx/kernels_gpu.ptx`; the check fails when neither exists.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -39,6 +41,8 @@ fn write(path: &Path, text: &str) {
 }
 
 #[test]
+#[ignore = "checks a scratch crate's whole dependency tree, about a minute when cold: \
+            cargo test -p distgemm --test dependency -- --ignored"]
 fn a_crate_that_depends_on_distgemm_by_path_embeds_the_kernels() {
     let host = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("distgemm-dependent");
