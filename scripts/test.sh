@@ -50,6 +50,9 @@ if step "cargo xtask build-ptx" cargo xtask build-ptx; then
 else
   results+=("$(printf '%5s   skip  %s' - "cargo xtask check-ptx (build-ptx failed)")")
 fi
+# The PyTorch package (python/, its own Cargo workspace): rustfmt and clippy on its crate, the
+# abi3 wheel (maturin, in a venv under python/target), installed into a fresh venv, pytest.
+step "python package: fmt, clippy, wheel, pytest (python/ci.sh)" python/ci.sh || true
 
 echo
 echo "==> summary"
