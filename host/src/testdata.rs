@@ -55,7 +55,7 @@ pub struct RandomShard<T: DeviceCopy> {
 
 impl<T: DeviceCopy> RandomShard<T> {
     /// The buffers as a [`crate::cuda::DistGemm`]'s arguments for this device.
-    pub fn device_args(&self) -> DeviceArgs {
+    pub fn device_args(&self) -> DeviceArgs<'_> {
         DeviceArgs {
             a: BufferRef::of(&self.a),
             b: BufferRef::of(&self.b),

@@ -148,26 +148,6 @@ pub struct AutoChoice {
     pub single_stage_seconds: f64,
 }
 
-/// The pipelined and single-stage schedules of `kind`'s family.
-#[must_use]
-pub fn family(kind: ScheduleKind) -> (ScheduleKind, ScheduleKind) {
-    use ScheduleKind as S;
-    match kind {
-        S::AllGatherRotatingA | S::AllGatherSingleStageA => {
-            (S::AllGatherRotatingA, S::AllGatherSingleStageA)
-        }
-        S::AllGatherRotatingB | S::AllGatherSingleStageB => {
-            (S::AllGatherRotatingB, S::AllGatherSingleStageB)
-        }
-        S::ReduceScatterTilingA | S::ReduceScatterSingleStageA => {
-            (S::ReduceScatterTilingA, S::ReduceScatterSingleStageA)
-        }
-        S::ReduceScatterTilingB | S::ReduceScatterSingleStageB => {
-            (S::ReduceScatterTilingB, S::ReduceScatterSingleStageB)
-        }
-    }
-}
-
 /// Chooses between the pipelined and the single-stage schedule of `kind`'s family for
 /// `problem` on `tp` devices (see the module documentation). Pure and deterministic.
 ///
@@ -183,7 +163,7 @@ pub fn choose_schedule(
     tp: usize,
     model: &MachineModel,
 ) -> AutoChoice {
-    let (pipelined, single) = family(kind);
+    let (pipelined, single) = kind.family();
     if can_implement(pipelined, problem, tp).is_err() && can_implement(single, problem, tp).is_err()
     {
         return AutoChoice {
@@ -244,7 +224,7 @@ mod tests {
                 2,
                 &MachineModel::H200,
             );
-            assert_eq!(choice.schedule, family(kind).1);
+            assert_eq!(choice.schedule, kind.single_stage());
             assert!(choice.pipelined_seconds.is_nan() && choice.single_stage_seconds.is_nan());
         }
         let huge = MachineModel::H200.gemm_memory_seconds(usize::MAX, usize::MAX, 64, 2);
@@ -375,7 +355,7 @@ mod tests {
             let a = choose_schedule(kind, &problem, 4, &MachineModel::H200);
             let b = choose_schedule(kind, &problem, 4, &MachineModel::H200);
             assert_eq!(a, b);
-            let (p, s) = family(kind);
+            let (p, s) = kind.family();
             assert!(a.schedule == p || a.schedule == s);
         }
     }
