@@ -4,7 +4,7 @@
 //!
 //! ```sh
 //! cargo run --release --example distgemm_library            # TP = 2
-//! cargo run --release --example distgemm_library -- 4       # TP = 4
+//! cargo run --release --example distgemm_library -- 4       # TP = 1, 2, 4 or 8
 //! ```
 //!
 //! The layer is a column-parallel projection (an MLP's fc1, or QKV) under sequence
@@ -14,6 +14,7 @@
 //! shards rotate between the devices while each device multiplies the shard it has.
 
 use std::error::Error;
+use std::process::ExitCode;
 
 use distgemm::cpu::CpuExecutor;
 use distgemm::cuda::{BufferRef, DeviceArgs, DistGemm};
@@ -24,7 +25,17 @@ use distgemm::runtime::{DeviceBuffer, Gpu, hopper_gpus};
 use distgemm::schedule::{BufferKind, ScheduleKind};
 use half::bf16;
 
-fn main() -> Result<(), Box<dyn Error>> {
+fn main() -> ExitCode {
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> Result<(), Box<dyn Error>> {
     let tp: usize = match std::env::args().nth(1) {
         Some(arg) => arg
             .parse()
