@@ -255,7 +255,7 @@ struct Args {
     /// The same as `--filter`, as `run-gpu-tests.sh --benches FILTER` passes it.
     #[arg(value_name = "FILTER", conflicts_with = "filter")]
     filter_word: Option<String>,
-    /// Fewest timed repetitions per block (at least `MIN_TIMED_REPS`).
+    /// Fewest timed repetitions per block (at least 20, `MIN_TIMED_REPS`).
     #[arg(long, default_value_t = 30, value_parser = parse_reps)]
     reps: usize,
     /// Shortest timed block, ms.
@@ -264,6 +264,9 @@ struct Args {
     /// Passed by `cargo bench` and the bundle's runner; ignored.
     #[arg(long, hide = true)]
     bench: bool,
+    /// List the benchmark (`run-gpu-tests.sh --list`), as libtest does, and exit.
+    #[arg(long, hide = true)]
+    list: bool,
 }
 
 fn main() {
@@ -275,6 +278,10 @@ fn main() {
 
 fn run() -> Result<(), BenchError> {
     let args = Args::parse();
+    if args.list {
+        println!("gemm: bench");
+        return Ok(());
+    }
     let (quick, reps, min_block_ms) = (args.quick, args.reps, args.min_block_ms);
     let filter = args.filter.or(args.filter_word);
     let mut extra: Vec<Extra> = Vec::new();

@@ -19,7 +19,7 @@
 //! rate grows with the loads in flight); the copy engine pulling 256 KiB every 50 µs, and
 //! pulling 64 MiB back to back.
 //!
-//! Usage: `nvlink_states [--ms N]`; needs two GPUs with peer access (with one it says so and
+//! Usage: `nvlink_states [FILTER] [--ms N]` (runs only if its name contains FILTER); needs two GPUs with peer access (with one it says so and
 //! exits 0). Writes
 //! `nvlink-states-<date>-<commit>.md` under `DISTGEMM_BENCH_RESULTS` (or `benches/results`).
 use clap::Parser;
@@ -215,12 +215,18 @@ impl Launchers {
 #[derive(Debug, Parser)]
 #[command(name = "nvlink_states")]
 struct Args {
+    /// Run only if `nvlink_states` contains this (the bundle's runner passes every bench its
+    /// FILTER, as `cargo bench -- FILTER` does).
+    filter: Option<String>,
     /// How long each traffic pattern is kept up, ms.
     #[arg(long, default_value_t = 800)]
     ms: u64,
     /// Passed by `cargo bench` and the bundle's runner; ignored.
     #[arg(long, hide = true)]
     bench: bool,
+    /// List the benchmark (`run-gpu-tests.sh --list`), as libtest does, and exit.
+    #[arg(long, hide = true)]
+    list: bool,
 }
 
 fn main() {
@@ -231,7 +237,18 @@ fn main() {
 }
 
 fn run() -> Res<()> {
-    let length = Duration::from_millis(Args::parse().ms);
+    let args = Args::parse();
+    if args.list {
+        println!("nvlink_states: bench");
+        return Ok(());
+    }
+    if args
+        .filter
+        .is_some_and(|f| !"nvlink_states".contains(f.as_str()))
+    {
+        return Ok(());
+    }
+    let length = Duration::from_millis(args.ms);
     let gpus = hopper_gpus().map_err(err)?;
     if gpus.len() < 2 {
         // Like the other benches on a machine that lacks what a column needs: say so, pass.

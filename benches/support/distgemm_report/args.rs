@@ -23,8 +23,8 @@ pub struct Options {
     /// Element type: bf16 or f16.
     #[arg(long, default_value = "bf16", value_parser = parse_dtype)]
     pub dtype: Dtype,
-    /// Timed repetitions per contender (at least `MIN_TIMED_REPS`; default: about 1.5 s of
-    /// work, 20 to 50).
+    /// Timed repetitions per contender (at least 20, `MIN_TIMED_REPS`; default: about 1.5 s
+    /// of work, 20 to 50).
     #[arg(long, value_parser = parse_reps)]
     pub reps: Option<usize>,
     /// 70B presets only, 20 repetitions.
@@ -51,6 +51,9 @@ pub struct Options {
     /// Passed by `cargo bench` and the bundle's runner; ignored.
     #[arg(long, hide = true)]
     bench: bool,
+    /// List the benchmark (`run-gpu-tests.sh --list`), as libtest does, and exit.
+    #[arg(long, hide = true)]
+    pub list: bool,
 }
 
 impl Default for Options {
