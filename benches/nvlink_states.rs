@@ -19,8 +19,8 @@
 //! rate grows with the loads in flight); the copy engine pulling 256 KiB every 50 µs, and
 //! pulling 64 MiB back to back.
 //!
-//! Usage: `nvlink_states [FILTER] [--ms N]` (runs only if its name contains FILTER); needs two GPUs with peer access (with one it says so and
-//! exits 0). Writes
+//! Usage: `nvlink_states [FILTER] [--ms N]` (runs only if its name contains FILTER); needs two
+//! GPUs with peer access (with one it says so and exits 0). Writes
 //! `nvlink-states-<date>-<commit>.md` under `DISTGEMM_BENCH_RESULTS` (or `benches/results`).
 use clap::Parser;
 use distgemm::cuda::{REDUCE_SMEM_BYTES, REDUCE_THREADS, ReduceParams};
