@@ -8,7 +8,8 @@
 //!   global problem on GPU 0 (each output element is the same dot product in the same order);
 //! - reduce-scatter schedules: within `distgemm::reference::check`'s bound of the f64
 //!   reference (it counts the schedule's roundings);
-//! - 1,000 consecutive runs of one graph, then the result and the barrier counters;
+//! - 1,000 consecutive runs of one graph with the operands rewritten between them in each
+//!   rank's stream order (the end-of-run release), every run's D checked, then the counters;
 //! - new inputs and outputs through the pointer-update path (`DistGemm::set_args`);
 //! - the benchmarks' copy-cut diagnostic (`TimingDiagnostics::copy_limit`): capped copies move only their first
 //!   bytes (NaN outputs over a poisoned workspace) and uncapping restores the result;
@@ -27,8 +28,9 @@ use distgemm::gemm::{GemmArgs, GemmKernel, MatrixView};
 use distgemm::plan::{EdgeKind, GlobalInputs, Plan};
 use distgemm::problem::Problem;
 use distgemm::reference::{CheckInputs, check};
+use distgemm::runtime::caller_stream::copy_device_async;
 use distgemm::runtime::stream::DependencyKind;
-use distgemm::runtime::{CudaStream, DeviceBuffer, DeviceCopy, Gpu, Module};
+use distgemm::runtime::{CudaStream, DeviceBuffer, DeviceCopy, Gpu, Module, RawStream};
 use distgemm::schedule::{BufferKind, Collective, FlagRef, ScheduleKind};
 use distgemm_tests::gpu::{self, visible_line};
 use std::sync::Arc;
@@ -60,7 +62,7 @@ struct Shards<T: DeviceCopy> {
 }
 
 impl<T: DeviceCopy> Shards<T> {
-    fn args(&self) -> DeviceArgs {
+    fn args(&self) -> DeviceArgs<'_> {
         DeviceArgs {
             a: (&self.a).into(),
             b: (&self.b).into(),
@@ -175,14 +177,14 @@ fn assert_within_bound<T: Element>(what: &str, plan: &Plan, inputs: &GlobalInput
 }
 
 /// Builds a DistGemm over `shards` (workspaces poisoned).
-fn build<T: DeviceCopy>(
+fn build<'a, T: DeviceCopy>(
     gpus: &[Gpu],
     modules: &[Arc<Module>],
     kind: ScheduleKind,
     problem: Problem,
-    shards: &[Shards<T>],
+    shards: &'a [Shards<T>],
     share: bool,
-) -> DistGemm {
+) -> DistGemm<'a> {
     let mut dist = DistGemm::builder()
         .devices(gpus.to_vec())
         .schedule(kind)
@@ -211,13 +213,29 @@ fn sharded_inputs<T: Element + DeviceCopy>(
     (plan, inputs, shards)
 }
 
-/// A DistGemm over [`sharded_inputs`], workspaces poisoned. `dist` comes first so that it is
-/// dropped before the buffers its graphs point into.
+/// [`sharded_inputs`] and what a DistGemm over them needs ([`Setup::dist`]: it borrows the
+/// shards).
 struct Setup<T: DeviceCopy> {
-    dist: DistGemm,
+    gpus: Vec<Gpu>,
+    modules: Vec<Arc<Module>>,
+    share: bool,
     plan: Plan,
     inputs: GlobalInputs<T>,
     shards: Vec<Shards<T>>,
+}
+
+impl<T: DeviceCopy> Setup<T> {
+    /// A DistGemm over the shards, workspaces poisoned.
+    fn dist(&self) -> DistGemm<'_> {
+        build(
+            &self.gpus,
+            &self.modules,
+            self.plan.schedule,
+            self.plan.problem,
+            &self.shards,
+            self.share,
+        )
+    }
 }
 
 fn setup<T: Element + DeviceCopy>(
@@ -229,9 +247,10 @@ fn setup<T: Element + DeviceCopy>(
     share: bool,
 ) -> Setup<T> {
     let (plan, inputs, shards) = sharded_inputs(gpus, kind, problem, seed);
-    let dist = build(gpus, modules, kind, problem, &shards, share);
     Setup {
-        dist,
+        gpus: gpus.to_vec(),
+        modules: modules.to_vec(),
+        share,
         plan,
         inputs,
         shards,
@@ -267,17 +286,16 @@ fn run_and_check<T: Element + DeviceCopy>(
     share: bool,
 ) {
     let seed = (problem.m ^ (problem.n << 16)) as u64;
-    let mut s = setup::<T>(gpus, modules, kind, problem, seed, share);
-    s.dist.run().expect("run");
-    s.dist
-        .wait()
-        .unwrap_or_else(|e| panic!("{test} {kind}: {e}"));
+    let s = setup::<T>(gpus, modules, kind, problem, seed, share);
+    let mut dist = s.dist();
+    dist.run().expect("run");
+    dist.wait().unwrap_or_else(|e| panic!("{test} {kind}: {e}"));
     let what = format!("{test} {kind} TP={} {problem}", gpus.len());
     let d = gather(&s.plan, &s.shards);
     assert_correct(&what, gpus, modules, &s.plan, &s.inputs, &d);
     visible_line(&format!(
         "{what}: ok (workspace {} B per device)",
-        s.dist.workspace_bytes(0)
+        dist.workspace_bytes(0)
     ));
 }
 
@@ -352,40 +370,122 @@ fn every_schedule_at_tp4_and_tp8() {
     }
 }
 
+/// Which of the two input sets run `run` of [`a_thousand_runs_of_one_graph`] uses: an
+/// irregular pattern (0 1 0 0 1 0 …), so a run that saw its predecessor's operands, or ran
+/// ahead of the barrier, yields the other set's D.
+fn input_set(run: usize) -> usize {
+    usize::from(run % 3 == 1)
+}
+
+/// 1,000 runs of one graph queued back to back, with the operands changing between runs: before
+/// each run, every rank's A and B shards are overwritten from one of two input sets, in that
+/// rank's stream order right behind its previous run, without waiting for the other rank (the
+/// plan's ordering contract for input shards: in all-gather the peer may still be copying the
+/// old shard then, and the end-of-run release holds the rank's graph until it has finished).
+/// Every run's D is copied aside in stream order and checked: the first run of each set
+/// against the reference, every other run bit for bit against it.
 #[test]
 fn a_thousand_runs_of_one_graph() {
+    const RUNS: usize = 1000;
+    const BATCH: usize = 10;
     let test = "gpu_distributed::a_thousand_runs_of_one_graph";
     let Some(session) = gpu::peer_hopper_gpus(test, 2) else {
         return;
     };
     let modules = session.modules().expect("modules");
-    let problem = Problem::new(2048, 2048, 2048);
+    let problem = Problem::new(1024, 1024, 1024);
     for kind in [
         ScheduleKind::AllGatherRotatingA,
+        ScheduleKind::AllGatherSingleStageB,
         ScheduleKind::ReduceScatterTilingB,
         ScheduleKind::ReduceScatterSingleStageA,
     ] {
-        let mut s = setup::<half::bf16>(&session.gpus, &modules, kind, problem, 11, false);
+        let s = setup::<half::bf16>(&session.gpus, &modules, kind, problem, 11, false);
+        let sets = [
+            sharded_inputs::<half::bf16>(&session.gpus, kind, problem, 11),
+            sharded_inputs::<half::bf16>(&session.gpus, kind, problem, 12),
+        ];
+        let saved: Vec<Vec<DeviceBuffer<half::bf16>>> = (0..BATCH)
+            .map(|_| {
+                s.shards
+                    .iter()
+                    .zip(&session.gpus)
+                    .map(|(sh, gpu)| DeviceBuffer::alloc(gpu, sh.d.len()).expect("D copy"))
+                    .collect()
+            })
+            .collect();
+        let mut dist = s.dist();
+        let streams = dist.streams();
+        let copy = |rank: usize, dst: u64, src: u64, bytes: usize| {
+            let stream = RawStream::of(&streams[rank]);
+            // SAFETY: both buffers live until the end of this iteration, after `wait`; the
+            // copy is ordered behind the rank's previous run on its own stream.
+            unsafe { copy_device_async(&session.gpus[rank], dst, src, bytes, stream) }
+                .expect("stream-ordered copy");
+        };
+        let mut expected: [Option<Vec<half::bf16>>; 2] = [None, None];
         let start = Instant::now();
-        for _ in 0..1000 {
-            s.dist.run().expect("run");
+        for first in (0..RUNS).step_by(BATCH) {
+            for (slot, run) in (first..RUNS.min(first + BATCH)).enumerate() {
+                let (_, _, from) = &sets[input_set(run)];
+                for (rank, (to, from)) in s.shards.iter().zip(from).enumerate() {
+                    copy(
+                        rank,
+                        to.a.device_ptr(),
+                        from.a.device_ptr(),
+                        to.a.size_bytes(),
+                    );
+                    copy(
+                        rank,
+                        to.b.device_ptr(),
+                        from.b.device_ptr(),
+                        to.b.size_bytes(),
+                    );
+                }
+                dist.run().expect("run");
+                for (rank, sh) in s.shards.iter().enumerate() {
+                    let aside = &saved[slot][rank];
+                    copy(
+                        rank,
+                        aside.device_ptr(),
+                        sh.d.device_ptr(),
+                        sh.d.size_bytes(),
+                    );
+                }
+            }
+            dist.wait()
+                .unwrap_or_else(|e| panic!("{kind}: runs from {first}: {e}"));
+            for (slot, run) in (first..RUNS.min(first + BATCH)).enumerate() {
+                let outputs: Vec<Vec<half::bf16>> = saved[slot]
+                    .iter()
+                    .zip(&s.shards)
+                    .map(|(d, sh)| d.download(&sh.stream).expect("download D"))
+                    .collect();
+                let d = s.plan.gather_output(&outputs).expect("gather D");
+                let set = input_set(run);
+                match &expected[set] {
+                    Some(want) => assert_bit_identical(&format!("{kind} run {run}"), &d, want),
+                    None => {
+                        let what = format!("{kind} run {run} (input set {set})");
+                        let (_, inputs, _) = &sets[set];
+                        assert_correct(&what, &session.gpus, &modules, &s.plan, inputs, &d);
+                        expected[set] = Some(d);
+                    }
+                }
+            }
         }
-        s.dist.wait().unwrap_or_else(|e| panic!("{kind}: {e}"));
         let elapsed = start.elapsed();
         for rank in 0..2 {
-            let words = s.dist.exclusive_words(rank).expect("exclusive");
+            let words = dist.exclusive_words(rank).expect("exclusive");
             assert_eq!(
                 words[0], 0,
-                "{kind}: device {rank}'s barrier counter after 1000 runs"
+                "{kind}: device {rank}'s barrier counter after {RUNS} runs"
             );
             assert_eq!(words[1], 0, "{kind}: device {rank}'s error word");
         }
-        let d = gather(&s.plan, &s.shards);
-        let what = format!("{kind} after 1000 runs");
-        assert_correct(&what, &session.gpus, &modules, &s.plan, &s.inputs, &d);
         visible_line(&format!(
-            "{test}: {kind}: 1000 runs in {elapsed:?} ({:.1} µs/run), result and counters ok",
-            elapsed.as_secs_f64() * 1e3
+            "{test}: {kind}: {RUNS} runs with operands changing between them in {elapsed:?}, \
+             every run's D and the counters ok"
         ));
     }
 }
@@ -404,16 +504,16 @@ fn pointer_updates_without_rebuilding() {
         ScheduleKind::ReduceScatterTilingA,
         ScheduleKind::ReduceScatterSingleStageB,
     ] {
-        let mut s = setup::<half::bf16>(&session.gpus, &modules, kind, problem, 1, false);
+        let s = setup::<half::bf16>(&session.gpus, &modules, kind, problem, 1, false);
         let (_, second, shards_2) = sharded_inputs::<half::bf16>(&session.gpus, kind, problem, 2);
-        s.dist.run().expect("run");
-        s.dist.wait().expect("wait");
+        let mut dist = s.dist();
+        dist.run().expect("run");
+        dist.wait().expect("wait");
         let d1 = gather(&s.plan, &s.shards);
-        s.dist
-            .set_args(shards_2.iter().map(Shards::args).collect())
+        dist.set_args(shards_2.iter().map(Shards::args).collect())
             .unwrap_or_else(|e| panic!("{kind}: set_args: {e}"));
-        s.dist.run().expect("run");
-        s.dist.wait().expect("wait");
+        dist.run().expect("run");
+        dist.wait().expect("wait");
         let d2 = gather(&s.plan, &shards_2);
         // The first outputs were not touched by the second run.
         assert_bit_identical(
@@ -439,17 +539,13 @@ fn capped_copies_keep_the_workspace_and_uncap() {
         ScheduleKind::AllGatherRotatingA,
         ScheduleKind::AllGatherRotatingB,
     ] {
-        let Setup {
-            mut dist,
-            plan,
-            inputs,
-            shards,
-        } = setup::<half::bf16>(&session.gpus, &modules, kind, problem, 5, false);
-        let want = single_gpu_reference(&session.gpus[0], &modules[0], &problem, &inputs);
-        let run = |dist: &mut DistGemm| {
+        let s = setup::<half::bf16>(&session.gpus, &modules, kind, problem, 5, false);
+        let mut dist = s.dist();
+        let want = single_gpu_reference(&session.gpus[0], &modules[0], &problem, &s.inputs);
+        let run = |dist: &mut DistGemm<'_>| {
             dist.run().expect("run");
             dist.wait().unwrap_or_else(|e| panic!("{kind}: {e}"));
-            gather(&plan, &shards)
+            gather(&s.plan, &s.shards)
         };
         assert_bit_identical(&format!("{kind}: full copies"), &run(&mut dist), &want);
         // Capped after a full run: the workspace still holds the peer's data.
@@ -481,7 +577,7 @@ fn capped_copies_keep_the_workspace_and_uncap() {
 
 /// The driver's edges match the plan's: same endpoints, programmatic type and port exactly
 /// where the plan has a programmatic edge.
-fn check_edges(what: &str, dist: &DistGemm) {
+fn check_edges(what: &str, dist: &DistGemm<'_>) {
     for (rank, dev) in dist.plan().devices.iter().enumerate() {
         let topology = dist.graph_topology(rank).expect("topology");
         assert_eq!(
@@ -539,7 +635,7 @@ fn graph_edges_are_the_plans() {
     let problem = Problem::new(512, 512, 512);
     for kind in ScheduleKind::ALL {
         let s = setup::<half::bf16>(&gpus, &modules, kind, problem, 3, true);
-        check_edges(&format!("{kind}"), &s.dist);
+        check_edges(&format!("{kind}"), &s.dist());
     }
     visible_line(&format!("{test}: every schedule's edges match its plan"));
 }
@@ -556,10 +652,11 @@ fn a_stuck_peer_is_a_named_timeout_not_a_hang() {
         ScheduleKind::ReduceScatterTilingA,
         ScheduleKind::AllGatherRotatingB,
     ] {
-        let mut s = setup::<half::bf16>(&session.gpus, &modules, kind, problem, 5, false);
+        let s = setup::<half::bf16>(&session.gpus, &modules, kind, problem, 5, false);
+        let mut dist = s.dist();
         let start = Instant::now();
-        s.dist.run_only(&[0]).expect("launch device 0 only");
-        let err = s.dist.wait().expect_err("device 1 never ran");
+        dist.run_only(&[0]).expect("launch device 0 only");
+        let err = dist.wait().expect_err("device 1 never ran");
         let elapsed = start.elapsed();
         assert!(
             matches!(
@@ -573,7 +670,7 @@ fn a_stuck_peer_is_a_named_timeout_not_a_hang() {
             elapsed < TIMEOUT + Duration::from_secs(5),
             "{kind}: took {elapsed:?}"
         );
-        assert!(matches!(s.dist.run(), Err(DistGemmError::Poisoned(_))));
+        assert!(matches!(dist.run(), Err(DistGemmError::Poisoned(_))));
         visible_line(&format!("{test}: {kind}: {err} (after {elapsed:?})"));
     }
 }
@@ -638,8 +735,8 @@ fn a_missing_signal_names_device_stage_and_flag() {
         assert!(
             matches!(
                 &err,
-                DistGemmError::Timeout { device, site, .. }
-                    if *device == flag.device && site.node == node && site.stage == stage
+                DistGemmError::Timeout { site, .. }
+                    if site.device == flag.device && site.node == node && site.stage == stage
                         && site.flag == Some(flag)
             ),
             "{kind}: {err}"
@@ -687,12 +784,12 @@ fn two_ranks_on_one_gpu() {
     }
     // And a hundred back-to-back runs of a reduce-scatter ring on one GPU.
     let kind = ScheduleKind::ReduceScatterTilingA;
-    let mut s = setup::<half::bf16>(&gpus, &modules, kind, problem, 9, true);
+    let s = setup::<half::bf16>(&gpus, &modules, kind, problem, 9, true);
+    let mut dist = s.dist();
     for _ in 0..100 {
-        s.dist.run().expect("run");
+        dist.run().expect("run");
     }
-    s.dist
-        .wait()
+    dist.wait()
         .unwrap_or_else(|e| panic!("{kind} x100 on one GPU: {e}"));
     let d = gather(&s.plan, &s.shards);
     assert_within_bound("100 runs, one GPU", &s.plan, &s.inputs, &d);
