@@ -295,27 +295,28 @@ mod tests {
 
     #[test]
     fn every_disagreement_names_the_rank_and_the_field() {
-        let cases: Vec<(Box<dyn Fn(&mut Hello)>, &str)> = vec![
-            (Box::new(|h| h.world = 3), "group size"),
+        type Change = fn(&mut Hello);
+        let cases: Vec<(Change, &str)> = vec![
+            (|h| h.world = 3, "group size"),
             (
-                Box::new(|h| h.schedule = ScheduleKind::ReduceScatterTilingA),
+                |h| h.schedule = ScheduleKind::ReduceScatterTilingA,
                 "schedule",
             ),
-            (Box::new(|h| h.problem.k = 64), "problem"),
-            (Box::new(|h| h.timeout_ns = 5), "timeout"),
-            (Box::new(|h| h.protocol = 0), "protocol"),
-            (Box::new(|h| h.rank = 0), "duplicate"),
-            (Box::new(|h| h.gpu_uuid = "GPU-0".into()), "share GPU"),
+            (|h| h.problem.k = 64, "problem"),
+            (|h| h.timeout_ns = 5, "timeout"),
+            (|h| h.protocol = 0, "protocol"),
+            (|h| h.rank = 0, "duplicate"),
+            (|h| h.gpu_uuid = "GPU-0".into(), "share GPU"),
             (
-                Box::new(|h| h.exports = Err("no Hopper GPU".into())),
+                |h| h.exports = Err("no Hopper GPU".into()),
                 "rank 1 failed: no Hopper GPU",
             ),
             (
-                Box::new(|h| {
+                |h| {
                     if let Ok(e) = &mut h.exports {
                         e.input = None;
                     }
-                }),
+                },
                 "input slot of 0 bytes",
             ),
         ];
