@@ -695,7 +695,7 @@ fn a_missing_signal_names_device_stage_and_flag() {
             WaitingNode::Gemm,
             1,
         ),
-        // Device 1's memset after its copy sets its own flag 1; its stage-1 GEMM waits.
+        // Device 1's flag set after its copy sets its own flag 1; its stage-1 GEMM waits.
         (
             ScheduleKind::AllGatherRotatingA,
             FlagRef {

@@ -16,7 +16,7 @@
 //! | [`stream`] | timing events and CUDA-graph capture / topology on top of cudarc's stream |
 //! | [`caller_stream`] | work on a stream the caller owns: raw stream handles, completion events, stream-ordered copies, a pinned status word |
 //! | [`ipc`] | device memory shared with other processes (legacy CUDA IPC handles) |
-//! | [`graph`] | explicitly built graphs: kernel / memcpy / memset nodes, edges with edge data, instantiation, launch, `cuGraphExec*SetParams` |
+//! | [`graph`] | explicitly built graphs: kernel / memcpy / write-value nodes, edges with edge data, instantiation, launch, `cuGraphExec*SetParams` |
 //!
 //! Everything that needs no GPU (launch validation, tensor-map validation, PTX source
 //! selection) is a plain function with unit tests.
