@@ -569,3 +569,24 @@ fn gpu_runs_above_the_cap_are_checked_by_sampling_and_bad_ptx_is_bad_input() {
     assert_one_line_exit_2(&args, &out, "rejected the PTX");
     std::fs::remove_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
 }
+
+#[test]
+fn run_ranks_refuses_what_it_cannot_run() {
+    let base = "run --schedule ag-a --tp 2 --m 256 --n 512 --k 384";
+    let cases = [
+        (format!("{base} --ranks 3"), "--ranks 3 must equal --tp 2"),
+        (format!("{base} --ranks 2 --backend cpu"), "drop --backend cpu"),
+        (format!("{base} --share-gpu"), "--ranks"),
+    ];
+    for (line, want) in &cases {
+        let args = words(line);
+        assert_one_line_exit_2(&args, &distgemm(&args), want);
+    }
+    // Without GPUs (CI), a per-rank run is a one-line refusal, not a hang or a crash.
+    let line = format!("{base} --ranks 2");
+    let args = words(&line);
+    let out = distgemm(&args);
+    if out.status.code() == Some(2) {
+        assert_one_line_exit_2(&args, &out, "CUDA backend unavailable");
+    }
+}

@@ -15,6 +15,7 @@ Examples:
   distgemm plan --schedule ag-a --tp 4 --m 64 --n 64 --k 64
   distgemm run  --schedule rs-b-single --tp 4 --m 96 --n 64 --k 64 --backend cpu --check
   distgemm run  --schedule ag-a --tp 2 --preset llama3-70b-fc1 --backend cuda --check
+  distgemm run  --schedule rs-a --tp 2 --m 256 --n 512 --k 384 --ranks 2 --check
   distgemm bench --schedule ag-a --tp 2 --preset llama3-70b-fc1 --auto --format json
 
 Exit status:
@@ -155,6 +156,14 @@ pub(crate) struct RunArgs {
     /// Bound of every executor wait, in milliseconds (at least 1).
     #[arg(long, default_value_t = 5000)]
     pub(crate) timeout_ms: u64,
+    /// One process per rank on this host (the per-rank mode over CUDA IPC), RANKS = --tp;
+    /// each rank checks its own block of D with --check.
+    #[arg(long)]
+    pub(crate) ranks: Option<usize>,
+    /// With --ranks: every rank on GPU 0 (tests the cross-process protocol on one GPU; times
+    /// mean nothing then).
+    #[arg(long, requires = "ranks")]
+    pub(crate) share_gpu: bool,
 }
 
 /// Most iterations `run` accepts (as `bench`'s repetitions).

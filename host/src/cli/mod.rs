@@ -25,6 +25,7 @@
 mod args;
 mod bench;
 mod memory;
+mod ranks;
 mod run;
 mod sample;
 
@@ -94,6 +95,17 @@ pub enum CliError {
         /// Its error / bound.
         ratio: f64,
     },
+    /// The rank processes of `run --ranks` could not be started, met or waited for.
+    #[error("rank processes: {0}")]
+    RankProcesses(String),
+    /// A rank process of `run --ranks` failed (it printed why); `code` is its exit status.
+    #[error("{message}")]
+    RankFailed {
+        /// The worst exit status of the ranks.
+        code: u8,
+        /// Which ranks failed.
+        message: String,
+    },
     /// Writing the output failed.
     #[error("cannot write output: {0}")]
     Io(#[from] std::io::Error),
@@ -120,6 +132,7 @@ impl CliError {
                 EXIT_BAD_INPUT
             }
             CliError::CheckFailed { .. } => EXIT_CHECK_FAILED,
+            CliError::RankFailed { code, .. } => *code,
             _ => EXIT_RUN_FAILED,
         }
     }

@@ -57,6 +57,18 @@ pub(super) fn run(
     let problem = args.problem.problem()?;
     check_counts(args)?;
     let plan = Plan::build(args.problem.schedule, problem, args.problem.tp)?;
+    if let Ok(spec) = std::env::var(super::ranks::RANK_ENV) {
+        return super::ranks::rank_main(args, &spec, out);
+    }
+    if let Some(ranks) = args.ranks {
+        if args.backend == Backend::Cpu {
+            return Err(CliError::Usage(
+                "--ranks runs one process per GPU (the CUDA backend); drop --backend cpu".into(),
+            ));
+        }
+        check_ptx_file()?;
+        return super::ranks::launch(args, ranks, out);
+    }
     let full_check = args.check && problem.flops() <= CPU_FLOP_CAP;
     // With `auto`, why the GPUs are not used: a notice before a CPU run, or part of the one
     // error line when the CPU cannot run the problem either.

@@ -1,0 +1,229 @@
+//! `distgemm run --ranks N`: the per-rank mode ([`crate::cuda::RankGemm`]) end to end, one
+//! process per rank on this host.
+//!
+//! The command re-executes itself N times with [`RANK_ENV`] set to `<rank>,<socket>`; each
+//! rank process joins a [`LocalRendezvous`] at the socket, opens its GPU (rank r on GPU r, or
+//! every rank on GPU 0 with `--share-gpu`), builds its `RankGemm`, makes the same seeded random
+//! inputs as `run` and uploads its own shards, runs `--iters` launches on one stream, and with
+//! `--check` compares its block of D with the f64 reference (every element up to the CPU cap,
+//! else the sampled elements that fall in its block). Each rank prints one line; the parent
+//! waits for all of them (bounded) and exits with the worst status.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::args::RunArgs;
+use super::run::CPU_FLOP_CAP;
+use super::sample::{RANDOM_SAMPLES, sample_indices};
+use super::{CliError, EXIT_RUN_FAILED};
+use crate::cuda::{LocalRendezvous, RankArgs, RankGemm, Rendezvous};
+use crate::dtype::{Dtype, Element};
+use crate::plan::GlobalInputs;
+use crate::reference::{CheckInputs, check_sampled};
+use crate::runtime::device::device_count;
+use crate::runtime::{DeviceBuffer, DeviceCopy, Gpu, RawStream};
+
+/// Set in a rank process: `<rank>,<socket path>`.
+pub(crate) const RANK_ENV: &str = "DISTGEMM_RUN_RANK";
+
+/// How long the parent waits for the ranks beyond the runs' own bound: process start, PTX
+/// JIT, input generation and upload.
+const START_SLACK: Duration = Duration::from_secs(300);
+
+/// The parent: starts one process per rank and waits for them.
+pub(crate) fn launch(args: &RunArgs, ranks: usize, out: &mut dyn Write) -> Result<(), CliError> {
+    if ranks != args.problem.tp {
+        return Err(CliError::Usage(format!(
+            "--ranks {ranks} must equal --tp {} (one process per rank)",
+            args.problem.tp
+        )));
+    }
+    let gpus = device_count().map_err(|e| CliError::CudaUnavailable(e.to_string()))?;
+    if !args.share_gpu && gpus < ranks {
+        return Err(CliError::CudaUnavailable(format!(
+            "--ranks {ranks} needs {ranks} GPUs, this machine has {gpus} (add --share-gpu to \
+             test the protocol with every rank on GPU 0)"
+        )));
+    }
+    let exe = std::env::current_exe()?;
+    let socket = std::env::temp_dir().join(format!("distgemm-run-{}.sock", std::process::id()));
+    let arguments: Vec<String> = std::env::args().skip(1).collect();
+    let mut children: Vec<Child> = Vec::with_capacity(ranks);
+    for rank in 0..ranks {
+        let child = Command::new(&exe)
+            .args(&arguments)
+            .env(RANK_ENV, format!("{rank},{}", socket.display()))
+            .stdin(Stdio::null())
+            .stdout(Stdio::inherit())
+            .stderr(Stdio::inherit())
+            .spawn();
+        match child {
+            Ok(c) => children.push(c),
+            Err(e) => {
+                for mut c in children {
+                    let _ = c.kill();
+                }
+                return Err(e.into());
+            }
+        }
+    }
+    let runs = Duration::from_millis(args.timeout_ms).saturating_mul(args.iters as u32 + 2);
+    let limit = START_SLACK + runs;
+    let start = Instant::now();
+    let mut codes: Vec<Option<i32>> = vec![None; ranks];
+    while codes.iter().any(Option::is_none) {
+        for (rank, child) in children.iter_mut().enumerate() {
+            if codes[rank].is_none()
+                && let Some(status) = child.try_wait()?
+            {
+                codes[rank] = Some(status.code().unwrap_or(i32::from(EXIT_RUN_FAILED)));
+            }
+        }
+        if start.elapsed() > limit {
+            for child in &mut children {
+                let _ = child.kill();
+            }
+            return Err(CliError::RankProcesses(format!(
+                "the rank processes did not finish within {limit:?}"
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let worst = codes.iter().flatten().copied().max().unwrap_or(0);
+    if worst != 0 {
+        let failed: Vec<String> = codes
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| **c != Some(0))
+            .map(|(r, c)| format!("rank {r} (exit {})", c.unwrap_or(-1)))
+            .collect();
+        return Err(CliError::RankFailed {
+            code: u8::try_from(worst).unwrap_or(EXIT_RUN_FAILED),
+            message: format!("{} failed", failed.join(", ")),
+        });
+    }
+    writeln!(out, "all {ranks} rank processes passed")?;
+    Ok(())
+}
+
+/// A rank process (`spec` is [`RANK_ENV`]'s value).
+pub(crate) fn rank_main(args: &RunArgs, spec: &str, out: &mut dyn Write) -> Result<(), CliError> {
+    let (rank, socket) = spec
+        .split_once(',')
+        .and_then(|(r, s)| Some((r.parse::<usize>().ok()?, PathBuf::from(s))))
+        .ok_or_else(|| CliError::Usage(format!("{RANK_ENV}={spec} is not <rank>,<socket>")))?;
+    let tp = args.problem.tp;
+    let rendezvous: Arc<dyn Rendezvous> = Arc::new(
+        LocalRendezvous::join(&socket, rank, tp, START_SLACK)
+            .map_err(|e| CliError::RankProcesses(e.to_string()))?,
+    );
+    let gpu = Gpu::open(if args.share_gpu { 0 } else { rank })?;
+    let problem = args.problem.problem()?;
+    let dg = RankGemm::builder()
+        .gpu(gpu.clone())
+        .schedule(args.problem.schedule)
+        .problem(problem)
+        .timeout(Duration::from_millis(args.timeout_ms))
+        .allow_shared_gpu(args.share_gpu)
+        .build(rendezvous)?;
+    match problem.dtype {
+        Dtype::Bf16 => run_rank::<half::bf16>(args, &gpu, dg, out),
+        Dtype::F16 => run_rank::<half::f16>(args, &gpu, dg, out),
+    }
+}
+
+fn run_rank<T: Element + DeviceCopy>(
+    args: &RunArgs,
+    gpu: &Gpu,
+    mut dg: RankGemm,
+    out: &mut dyn Write,
+) -> Result<(), CliError> {
+    let plan = dg.plan().clone();
+    let rank = dg.rank();
+    let inputs = GlobalInputs::<T>::random(&plan.problem, args.seed);
+    let shard = plan
+        .shard_inputs(&inputs)?
+        .into_iter()
+        .nth(rank)
+        .ok_or_else(|| CliError::Usage(format!("no shard for rank {rank}")))?;
+    let stream = gpu.new_stream()?;
+    let a = DeviceBuffer::from_host(gpu, &stream, &shard.a)?;
+    let b = DeviceBuffer::from_host(gpu, &stream, &shard.b)?;
+    let c = match &shard.c {
+        Some(c) => Some(DeviceBuffer::from_host(gpu, &stream, c)?),
+        None => None,
+    };
+    let block = plan.devices[rank].shards.d;
+    let mut d = DeviceBuffer::<T>::alloc(gpu, block.elements())?;
+    d.fill_bytes(&stream, 0xFF)?;
+    let launch = RankArgs {
+        a: a.device_ptr(),
+        b: b.device_ptr(),
+        c: c.as_ref().map_or(0, DeviceBuffer::device_ptr),
+        d: d.device_ptr(),
+    };
+    let start = Instant::now();
+    for _ in 0..args.iters {
+        // SAFETY: the buffers are this GPU's, sized by the plan, and outlive the runs (the
+        // synchronisation below comes before they drop); nothing else writes them.
+        unsafe { dg.launch_raw(RawStream::of(&stream), launch)? };
+    }
+    dg.synchronize()?;
+    let ms = start.elapsed().as_secs_f64() * 1e3 / args.iters as f64;
+    let verdict = if args.check {
+        let mut global = vec![T::nan(); plan.problem.m * plan.problem.n];
+        let mine = d.download(&stream)?;
+        block.insert(&mine, &mut global, plan.problem.n);
+        let inside = |idx: &usize| {
+            let (i, j) = (idx / plan.problem.n, idx % plan.problem.n);
+            (block.row0..block.row0 + block.rows).contains(&i)
+                && (block.col0..block.col0 + block.cols).contains(&j)
+        };
+        let indices: Vec<usize> = if plan.problem.flops() / plan.tp as f64 <= CPU_FLOP_CAP {
+            (0..global.len()).filter(inside).collect()
+        } else {
+            sample_indices(&plan, RANDOM_SAMPLES, args.seed)
+                .into_iter()
+                .filter(inside)
+                .collect()
+        };
+        let report = check_sampled(
+            &plan.problem,
+            plan.schedule.roundings(plan.tp),
+            plan.tp,
+            CheckInputs {
+                a: &inputs.a,
+                b: &inputs.b,
+                c: inputs.c.as_deref(),
+            },
+            &global,
+            &indices,
+        )?;
+        if !report.passed() {
+            let n = plan.problem.n;
+            return Err(CliError::CheckFailed {
+                mismatches: report.mismatches,
+                elements: report.elements,
+                row: report.worst_index / n,
+                col: report.worst_index % n,
+                ratio: report.worst_ratio,
+            });
+        }
+        format!(", check ok ({} elements of its block)", report.elements)
+    } else {
+        String::new()
+    };
+    writeln!(
+        out,
+        "rank {rank}/{} {} {} on GPU {}: {} iteration(s), {ms:.3} ms/iteration{verdict}",
+        plan.tp,
+        plan.schedule.cli_name(),
+        plan.problem,
+        gpu.ordinal(),
+        args.iters
+    )?;
+    Ok(())
+}
