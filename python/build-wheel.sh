@@ -25,10 +25,13 @@ for arg in "$@"; do
   esac
 done
 
+# Always this crate's own target dir, also when the caller exports CARGO_TARGET_DIR (the root
+# workspace's artifacts differ: another lockfile and other features).
+export CARGO_TARGET_DIR="$here/target"
 tools="$here/target/build-venv"
 if [ ! -x "$tools/bin/maturin" ]; then
-  "$python" -m venv "$tools"
-  "$tools/bin/python" -m pip install --quiet --disable-pip-version-check "maturin>=1.9,<2"
+  "$python" -m venv "$tools" >&2
+  "$tools/bin/python" -m pip install --quiet --disable-pip-version-check "maturin>=1.9,<2" >&2
 fi
 
 wheels="$here/target/wheels"

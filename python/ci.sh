@@ -8,6 +8,7 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 python="${PYTHON:-python3}"
 source "$here/../scripts/toolchain.sh"
 cd "$here"  # where the repository's rust-toolchain.toml applies
+export CARGO_TARGET_DIR="$here/target"
 cargo fmt --manifest-path "$here/Cargo.toml" --check
 cargo clippy --manifest-path "$here/Cargo.toml" --release --all-targets -- -D warnings
 wheel="$("$here/build-wheel.sh" | tail -n 1)"
