@@ -17,14 +17,13 @@
 use clap::Parser;
 use distgemm::baseline::{CublasLtElement, CublasLtGemm, TnGemmShape};
 use distgemm::dtype::{Dtype, Element};
-use distgemm::gemm::{GemmArgs, GemmKernel, GemmLaunchError, GemmVariant, PreparedGemm, VARIANTS};
+use distgemm::gemm::{GemmKernel, GemmLaunchError, GemmVariant, PreparedGemm, VARIANTS};
 use distgemm::problem::Preset;
 use distgemm::runtime::{DeviceBuffer, DeviceCopy, Gpu, Module};
-use distgemm::testdata::fill_normal;
 use distgemm_benches::energy::EnergyMeter;
 use distgemm_benches::{
-    BenchError, Provenance, ROUNDS, RotatingInputs, Timing, TimingConfig, gemm_tflops, interleaved,
-    parse_reps, results_dir, time_on_stream,
+    BenchError, DenseOperands, Provenance, ROUNDS, RotatingInputs, RunnerFlags, Timing,
+    TimingConfig, gemm_tflops, interleaved, parse_reps, results_dir, time_on_stream,
 };
 use serde::Serialize;
 use std::cell::RefCell;
@@ -142,18 +141,9 @@ fn bench_shape<T: Element + CublasLtElement + DeviceCopy>(
     let stream = gpu.new_stream()?;
     let bytes = 2 * (m * k + n * k + m * n);
     let sets = RotatingInputs::new(gpu, bytes, |i| {
-        let mut a = DeviceBuffer::<T>::alloc(gpu, (m * k) as usize)?;
-        let mut b = DeviceBuffer::<T>::alloc(gpu, (n * k) as usize)?;
-        let d = DeviceBuffer::<T>::alloc(gpu, (m * n) as usize)?;
-        fill_normal(module, &stream, &mut a, 2 * i as u32 + 1)?;
-        fill_normal(module, &stream, &mut b, 2 * i as u32 + 2)?;
-        let args = GemmArgs::dense(
-            T::DTYPE,
-            a.device_ptr(),
-            b.device_ptr(),
-            d.device_ptr(),
-            (m, n, k),
-        );
+        let seeds = (2 * i as u32 + 1, 2 * i as u32 + 2);
+        let ops = DenseOperands::<T>::new(module, &stream, (m, n, k), seeds)?;
+        let args = ops.args();
         let config = |e: GemmLaunchError| BenchError::Config(e.to_string());
         let mut ours = vec![kernel.prepare(&stream, &args).map_err(config)?];
         for e in extras {
@@ -169,9 +159,9 @@ fn bench_shape<T: Element + CublasLtElement + DeviceCopy>(
             );
         }
         Ok(Operands {
-            a,
-            b,
-            d: RefCell::new(d),
+            a: ops.a,
+            b: ops.b,
+            d: RefCell::new(ops.d),
             ours,
         })
     })?;
@@ -261,12 +251,8 @@ struct Args {
     /// Shortest timed block, ms.
     #[arg(long, value_name = "T", default_value_t = DEFAULT_MIN_BLOCK_MS)]
     min_block_ms: f64,
-    /// Passed by `cargo bench` and the bundle's runner; ignored.
-    #[arg(long, hide = true)]
-    bench: bool,
-    /// List the benchmark (`run-gpu-tests.sh --list`), as libtest does, and exit.
-    #[arg(long, hide = true)]
-    list: bool,
+    #[command(flatten)]
+    runner: RunnerFlags,
 }
 
 fn main() {
@@ -278,8 +264,7 @@ fn main() {
 
 fn run() -> Result<(), BenchError> {
     let args = Args::parse();
-    if args.list {
-        println!("gemm: bench");
+    if args.runner.listed("gemm") {
         return Ok(());
     }
     let (quick, reps, min_block_ms) = (args.quick, args.reps, args.min_block_ms);

@@ -29,7 +29,7 @@ use distgemm::runtime::{
     enable_peer_access_between, hopper_gpus,
 };
 use distgemm_benches::energy::EnergyMeter;
-use distgemm_benches::{Provenance, results_dir};
+use distgemm_benches::{Provenance, RunnerFlags, results_dir};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -221,12 +221,8 @@ struct Args {
     /// How long each traffic pattern is kept up, ms.
     #[arg(long, default_value_t = 800)]
     ms: u64,
-    /// Passed by `cargo bench` and the bundle's runner; ignored.
-    #[arg(long, hide = true)]
-    bench: bool,
-    /// List the benchmark (`run-gpu-tests.sh --list`), as libtest does, and exit.
-    #[arg(long, hide = true)]
-    list: bool,
+    #[command(flatten)]
+    runner: RunnerFlags,
 }
 
 fn main() {
@@ -238,8 +234,7 @@ fn main() {
 
 fn run() -> Res<()> {
     let args = Args::parse();
-    if args.list {
-        println!("nvlink_states: bench");
+    if args.runner.listed("nvlink_states") {
         return Ok(());
     }
     if args

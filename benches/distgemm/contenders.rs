@@ -14,7 +14,9 @@ use distgemm::runtime::{CudaStream, DeviceBuffer, Gpu, Graph, GraphExec, Module}
 use distgemm::schedule::{BufferKind, CSource, GemmStage, ScheduleKind, View};
 use distgemm::testdata::{RandomShard, fill_normal, random_shards};
 use distgemm_benches::distgemm_report::{Options, timing_for};
-use distgemm_benches::{BenchError, Timing, TimingConfig, time_on_stream, time_on_streams};
+use distgemm_benches::{
+    BenchError, DenseOperands, Timing, TimingConfig, time_on_stream, time_on_streams,
+};
 use std::sync::Arc;
 
 pub(crate) struct Ctx {
@@ -48,20 +50,10 @@ pub(crate) fn single_gpu<T: NcclElement>(ctx: &Ctx, (m, n, k): (u64, u64, u64)) 
         let gpu = &ctx.gpus[0];
         let module = &ctx.modules[0];
         let stream = gpu.new_stream().map_err(err)?;
-        let mut a = DeviceBuffer::<T>::alloc(gpu, (m * k) as usize).map_err(err)?;
-        let mut b = DeviceBuffer::<T>::alloc(gpu, (n * k) as usize).map_err(err)?;
-        let mut d = DeviceBuffer::<T>::alloc(gpu, (m * n) as usize).map_err(err)?;
-        fill_normal(module, &stream, &mut a, 11).map_err(err)?;
-        fill_normal(module, &stream, &mut b, 12).map_err(err)?;
+        let mut ops = DenseOperands::<T>::new(module, &stream, (m, n, k), (11, 12)).map_err(err)?;
         warn_if_in_l2(ctx, "single GPU", 2 * (m * k + n * k + m * n));
         let timing = timing_for(2.0 * (m * n * k) as f64, &ctx.opts);
-        let args = GemmArgs::dense(
-            T::DTYPE,
-            a.device_ptr(),
-            b.device_ptr(),
-            d.device_ptr(),
-            (m, n, k),
-        );
+        let args = ops.args();
         let ours = ctx.kernels[0]
             .prepare(&stream, &args)
             .map_err(err)
@@ -72,7 +64,7 @@ pub(crate) fn single_gpu<T: NcclElement>(ctx: &Ctx, (m, n, k): (u64, u64, u64)) 
             .map_err(err)
             .and_then(|lt| {
                 time_on_stream(gpu, &stream, timing, |_| {
-                    lt.run(&a, &b, None, &mut d, 1.0, 0.0)
+                    lt.run(&ops.a, &ops.b, None, &mut ops.d, 1.0, 0.0)
                         .map_err(|e| BenchError::Work(e.to_string()))
                 })
                 .map_err(err)

@@ -138,8 +138,7 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     // A bad option prints clap's message and exits with 2; `--help` prints the options.
     let opts = parse_args(&args).unwrap_or_else(|e| e.exit());
-    if opts.list {
-        println!("distgemm: bench");
+    if opts.runner.listed("distgemm") {
         return;
     }
     if let Err(e) = run(opts) {

@@ -13,7 +13,12 @@
 pub mod distgemm_report;
 pub mod energy;
 
-use distgemm::runtime::{CudaStream, Gpu, RuntimeError, driver_version};
+use distgemm::dtype::Element;
+use distgemm::gemm::GemmArgs;
+use distgemm::runtime::{
+    CudaStream, DeviceBuffer, DeviceCopy, Gpu, Module, RuntimeError, driver_version,
+};
+use distgemm::testdata::fill_normal;
 pub use distgemm::timing::{Timing, TimingConfig, TimingError, max_over_devices};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -21,6 +26,75 @@ use std::sync::Arc;
 
 /// Fewest timed repetitions a measurement may use.
 pub const MIN_TIMED_REPS: usize = 20;
+
+/// The operands of one dense `m × n × k` GEMM on one GPU: A (m × k) and B (n × k) filled with
+/// N(0, 1)-like values on the GPU (seeds `seeds`), D (m × n) left as allocated.
+pub struct DenseOperands<T: DeviceCopy> {
+    /// m × k.
+    pub a: DeviceBuffer<T>,
+    /// n × k.
+    pub b: DeviceBuffer<T>,
+    /// m × n.
+    pub d: DeviceBuffer<T>,
+    shape: (u64, u64, u64),
+}
+
+impl<T: Element + DeviceCopy> DenseOperands<T> {
+    /// Allocates on `module`'s GPU and fills A and B on `stream`.
+    pub fn new(
+        module: &Arc<Module>,
+        stream: &CudaStream,
+        (m, n, k): (u64, u64, u64),
+        seeds: (u32, u32),
+    ) -> Result<Self, RuntimeError> {
+        let gpu = module.gpu();
+        let mut a = DeviceBuffer::<T>::alloc(gpu, (m * k) as usize)?;
+        let mut b = DeviceBuffer::<T>::alloc(gpu, (n * k) as usize)?;
+        let d = DeviceBuffer::<T>::alloc(gpu, (m * n) as usize)?;
+        fill_normal(module, stream, &mut a, seeds.0)?;
+        fill_normal(module, stream, &mut b, seeds.1)?;
+        Ok(DenseOperands {
+            a,
+            b,
+            d,
+            shape: (m, n, k),
+        })
+    }
+
+    /// `D = A · Bᵀ` over these buffers, for our kernel.
+    pub fn args(&self) -> GemmArgs {
+        GemmArgs::dense(
+            T::DTYPE,
+            self.a.device_ptr(),
+            self.b.device_ptr(),
+            self.d.device_ptr(),
+            self.shape,
+        )
+    }
+}
+
+/// The flags `cargo bench` and the bundle's runner (`run-gpu-tests.sh`) pass every benchmark,
+/// flattened into each one's command line.
+#[derive(Debug, Clone, PartialEq, clap::Args)]
+pub struct RunnerFlags {
+    /// Passed by `cargo bench` and the bundle's runner; ignored.
+    #[arg(long, hide = true)]
+    bench: bool,
+    /// List the benchmark (`run-gpu-tests.sh --list`), as libtest does, and exit.
+    #[arg(long, hide = true)]
+    list: bool,
+}
+
+impl RunnerFlags {
+    /// With `--list`: prints `<name>: bench` (libtest's format) and returns true, and the
+    /// benchmark exits without running.
+    pub fn listed(&self, name: &str) -> bool {
+        if self.list {
+            println!("{name}: bench");
+        }
+        self.list
+    }
+}
 
 /// `--reps`: a whole number of timed repetitions, at least [`MIN_TIMED_REPS`] (a clap value
 /// parser).

@@ -5,7 +5,7 @@ use distgemm::dtype::Dtype;
 use distgemm::problem::{DEFAULT_TOKENS, Preset};
 
 use super::PLANNING_TFLOPS;
-use crate::{TimingConfig, parse_reps};
+use crate::{RunnerFlags, TimingConfig, parse_reps};
 
 /// distgemm side by side with single-GPU GEMMs, NCCL + cuBLASLt and PyTorch async-TP (see
 /// `benches/distgemm/main.rs`).
@@ -48,12 +48,9 @@ pub struct Options {
     /// Untimed work at the start of every timed block, ms (default [`SETTLE_MS`]).
     #[arg(long, value_name = "MS", default_value_t = SETTLE_MS, value_parser = non_negative_ms)]
     pub settle_ms: f64,
-    /// Passed by `cargo bench` and the bundle's runner; ignored.
-    #[arg(long, hide = true)]
-    bench: bool,
-    /// List the benchmark (`run-gpu-tests.sh --list`), as libtest does, and exit.
-    #[arg(long, hide = true)]
-    pub list: bool,
+    /// `--bench`, `--list`.
+    #[command(flatten)]
+    pub runner: RunnerFlags,
 }
 
 impl Default for Options {
