@@ -9,6 +9,7 @@
 //! - Every `rust` code block is an excerpt of `host/examples/distgemm_library.rs`, which CI
 //!   compiles, so the README shows code that builds.
 //! - Every `--example NAME` names an example that exists.
+//! - `benches/results/README.md`'s index names every file in `benches/results/`.
 
 use std::process::{Command, Output};
 
@@ -249,5 +250,24 @@ fn comments_and_blocks_are_recognised() {
     assert_eq!(
         cmd.plan_args().join(" "),
         "plan --schedule rs-a --tp 8 --preset llama3-405b-fc2"
+    );
+}
+
+#[test]
+fn the_results_index_lists_every_result_file() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../benches/results");
+    let index = std::fs::read_to_string(dir.join("README.md"))
+        .unwrap_or_else(|e| panic!("cannot read benches/results/README.md: {e}"));
+    let entries =
+        std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("cannot list {}: {e}", dir.display()));
+    let mut missing: Vec<String> = entries
+        .filter_map(|entry| entry.ok()?.file_name().into_string().ok())
+        .filter(|name| name != "README.md" && !index.contains(&format!("`{name}`")))
+        .collect();
+    missing.sort();
+    assert!(
+        missing.is_empty(),
+        "benches/results/README.md's index does not list {missing:?}: add one line per result, \
+         \"- `FILE.md`, `FILE.json`: what it measured. machine, date, commit.\""
     );
 }
