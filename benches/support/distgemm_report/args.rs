@@ -131,12 +131,9 @@ pub fn presets(quick: bool) -> Vec<Preset> {
         .collect()
 }
 
-/// Default untimed work at the start of every timed block, in milliseconds. The GPUs are
-/// power-capped and the limiter takes up to a second to converge on a new load: a block timed
-/// right after idle reads 2-4 % fast, and with 250 ms of settling a contender's reading still
-/// depended on what ran before it in the round ((c) 1 % faster than (b) on 70B fc2, (d) 4-6 %
-/// over (c) instead of the 2-3 % of the diagnose variants;
-/// `benches/results/distgemm-2026-11-30-3b212cd-settle.md`). With 1 s the readings agree.
+/// Default untimed work at the start of every timed block, in milliseconds: the GPUs are
+/// power-capped, and the limiter takes up to a second to converge on a new load (shorter
+/// settles read fast and depend on what ran before; kernels-gpu/NOTES.md, step 27).
 pub const SETTLE_MS: f64 = 1000.0;
 
 /// Estimated time of one repetition of `flops_per_gpu` at [`PLANNING_TFLOPS`], in ms (at
