@@ -434,11 +434,16 @@ impl ExecError {
 
 /// The error that names the cause. A stuck device makes its peers wait too, from a little
 /// later on: errors that are not timeouts come first, then the timeout whose wait began
-/// earliest. Threads that stopped because another one failed report [`ExecError::Aborted`],
-/// which only counts when nothing else failed.
+/// earliest. A node waiting for a predecessor in another branch of its DAG times out only
+/// because that predecessor is stuck in a bounded wait of its own, which fails too, so
+/// [`ExecError::DependencyTimeout`] counts only when no other error did (its wait may have
+/// begun first: a deferred predecessor is awaited after the node's own work). Threads that
+/// stopped because another one failed report [`ExecError::Aborted`], which only counts when
+/// nothing else failed.
 fn first_error(results: Vec<Result<(), ExecError>>) -> Result<(), ExecError> {
     let mut aborted = false;
     let mut cause: Option<ExecError> = None;
+    let rank = |e: &ExecError| u8::from(matches!(e, ExecError::DependencyTimeout { .. }));
     for e in results.into_iter().filter_map(Result::err) {
         if matches!(e, ExecError::Aborted) {
             aborted = true;
@@ -446,6 +451,7 @@ fn first_error(results: Vec<Result<(), ExecError>>) -> Result<(), ExecError> {
         }
         let earlier = match (&cause, e.since()) {
             (None, _) => true,
+            (Some(c), _) if rank(&e) != rank(c) => rank(&e) < rank(c),
             (Some(c), Some(at)) => c.since().is_some_and(|c_at| at < c_at),
             (Some(c), None) => c.since().is_some(),
         };
@@ -569,6 +575,35 @@ mod tests {
         };
         assert!(written(0));
         assert!(!written(1));
+    }
+
+    #[test]
+    fn a_dependency_timeout_is_never_the_cause_when_a_wait_of_its_own_failed() {
+        let early = Instant::now();
+        let later = early + Duration::from_millis(1);
+        let timeout = Duration::from_millis(200);
+        let dependency = ExecError::DependencyTimeout {
+            device: 0,
+            node: 4,
+            pred: 0,
+            timeout,
+            since: early,
+        };
+        let barrier = ExecError::BarrierTimeout {
+            device: 0,
+            counter: 0,
+            arrivals: 1,
+            timeout,
+            since: later,
+        };
+        assert_eq!(
+            first_error(vec![Err(dependency.clone()), Err(barrier.clone())]),
+            Err(barrier)
+        );
+        assert_eq!(
+            first_error(vec![Err(ExecError::Aborted), Err(dependency.clone())]),
+            Err(dependency)
+        );
     }
 
     /// The barrier resets the release flags too: a release left over from the previous run
