@@ -737,3 +737,9 @@ impl Drop for DistGemm<'_> {
         self.graphs.clear();
     }
 }
+
+/// An instance moves between threads (a framework's worker, a Python object).
+const _: fn() = || {
+    fn assert_send<T: Send>() {}
+    assert_send::<DistGemm<'static>>();
+};

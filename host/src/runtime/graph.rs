@@ -27,6 +27,12 @@ use cudarc::driver::{CudaStream, sys};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GraphNode(sys::CUgraphNode);
 
+// SAFETY: a node handle is a token the driver accepts from any thread; it is only passed to
+// calls on its graph (or instance), which bind the context first.
+unsafe impl Send for GraphNode {}
+// SAFETY: as above; nothing is mutated through a shared handle.
+unsafe impl Sync for GraphNode {}
+
 /// A CUDA graph under construction on one GPU (`cuGraphCreate`); destroyed on drop.
 #[derive(Debug)]
 pub struct Graph {

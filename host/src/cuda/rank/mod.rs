@@ -855,3 +855,9 @@ impl Drop for RankGemm {
         let _ = self.teardown();
     }
 }
+
+/// A rank's instance moves between threads (a Python object, a framework's worker).
+const _: fn() = || {
+    fn assert_send<T: Send>() {}
+    assert_send::<RankGemm>();
+};
