@@ -125,6 +125,8 @@ pub fn bundle(opts: &Options) -> Result<()> {
         &["bench"],
     )?;
 
+    let python = python_package(&root)?;
+
     prepare_out_dir(&out)?;
     let mut files: Vec<(String, u64)> = Vec::new();
     let mut copy = |from: &Path, to_rel: &str| -> Result<()> {
@@ -167,6 +169,9 @@ pub fn bundle(opts: &Options) -> Result<()> {
             copy(&p, &format!("peers/{name}"))?;
         }
     }
+    for (from, to_rel) in &python {
+        copy(from, to_rel)?;
+    }
     for (name, text) in SCRIPTS {
         let script = out.join(name);
         util::write(&script, text)?;
@@ -203,6 +208,38 @@ pub fn bundle(opts: &Options) -> Result<()> {
         started.elapsed().as_secs_f64(),
     );
     Ok(())
+}
+
+/// The PyTorch package for the GPU machine (CPython 3.12, PyTorch, no Rust, no network): its
+/// abi3 wheel, built by `python/build-wheel.sh` after the PTX (which the wheel embeds), with
+/// the torchrun checks and the MLP example, as (source, path in the bundle). On the GPU
+/// machine: `bundle/python/run.sh`.
+fn python_package(root: &Path) -> Result<Vec<(PathBuf, String)>> {
+    let script = root.join("python/build-wheel.sh");
+    let stdout = util::stdout_of(&mut Command::new(&script))?;
+    let Some(wheel) = stdout.lines().rev().find(|l| !l.trim().is_empty()) else {
+        bail!("{} printed no wheel path", script.display());
+    };
+    let wheel = PathBuf::from(wheel.trim());
+    let Some(name) = wheel.file_name().map(|n| n.to_string_lossy().into_owned()) else {
+        bail!(
+            "{} printed `{}`, not a wheel file",
+            script.display(),
+            wheel.display()
+        );
+    };
+    Ok(vec![
+        (wheel, format!("python/{name}")),
+        (root.join("python/tests/gpu/run.sh"), "python/run.sh".into()),
+        (
+            root.join("python/tests/gpu/check_ops.py"),
+            "python/check_ops.py".into(),
+        ),
+        (
+            root.join("examples/torch_tp_mlp.py"),
+            "python/torch_tp_mlp.py".into(),
+        ),
+    ])
 }
 
 /// Target names, made unique (`name`, `name-2`, ...) if two artifacts share one.
