@@ -97,19 +97,23 @@ impl Plan {
         let _ = writeln!(
             out,
             "workspace per device: {} slots × {} elements = {} B; exclusive workspace: {} B \
-             (barrier counter @{}, {} flags @{}..{}, u32)",
+             (barrier counter @{}, error word @{}, stage flags 0..{} and release flags {}..{} \
+             @{}..{}, u32)",
             dev0.workspace.slots,
             dev0.workspace.slot_elements,
             dev0.workspace_bytes,
             self.exclusive.bytes,
             self.exclusive.counter_offset,
+            self.exclusive.error_offset,
+            self.exclusive.release_base,
+            self.exclusive.release_base,
             self.exclusive.flag_count,
             self.exclusive.flags_offset,
             self.exclusive.flag_offset(self.exclusive.flag_count),
         );
         let _ = writeln!(out, "index maps: {}", self.index_maps());
         for dev in &self.devices {
-            render_device(&mut out, dev);
+            render_device(&mut out, dev, self.exclusive.release_base);
         }
         out
     }
@@ -191,7 +195,7 @@ fn dot_label(d: usize, node: &Node) -> String {
     }
 }
 
-fn render_device(out: &mut String, dev: &DevicePlan) {
+fn render_device(out: &mut String, dev: &DevicePlan, release_base: usize) {
     let d = dev.device;
     let s = &dev.shards;
     let c =
@@ -268,16 +272,21 @@ fn render_device(out: &mut String, dev: &DevicePlan) {
                 );
             }
             Node::FlagSet(f) => {
+                let what = if f.flag.index >= release_base {
+                    " (release: done reading its shard)"
+                } else {
+                    ""
+                };
                 let _ = writeln!(
                     out,
-                    "  then set dev{}.flag{} = {:#x}",
+                    "  then set dev{}.flag{} = {:#x}{what}",
                     f.flag.device, f.flag.index, f.value
                 );
             }
             Node::AwaitRelease(w) => {
                 let _ = writeln!(
                     out,
-                    "  end: wait until {} are set (every peer released this device's shards)",
+                    "  end: wait until {} set (every peer has released this device's shards)",
                     flags(&w.flags)
                 );
             }
