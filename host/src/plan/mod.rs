@@ -355,6 +355,68 @@ mod tests {
         }
     }
 
+    /// All-gather: every copy of a peer's input shard is followed (in its chain) by a flag set
+    /// on that peer's release flag of the copying device, and every device's DAG ends with one
+    /// wait for exactly the release flags of the peers that copy its shards. Reduce-scatter:
+    /// no release at all.
+    #[test]
+    fn every_copied_shard_is_released_and_awaited() {
+        for kind in ScheduleKind::ALL {
+            for tp in [1, 2, 3, 8] {
+                let problem = Problem::new(64 * tp, 64 * tp, 64 * tp);
+                let plan = Plan::build(kind, problem, tp).unwrap_or_else(|e| panic!("{e}"));
+                let layout = plan.exclusive;
+                let mut released = vec![Vec::new(); tp];
+                for dev in &plan.devices {
+                    let d = dev.device;
+                    for (i, node) in dev.nodes.iter().enumerate() {
+                        let Node::PeerCopy(c) = node else { continue };
+                        if c.src.device == d {
+                            continue;
+                        }
+                        let release = FlagRef {
+                            device: c.src.device,
+                            index: layout.release_flag(d),
+                        };
+                        let follows = dev.edges.iter().any(|e| {
+                            e.from >= i
+                                && matches!(&dev.nodes[e.to], Node::FlagSet(f) if f.flag == release)
+                        });
+                        assert!(follows, "{kind} TP={tp}: device {d}'s copy {i}");
+                        released[c.src.device].push(FlagRef {
+                            device: c.src.device,
+                            index: layout.release_flag(d),
+                        });
+                    }
+                }
+                for dev in &plan.devices {
+                    let waits: Vec<&AwaitReleaseNode> = dev
+                        .nodes
+                        .iter()
+                        .filter_map(|n| match n {
+                            Node::AwaitRelease(w) => Some(w),
+                            _ => None,
+                        })
+                        .collect();
+                    let expected = &released[dev.device];
+                    match waits.as_slice() {
+                        [] => assert!(expected.is_empty(), "{kind} TP={tp}"),
+                        [w] => {
+                            assert_eq!(&w.flags, expected, "{kind} TP={tp}");
+                            // The DAG's only sink.
+                            let last = dev.nodes.len() - 1;
+                            assert!(matches!(dev.nodes[last], Node::AwaitRelease(_)));
+                            assert!((0..last).all(|i| dev.edges.iter().any(|e| e.from == i)));
+                        }
+                        _ => panic!("{kind} TP={tp}: more than one release wait"),
+                    }
+                    let all_gather = kind.collective() == Collective::AllGather;
+                    assert_eq!(waits.len(), usize::from(all_gather && tp > 1), "{kind}");
+                }
+            }
+        }
+    }
+
     #[test]
     fn pipelined_workspace_is_p_minus_one_slices() {
         let plan = Plan::build(
