@@ -114,21 +114,16 @@ impl NcclComms {
         count: usize,
         streams: &[Arc<CudaStream>],
     ) -> Result<(), NcclError> {
-        self.check_ranks(&[send.len(), recv.len(), streams.len()])?;
-        self.grouped(|r| {
-            // SAFETY: the caller's contract; communicator r is alive.
-            let rc = unsafe {
-                (self.lib.all_gather)(
-                    send[r] as *const c_void,
-                    recv[r] as *mut c_void,
-                    count,
-                    T::NCCL_TYPE,
-                    self.comms[r],
-                    streams[r].cu_stream().cast(),
-                )
-            };
-            self.lib.check("ncclAllGather", rc)
-        })
+        self.collective(
+            "ncclAllGather",
+            send,
+            recv,
+            streams,
+            |s, d, comm, stream| {
+                // SAFETY: the caller's contract; communicator r is alive.
+                unsafe { (self.lib.all_gather)(s, d, count, T::NCCL_TYPE, comm, stream) }
+            },
+        )
     }
 
     /// Enqueues `ncclReduceScatter` (sum) on every rank: rank r reduces `P·count` elements at
@@ -143,32 +138,47 @@ impl NcclComms {
         count: usize,
         streams: &[Arc<CudaStream>],
     ) -> Result<(), NcclError> {
-        self.check_ranks(&[send.len(), recv.len(), streams.len()])?;
-        self.grouped(|r| {
-            // SAFETY: the caller's contract; communicator r is alive.
-            let rc = unsafe {
-                (self.lib.reduce_scatter)(
-                    send[r] as *const c_void,
-                    recv[r] as *mut c_void,
-                    count,
-                    T::NCCL_TYPE,
-                    NCCL_SUM,
-                    self.comms[r],
-                    streams[r].cu_stream().cast(),
-                )
-            };
-            self.lib.check("ncclReduceScatter", rc)
-        })
+        self.collective(
+            "ncclReduceScatter",
+            send,
+            recv,
+            streams,
+            |s, d, comm, stream| {
+                // SAFETY: the caller's contract; communicator r is alive.
+                unsafe {
+                    (self.lib.reduce_scatter)(s, d, count, T::NCCL_TYPE, NCCL_SUM, comm, stream)
+                }
+            },
+        )
     }
 
-    fn check_ranks(&self, lens: &[usize]) -> Result<(), NcclError> {
+    /// One collective on every rank, in one group: `call(send[r], recv[r], comm[r],
+    /// stream[r])` returns rank r's `ncclResult_t`, which `name` labels in errors. `send`,
+    /// `recv` and `streams` must have one entry per rank.
+    fn collective(
+        &self,
+        name: &'static str,
+        send: &[u64],
+        recv: &[u64],
+        streams: &[Arc<CudaStream>],
+        call: impl Fn(*const c_void, *mut c_void, nccl_sys::ncclComm_t, *mut c_void) -> u32,
+    ) -> Result<(), NcclError> {
+        let lens = [send.len(), recv.len(), streams.len()];
         if lens.iter().any(|&l| l != self.comms.len()) {
             return Err(NcclError::InvalidProblem(format!(
                 "NCCL call with {lens:?} buffers/streams for {} ranks",
                 self.comms.len()
             )));
         }
-        Ok(())
+        self.grouped(|r| {
+            let rc = call(
+                send[r] as *const c_void,
+                recv[r] as *mut c_void,
+                self.comms[r],
+                streams[r].cu_stream().cast(),
+            );
+            self.lib.check(name, rc)
+        })
     }
 }
 
