@@ -5,7 +5,7 @@
 //! 1. [`DistGemmBuilder::build`] validates (devices, peer access, Hopper, shapes), enables
 //!    peer access, allocates each device's workspace and exclusive workspace (zeroed once; all
 //!    devices are synchronised before anything can run), lowers the plan and builds and
-//!    instantiates one graph per device ([`super::graphs`], shared with the per-rank mode).
+//!    instantiates one graph per device (`graphs`, shared with the per-rank mode).
 //! 2. [`DistGemm::run`] launches every device's graph on that device's stream and returns;
 //!    runs may be queued back to back. [`DistGemm::wait`] waits for all devices, then reads
 //!    every device's error word: a wait that timed out on a GPU becomes
@@ -644,7 +644,7 @@ impl<'a> DistGemm<'a> {
 
     /// Points the graphs at new shard buffers without rebuilding them. Waits for any run in
     /// flight first, then rewrites only the nodes whose parameters change — including peers'
-    /// nodes that read this device's buffers ([`super::graphs`]).
+    /// nodes that read this device's buffers (see the `graphs` module).
     pub fn set_args(&mut self, args: Vec<DeviceArgs<'a>>) -> Result<(), DistGemmError> {
         self.usable()?;
         if self.in_flight {

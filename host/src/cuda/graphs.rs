@@ -2,7 +2,7 @@
 //! modes share (one process driving every GPU, [`super::DistGemm`]; one process per GPU,
 //! [`super::RankGemm`]). The modes differ only in where peer addresses come from.
 //!
-//! Node `i` of the graph is node `i` of the plan ([`super::lower`]). A pointer update
+//! Node `i` of the graph is node `i` of the plan (the `lower` module). A pointer update
 //! re-lowers the plan with the new addresses and rewrites only the nodes whose lowered form
 //! changed: a GEMM node keeps its tensor-map blocks and gets them re-encoded in stream order
 //! ([`PreparedGemm::retarget`]), then its parameter block replaced

@@ -1,7 +1,7 @@
 //! The CUDA backend: a [`Plan`](crate::plan::Plan) lowered to one CUDA graph per GPU, built
 //! once and replayed.
 //!
-//! - [`lower`]: the pure part — every plan node becomes one graph node (barrier / GEMM /
+//! - `lower` (private): the pure part — every plan node becomes one graph node (barrier / GEMM /
 //!   reduce kernels, peer memcpy, flag memset) with all addresses, prologue hooks and error
 //!   codes resolved, every plan edge one graph edge (programmatic between kernels where the
 //!   plan says so). Unit-tested without a GPU.
@@ -28,7 +28,7 @@ pub mod auto;
 mod dist;
 pub mod error;
 mod graphs;
-pub mod lower;
+mod lower;
 pub mod rank;
 
 pub use args::{BufferRef, DeviceArgs};
@@ -43,7 +43,7 @@ pub use kernels_gpu::collective_abi::BarrierParams;
 pub use kernels_gpu::collective_abi::{REDUCE_SMEM_BYTES, REDUCE_THREADS, ReduceParams};
 #[cfg(feature = "diagnostics")]
 pub use lower::TimingDiagnostics;
-pub use lower::{DeviceAddresses, LowerOptions, LoweredGraph, LoweredNode, lower_device};
+pub use lower::{LoweredEdge, LoweredGraph, LoweredNode};
 pub use rank::{
     InputSlot, LocalRendezvous, RankArgs, RankGemm, RankGemmBuilder, Rendezvous, RendezvousError,
 };

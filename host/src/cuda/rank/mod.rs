@@ -4,7 +4,7 @@
 //! # The same plan, lowering and graphs as [`super::DistGemm`]
 //! Every rank builds the group's [`Plan`] and lowers only its own device, exactly as the
 //! single-process mode lowers each device; the graph is built and updated by the same code
-//! ([`super::graphs`]). The one difference is where the peers' addresses come from: here each
+//! (the `graphs` module). The one difference is where the peers' addresses come from: here each
 //! rank exports the memory its peers touch and maps theirs.
 //!
 //! # What peers touch, and how it is shared
