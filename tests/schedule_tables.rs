@@ -1,4 +1,5 @@
-//! The worked TP=4 tables of distgemm-design.md §1.4, reproduced from the plans.
+//! The worked TP=4 tables of CUTLASS's DistGEMM schedules (which device computes which tile
+//! with which operand block at each stage), reproduced from the plans.
 
 use distgemm::plan::{Node, Plan};
 use distgemm::problem::Problem;

@@ -203,7 +203,7 @@ fn failures(
             out.push(format!(
                 "kernel `{}` must be register-resident but has a {}-byte stack frame, {} bytes \
                  spill stores, {} bytes spill loads (an array indexed at run time or a loop LLVM \
-                 did not unroll puts accumulators in local memory; see hopper-gemm.md §7 P3)",
+                 did not unroll puts accumulators in local memory; see kernels-gpu/NOTES.md)",
                 k.name, r.stack_frame, r.spill_stores, r.spill_loads
             ));
         }

@@ -6,7 +6,7 @@
 //! and so on), so `Auto` only ever picks between the two schedules of one family.
 //!
 //! **The rule** (constants in [`MachineModel`], measured on H200: ~650 TFLOP/s for stage-sized
-//! GEMMs, ~390 GB/s per peer copy, machine.md):
+//! GEMMs, ~390 GB/s per peer copy; benches/results/README.md):
 //! 1. TP = 1: the pipelined plan is one plain GEMM without communication — take it.
 //! 2. A problem whose local GEMM takes less than `tiny_seconds` (30 µs) is "tiny": pipelining
 //!    could hide at most that much, which is of the order of its own per-stage overheads, so
@@ -24,7 +24,7 @@
 //!      half of the 256-row local GEMM, which reads that shard once for twice the work;
 //!    - moving `b` bytes between two GPUs takes `b / BW`;
 //!    - pipelined (P stages, per-stage GEMM `g`, per-stage communication `c`): stage 0 runs
-//!      uncovered, every later stage takes `max(g, c)` — distgemm-design.md §6's overlap
+//!      uncovered, every later stage takes `max(g, c)` — the overlap
 //!      condition `g ≥ c` decides whether the communication is hidden — plus a fixed cost per
 //!      hand-off `h`: `g + (P−1)·(max(g, c) + h)`. `h` depends on the collective: an
 //!      all-gather stage waits only for a copy that ran long before; a reduce-scatter stage
@@ -66,8 +66,8 @@ pub struct MachineModel {
 }
 
 impl MachineModel {
-    /// H200 (machine.md): 650 TFLOP/s stage GEMMs, 390 GB/s peer copies, 132 SMs; HBM at
-    /// 3.5 TB/s (a device-to-device copy moves 4.25 TB/s, machine.md; a GEMM's operand reads
+    /// H200 (measured, benches/results/README.md): 650 TFLOP/s stage GEMMs, 390 GB/s peer copies, 132 SMs; HBM at
+    /// 3.5 TB/s (a device-to-device copy moves 4.25 TB/s; a GEMM's operand reads
     /// are less regular); a 30 µs "tiny" threshold (an estimate). Hand-offs fitted to the 2×H200
     /// token sweep distgemm-sweep-2026-11-30-3b382b1 (70B fc1 ag-a and 70B fc2 rs-a at
     /// 256–16384 tokens, every block settled for 1 s; kernels-gpu/NOTES.md step 28), so that

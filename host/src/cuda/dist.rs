@@ -18,12 +18,12 @@
 //! devices) and every later call returns [`DistGemmError::Poisoned`]; dropping it is safe. An
 //! error from [`DistGemm::wait`] invalidates every run since the last successful `wait`.
 //!
-//! The user's shard buffers (A, B, optional C, D) are borrowed ([`super::BufferRef`]): they must be
-//! `cuMemAlloc` memory of the rank's GPU, and must not be written while a run is in flight —
-//! peers read the A/B shards of all-gather schedules, and may still be reading them after
-//! the owner's own stream went idle, so write them only after [`DistGemm::wait`].
-//! `run` is ordered after earlier work on the `DistGemm`'s own streams only
-//! ([`DistGemm::streams`]); finish uploads before calling it. One process per GPU, on the
+//! The user's shard buffers (A, B, optional C, D) are borrowed ([`super::BufferRef`]): they
+//! must be `cuMemAlloc` memory of the rank's GPU. A device's input shards may be rewritten in
+//! that device's stream order once its run has been enqueued (its graph ends only after every
+//! peer has released them); D is final once the device's stream has passed the run. `run` is
+//! ordered after earlier work on the `DistGemm`'s own streams ([`DistGemm::streams`]), or on
+//! the caller's with [`DistGemm::run_on`]. One process per GPU, on the
 //! caller's stream: [`super::RankGemm`].
 
 use std::sync::Arc;
@@ -391,6 +391,13 @@ fn validate_devices(gpus: &[Gpu], share: bool) -> Result<(), DistGemmError> {
                     }
                     .into());
                 }
+                if !from.native_atomics_with(to)? {
+                    return Err(RuntimeError::NoPeerAtomics {
+                        from: from.ordinal(),
+                        to: to.ordinal(),
+                    }
+                    .into());
+                }
             }
             crate::runtime::enable_peer_access_between(a, b)?;
         }
@@ -594,7 +601,8 @@ impl<'a> DistGemm<'a> {
         for (d, rank) in self.ranks.iter().enumerate() {
             let words = rank.exclusive.download(&rank.stream)?;
             let code = words.get(word).copied().unwrap_or(0);
-            if let Some(e) = error_of(d, rank.kernels.gpu.ordinal(), code, self.options.timeout) {
+            let ordinals: Vec<usize> = self.ranks.iter().map(|r| r.kernels.gpu.ordinal()).collect();
+            if let Some(e) = error_of(d, &ordinals, code, self.options.timeout) {
                 return Err(self.poison(e));
             }
         }
@@ -708,21 +716,34 @@ impl<'a> DistGemm<'a> {
     }
 }
 
-/// The error a non-zero error word `code` of device `device` (GPU `ordinal`) stands for.
+/// The error a non-zero error word `code` found in device `owner`'s exclusive workspace stands
+/// for. A timeout's code names the device whose wait expired (the kernels push it into every
+/// peer's word too), so the error names that device and its GPU (`ordinals[device]`, or the
+/// owner's when the device is out of range).
 pub(crate) fn error_of(
-    device: usize,
-    ordinal: usize,
+    owner: usize,
+    ordinals: &[usize],
     code: u32,
     timeout: Duration,
 ) -> Option<DistGemmError> {
     (code != 0).then(|| match decode_timeout(code) {
-        Some(site) => DistGemmError::Timeout {
-            device,
-            ordinal,
-            site,
-            timeout,
+        Some(site) => {
+            let device = if site.device < ordinals.len() {
+                site.device
+            } else {
+                owner
+            };
+            DistGemmError::Timeout {
+                device,
+                ordinal: ordinals.get(device).copied().unwrap_or_default(),
+                site,
+                timeout,
+            }
+        }
+        None => DistGemmError::UnknownErrorCode {
+            device: owner,
+            code,
         },
-        None => DistGemmError::UnknownErrorCode { device, code },
     })
 }
 

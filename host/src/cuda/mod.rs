@@ -2,7 +2,7 @@
 //! once and replayed.
 //!
 //! - `lower` (private): the pure part — every plan node becomes one graph node (barrier / GEMM /
-//!   reduce kernels, peer memcpy, flag memset) with all addresses, prologue hooks and error
+//!   reduce / release-wait kernels, peer memcpy, flag write-value) with all addresses, prologue hooks and error
 //!   codes resolved, every plan edge one graph edge (programmatic between kernels where the
 //!   plan says so). Unit-tested without a GPU.
 //! - [`DistGemm`]: one process drives every GPU — validation, peer access, workspaces, graph
@@ -18,10 +18,14 @@
 //!
 //! Cross-GPU protocol (kernels in `kernels_gpu::kernels::collective` and the GEMM's prologue
 //! hook): the start-of-run barrier resets the device's flags and meets every peer on a running
-//! counter; flags are set with system-scope release stores (kernels) or by memset nodes after
-//! their copy (all-gather) and awaited with system-scope acquire loads; every wait is bounded
-//! by the configured timeout and leaves a code in the device's error word on expiry, which
-//! [`DistGemm::wait`] turns into [`DistGemmError::Timeout`].
+//! counter; flags are set with system-scope release stores (kernels) or by write-value nodes
+//! after their copy (all-gather; the driver fences before the write) and awaited with
+//! system-scope acquire loads; an all-gather device's run ends waiting until every peer has
+//! released its input shard, so its own stream order makes the shard reusable. Every wait is
+//! bounded by the configured timeout; on expiry it leaves a code in its own and every peer's
+//! error word (the first code stays), a poisoned barrier arrives nowhere, and
+//! [`DistGemm::wait`] / [`RankGemm::check_errors`] turn the code into
+//! [`DistGemmError::Timeout`] naming the device, node, stage and flag.
 
 mod args;
 pub mod auto;

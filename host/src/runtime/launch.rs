@@ -7,7 +7,7 @@
 //!   (PDL). The kernel launched with it may start once every CTA of the previous kernel in the
 //!   stream has executed `griddepcontrol.launch_dependents` (or exited); it must execute
 //!   `griddepcontrol.wait` before reading that kernel's output. Under stream capture the
-//!   attribute becomes a programmatic graph edge (hopper-gemm.md §6).
+//!   attribute becomes a programmatic graph edge.
 //!
 //! [`LaunchConfig::validate`] checks a configuration against the device limits without a
 //! GPU, so bad configurations get a message instead of `CUDA_ERROR_INVALID_VALUE`.

@@ -3,7 +3,7 @@
 //!
 //! A `CUtensorMap` is a 128-byte opaque descriptor that `cp.async.bulk.tensor` reads through
 //! the tensormap proxy. Passing it by value from Rust does not work today (rustc emits the
-//! `.param` with `.align 16` or ICEs on larger alignment; see hopper-gemm.md §2.4), so we use
+//! `.param` with `.align 16` or ICEs on larger alignment), so we use
 //! method A: the map is copied into a 128-byte-aligned `cuMemAlloc` block and the kernel gets
 //! that block's device address as a `u64`. Create a map once per (pointer, shape) and do not
 //! rewrite it while kernels that use it may be running.
@@ -14,6 +14,7 @@
 //! instruction are element coordinates `{col, row}`. Out-of-bounds elements of a box are read
 //! as zero and clipped on store (`OOB_FILL_NONE`).
 
+use super::caller_stream::{RawStream, upload_async};
 use super::device::Gpu;
 use super::error::{Result, RuntimeError};
 use super::memory::{DeviceBuffer, DeviceCopy};
@@ -184,7 +185,7 @@ impl TensorMapSpec {
             .saturating_add(self.cols)
     }
 
-    /// Checks what `cuTensorMapEncodeTiled` requires (driver API docs, hopper-gemm.md §2.1)
+    /// Checks what `cuTensorMapEncodeTiled` requires (the CUDA driver API documentation)
     /// for a matrix starting at device address `base`, so that bad input gets a message naming
     /// the rule rather than `CUDA_ERROR_INVALID_VALUE`.
     pub fn validate(&self, base: u64) -> Result<(), String> {
@@ -254,6 +255,40 @@ impl TensorMapSpec {
     }
 }
 
+/// Encodes a map of the matrix at device address `base` (`cuTensorMapEncodeTiled`) after
+/// validating `spec` against it. Encoding only records the address.
+fn encode(gpu: &Gpu, base: u64, spec: &TensorMapSpec) -> Result<sys::CUtensorMap> {
+    spec.validate(base)
+        .map_err(RuntimeError::InvalidTensorMap)?;
+    let global_dim = [spec.cols, spec.rows];
+    let global_strides = [spec.ld * spec.dtype.size_bytes()];
+    let box_dim = [spec.box_cols, spec.box_rows];
+    let element_strides = [1u32, 1];
+    let mut host = sys::CUtensorMap { opaque: [0; 16] };
+    gpu.bind()?;
+    // SAFETY: all arrays have rank (2) entries, strides rank − 1; `host` is a properly
+    // aligned CUtensorMap that the call fills. The address is only recorded.
+    unsafe {
+        sys::cuTensorMapEncodeTiled(
+            &mut host,
+            spec.dtype.raw(),
+            2,
+            base as *mut c_void,
+            global_dim.as_ptr(),
+            global_strides.as_ptr(),
+            box_dim.as_ptr(),
+            element_strides.as_ptr(),
+            sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+            spec.swizzle.raw(),
+            spec.l2_promotion.raw(),
+            sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+        )
+    }
+    .result()
+    .map_err(RuntimeError::driver("cuTensorMapEncodeTiled"))?;
+    Ok(host)
+}
+
 /// A `CUtensorMap` for one matrix, encoded on the host and uploaded to a 128-byte device block.
 #[derive(Debug)]
 pub struct TensorMap2d {
@@ -273,35 +308,7 @@ impl TensorMap2d {
     /// a kernel uses the map (launches are `unsafe`). Prefer [`TensorMap2d::for_buffer`], which
     /// checks the buffer is large enough.
     pub fn new(gpu: &Gpu, stream: &CudaStream, base: u64, spec: TensorMapSpec) -> Result<Self> {
-        spec.validate(base)
-            .map_err(RuntimeError::InvalidTensorMap)?;
-        let global_dim = [spec.cols, spec.rows];
-        let global_strides = [spec.ld * spec.dtype.size_bytes()];
-        let box_dim = [spec.box_cols, spec.box_rows];
-        let element_strides = [1u32, 1];
-        let mut host = sys::CUtensorMap { opaque: [0; 16] };
-        gpu.bind()?;
-        // SAFETY: all arrays have rank (2) entries, strides rank − 1; `host` is a properly
-        // aligned CUtensorMap that the call fills. The address is only recorded.
-        unsafe {
-            sys::cuTensorMapEncodeTiled(
-                &mut host,
-                spec.dtype.raw(),
-                2,
-                base as *mut c_void,
-                global_dim.as_ptr(),
-                global_strides.as_ptr(),
-                box_dim.as_ptr(),
-                element_strides.as_ptr(),
-                sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
-                spec.swizzle.raw(),
-                spec.l2_promotion.raw(),
-                sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
-            )
-        }
-        .result()
-        .map_err(RuntimeError::driver("cuTensorMapEncodeTiled"))?;
-
+        let host = encode(gpu, base, &spec)?;
         let mut device = DeviceBuffer::<u8>::alloc(gpu, MAP_BYTES)?;
         if device.device_ptr() % 128 != 0 {
             return Err(RuntimeError::InvalidTensorMap(format!(
@@ -348,6 +355,24 @@ impl TensorMap2d {
     /// Device address of the 128-byte map: the `u64` kernel parameter.
     pub fn device_address(&self) -> u64 {
         self.device.device_ptr()
+    }
+
+    /// Re-encodes the map for the same matrix shape at a new `base` and overwrites the device
+    /// copy in stream order on `stream` (no host wait; the device address stays the same, so
+    /// parameter blocks that point to it stay valid).
+    ///
+    /// # Safety
+    /// Every kernel that reads this map must be enqueued on `stream` (so it runs before or
+    /// after the overwrite, never during it), and `base` must hold the matrix for the kernels
+    /// enqueued after this call.
+    pub unsafe fn retarget_async(&mut self, gpu: &Gpu, base: u64, stream: RawStream) -> Result<()> {
+        let host = encode(gpu, base, &self.spec)?;
+        self.host = host;
+        // SAFETY: CUtensorMap is 16 u64 with no padding; viewing it as 128 bytes is sound.
+        let bytes: &[u8] =
+            unsafe { std::slice::from_raw_parts((&raw const self.host).cast::<u8>(), MAP_BYTES) };
+        // SAFETY: our 128-byte block; ordering is the caller's contract.
+        unsafe { upload_async(gpu, self.device.device_ptr(), bytes, stream) }
     }
 
     /// The host copy of the encoded map (for passing by value, should that become possible).

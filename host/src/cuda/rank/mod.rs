@@ -346,6 +346,7 @@ impl RankGemmBuilder {
             exports,
             sizes,
             peers: Vec::new(),
+            ordinals: Vec::new(),
             graph: None,
             options: LowerOptions {
                 timeout: self.timeout_or_default(),
@@ -377,6 +378,8 @@ struct Local {
     sizes: ExportSizes,
     /// Index = rank; None for this rank.
     peers: Vec<Option<PeerMemory>>,
+    /// Index = rank: the rank's GPU as this process numbers it (errors name it).
+    ordinals: Vec<usize>,
     graph: Option<DeviceGraph>,
     options: LowerOptions,
 }
@@ -462,9 +465,12 @@ impl Local {
         for (q, hello) in hellos.iter().enumerate() {
             if q == self.rank {
                 self.peers.push(None);
+                self.ordinals.push(self.gpu.ordinal());
                 continue;
             }
-            if &hello.gpu_uuid != my_uuid {
+            if &hello.gpu_uuid == my_uuid {
+                self.ordinals.push(self.gpu.ordinal());
+            } else {
                 let Some(ordinal) = visible_ordinal(&hello.gpu_uuid)? else {
                     return Err(DistGemmError::Group(format!(
                         "rank {q}'s GPU {} is not visible in rank {}'s process (check \
@@ -481,12 +487,13 @@ impl Local {
                     .into());
                 }
                 if !support.native_atomics {
-                    return Err(DistGemmError::Group(format!(
-                        "GPU {} cannot perform atomics natively on GPU {ordinal} (rank {q}); the \
-                         flags and the barrier need NVLink peer atomics",
-                        self.gpu.ordinal()
-                    )));
+                    return Err(RuntimeError::NoPeerAtomics {
+                        from: self.gpu.ordinal(),
+                        to: ordinal,
+                    }
+                    .into());
                 }
+                self.ordinals.push(ordinal);
             }
             let Ok(exports) = &hello.exports else {
                 return Err(DistGemmError::Internal(format!("rank {q} has no exports")));
@@ -537,6 +544,7 @@ impl Local {
             status: PinnedWord::new(&self.gpu)?,
             graph: Some(graph),
             peers: self.peers,
+            ordinals: self.ordinals,
             memory: OwnMemory {
                 workspace: self.workspace,
                 exclusive: self.exclusive,
@@ -580,6 +588,8 @@ pub struct RankGemm {
     /// None after teardown.
     graph: Option<DeviceGraph>,
     peers: Vec<Option<PeerMemory>>,
+    /// Index = rank: the rank's GPU as this process numbers it.
+    ordinals: Vec<usize>,
     memory: OwnMemory,
     done: StreamEvent,
     status: PinnedWord,
@@ -699,7 +709,7 @@ impl RankGemm {
         }
         if let Some(e) = error_of(
             self.rank,
-            self.gpu.ordinal(),
+            &self.ordinals,
             self.status.get(),
             self.options.timeout,
         ) {
