@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use distgemm::cuda::{RankArgs, RankGemm, Rendezvous};
+use distgemm::cuda::{DistGemmError as DistGemmErrorKind, RankArgs, RankGemm, Rendezvous};
 use distgemm::dtype::Dtype;
 use distgemm::problem::Problem;
 use distgemm::runtime::{Gpu, RawStream};
@@ -132,19 +132,31 @@ impl PyRankGemm {
                 .with_dtype(dtype)
                 .with_scalars(alpha, beta);
             let built = py.detach(move || {
-                SameThread((|| {
-                    let gpu = Gpu::open(device)?;
-                    let mut builder = RankGemm::builder().gpu(gpu).problem(problem);
-                    builder = if auto {
-                        builder.auto_schedule(kind)
-                    } else {
-                        builder.schedule(kind)
-                    };
-                    if let Some(t) = timeout {
-                        builder = builder.timeout(t);
+                let mut builder = RankGemm::builder().problem(problem);
+                builder = if auto {
+                    builder.auto_schedule(kind)
+                } else {
+                    builder.schedule(kind)
+                };
+                if let Some(t) = timeout {
+                    builder = builder.timeout(t);
+                }
+                // A rank whose GPU cannot be opened still joins the collective build (which
+                // then fails on every rank, instead of leaving the peers waiting), and
+                // reports why its GPU failed.
+                let gpu = Gpu::open(device);
+                let gpu_error = match gpu {
+                    Ok(gpu) => {
+                        builder = builder.gpu(gpu);
+                        None
                     }
-                    builder.allow_shared_gpu(allow_shared_gpu).build(rdv)
-                })())
+                    Err(e) => Some(e),
+                };
+                let built = builder.allow_shared_gpu(allow_shared_gpu).build(rdv);
+                SameThread(match (built, gpu_error) {
+                    (Err(DistGemmErrorKind::Missing(_)), Some(e)) => Err(e.into()),
+                    (built, _) => built,
+                })
             });
             let inner = built.into_inner().map_err(to_py_err)?;
             Ok(PyRankGemm {

@@ -91,3 +91,23 @@ def test_collective_errors_propagate():
 
     with pytest.raises(RuntimeError, match="connection closed"):
         GroupRendezvous(0, 2, broken).all_gather(b"x")
+
+
+def test_the_extension_builds_collectively_through_the_python_rendezvous():
+    """Two ranks in threads call the extension's constructor; its Rust rendezvous calls back
+    into the fake group (the GIL released around the build). On a machine without a GPU both
+    ranks get the driver's error, and none hangs."""
+    import distgemm
+    from distgemm._distgemm import RankGemm
+
+    def build(rdv):
+        try:
+            RankGemm(rdv, 0, "ag-a", False, 64, 64, 64, "bf16")
+        except Exception as e:  # noqa: BLE001 - the test inspects it
+            return e
+        return None
+
+    results, errors, group = run_ranks(2, build)
+    assert errors == [None, None]
+    assert all(isinstance(e, distgemm.DistGemmError) for e in results), results
+    assert group.rounds >= 1  # the handshake went through the Python all_gather
