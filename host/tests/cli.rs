@@ -590,3 +590,16 @@ fn run_ranks_refuses_what_it_cannot_run() {
         assert_one_line_exit_2(&args, &out, "CUDA backend unavailable");
     }
 }
+
+#[test]
+fn checked_cpu_runs_vary_their_inputs_and_check_every_run() {
+    for kind in ScheduleKind::ALL {
+        let line = format!(
+            "run --schedule {} --tp 3 --m 96 --n 96 --k 48 --backend cpu --check --iters 6",
+            kind.cli_name()
+        );
+        let out = distgemm(&words(&line));
+        assert_eq!(out.status.code(), Some(0), "{line}: {}", text(&out.stderr));
+        assert!(text(&out.stdout).contains("check: passed"), "{line}");
+    }
+}

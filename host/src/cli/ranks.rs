@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::args::RunArgs;
-use super::run::CPU_FLOP_CAP;
+use super::run::{CPU_FLOP_CAP, check_failed};
 use super::sample::{RANDOM_SAMPLES, sample_indices};
 use super::{CliError, EXIT_RUN_FAILED};
 use crate::cuda::{LocalRendezvous, RankArgs, RankGemm, Rendezvous};
@@ -203,14 +203,7 @@ fn run_rank<T: Element + DeviceCopy>(
             &indices,
         )?;
         if !report.passed() {
-            let n = plan.problem.n;
-            return Err(CliError::CheckFailed {
-                mismatches: report.mismatches,
-                elements: report.elements,
-                row: report.worst_index / n,
-                col: report.worst_index % n,
-                ratio: report.worst_ratio,
-            });
+            return Err(check_failed(&report, plan.problem.n));
         }
         format!(", check ok ({} elements of its block)", report.elements)
     } else {

@@ -196,7 +196,13 @@ fn largest_cpu_tokens(args: &RunArgs, problem: &Problem) -> Option<usize> {
     })
 }
 
+/// Distinct input sets a checked multi-iteration CPU run cycles through (bounded memory).
+const CHECKED_INPUT_SETS: usize = 4;
+
 fn run_typed<T: Element>(args: &RunArgs, plan: Plan, out: &mut dyn Write) -> Result<(), CliError> {
+    if args.check && args.iters > 1 {
+        return run_typed_checked_sequence::<T>(args, plan, out);
+    }
     let problem = plan.problem;
     let inputs = GlobalInputs::<T>::random(&problem, args.seed);
     let shards = plan.shard_inputs(&inputs)?;
@@ -219,6 +225,67 @@ fn run_typed<T: Element>(args: &RunArgs, plan: Plan, out: &mut dyn Write) -> Res
     let seconds_per_iter = start.elapsed().as_secs_f64() / args.iters as f64;
     let d = exec.gathered_output()?;
     report(args, exec.plan(), "cpu", &inputs, &d, seconds_per_iter, out)
+}
+
+/// `run --backend cpu --iters N --check`: every run gets new inputs (seeds `seed`, `seed + 1`,
+/// … cycling through [`CHECKED_INPUT_SETS`] sets), loaded by each device right after its own
+/// previous run as a model's next call would ([`CpuExecutor::run_sequence`]), with D poisoned
+/// before each run; every run's D is checked in full (CPU runs are under the CPU cap), so a
+/// run that read a stale flag, slot or input shows up. The report is the last run's.
+fn run_typed_checked_sequence<T: Element>(
+    args: &RunArgs,
+    plan: Plan,
+    out: &mut dyn Write,
+) -> Result<(), CliError> {
+    let problem = plan.problem;
+    let sets = args.iters.min(CHECKED_INPUT_SETS);
+    let mut inputs = Vec::with_capacity(sets);
+    let mut shards = Vec::with_capacity(sets);
+    for i in 0..sets {
+        let global = GlobalInputs::<T>::random(&problem, args.seed.wrapping_add(i as u64));
+        shards.push(plan.shard_inputs(&global)?);
+        inputs.push(global);
+    }
+    let exec = CpuExecutor::new(plan)?.with_timeout(Duration::from_millis(args.timeout_ms));
+    let roundings = exec.plan().schedule.roundings(exec.plan().tp);
+    let start = Instant::now();
+    let mut last = None;
+    let mut done = 0;
+    while done < args.iters {
+        let runs = (args.iters - done).min(sets);
+        let outputs = exec.run_sequence(&shards[..runs])?;
+        for (i, output) in outputs.iter().enumerate() {
+            let d = exec.plan().gather_output(output)?;
+            let set = &inputs[i];
+            let report = check(
+                &problem,
+                roundings,
+                exec.plan().tp,
+                CheckInputs {
+                    a: &set.a,
+                    b: &set.b,
+                    c: set.c.as_deref(),
+                },
+                &d,
+            )?;
+            if !report.passed() {
+                return Err(check_failed(&report, problem.n));
+            }
+            last = Some((i, d));
+        }
+        done += runs;
+    }
+    let seconds_per_iter = start.elapsed().as_secs_f64() / args.iters as f64;
+    let (set, d) = last.ok_or_else(|| CliError::Usage("--iters must be at least 1".into()))?;
+    report(
+        args,
+        exec.plan(),
+        "cpu",
+        &inputs[set],
+        &d,
+        seconds_per_iter,
+        out,
+    )
 }
 
 /// `run` on the GPUs: shards uploaded from host-generated inputs, one `DistGemm`, `iters`
@@ -371,13 +438,18 @@ fn report<T: Element>(
         }
     }
     match report {
-        Some(r) if !r.passed() => Err(CliError::CheckFailed {
-            mismatches: r.mismatches,
-            elements: r.elements,
-            row: r.worst_index / problem.n,
-            col: r.worst_index % problem.n,
-            ratio: r.worst_ratio,
-        }),
+        Some(r) if !r.passed() => Err(check_failed(&r, problem.n)),
         _ => Ok(()),
+    }
+}
+
+/// The error of a failed check of a D with `n` columns.
+pub(super) fn check_failed(r: &CheckReport, n: usize) -> CliError {
+    CliError::CheckFailed {
+        mismatches: r.mismatches,
+        elements: r.elements,
+        row: r.worst_index / n,
+        col: r.worst_index % n,
+        ratio: r.worst_ratio,
     }
 }
