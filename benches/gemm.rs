@@ -185,7 +185,8 @@ fn bench_shape<T: Element + CublasLtElement + DeviceCopy>(
             })?
         } else {
             time_on_stream(gpu, &stream, round_timing, |rep| {
-                Ok(sets.get(rep).ours[c].launch(&stream, false)?)
+                // SAFETY: each prepared GEMM points into its live input set `sets.get(rep)`.
+                Ok(unsafe { sets.get(rep).ours[c].launch(&stream, false) }?)
             })?
         };
         let after = meter.map(EnergyMeter::read_mj);

@@ -137,7 +137,8 @@ fn single_gpu_reference<T: Element + DeviceCopy>(
         beta: problem.beta,
     };
     let prepared = kernel.prepare(&stream, &args).expect("prepare");
-    prepared.launch(&stream, false).expect("launch");
+    // SAFETY: A, B, C and D above are live buffers of the viewed sizes; we download after.
+    unsafe { prepared.launch(&stream, false) }.expect("launch");
     d.download(&stream).expect("download")
 }
 

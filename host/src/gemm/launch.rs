@@ -340,10 +340,15 @@ impl PreparedGemm {
     }
 
     /// Enqueues the GEMM on `stream`.
-    pub fn launch(&self, stream: &CudaStream, pdl: bool) -> Result<(), RuntimeError> {
+    ///
+    /// # Safety
+    /// The operands `prepare` was given (raw device addresses in [`GemmArgs`]) must be live
+    /// memory of this GPU holding the matrices their views describe, until the launch has
+    /// completed, and nothing else may write D (or read it as C) meanwhile.
+    pub unsafe fn launch(&self, stream: &CudaStream, pdl: bool) -> Result<(), RuntimeError> {
         let mut args = self.kernel_args();
         // SAFETY: the parameter block matches the kernel's single `GemmParams` parameter; its
-        // tensor maps are owned by `self` and the caller keeps the operand memory alive (`prepare`).
+        // tensor maps are owned by `self`; the operands are the caller's contract.
         unsafe { launch(&self.kernel, stream, &self.launch_config(pdl), &mut args) }
     }
 }
