@@ -14,7 +14,8 @@ run with an end-of-run release (each peer tells a rank when it is done reading t
 shard), so a rank's stream order alone makes its inputs reusable.
 
 Errors of a run that failed on the GPU (e.g. a peer that never launched: a timeout naming rank,
-stage and flag) are raised by the next op on that instance or by :func:`synchronize`.
+stage and flag) are raised by the next launch of that instance (distgemm checks the finished
+run's error word without waiting) or by :func:`synchronize`.
 """
 
 from __future__ import annotations
@@ -163,10 +164,7 @@ def _instance(
         return inst
 
     with _lock:
-        inst = CACHE.get(key, build)
-    # An error of an earlier run of this instance (non-blocking) surfaces here.
-    inst.check()
-    return inst
+        return CACHE.get(key, build)
 
 
 def _output(torch, out, shape, like, name="out"):

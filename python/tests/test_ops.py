@@ -53,8 +53,6 @@ def test_repeated_calls_reuse_the_instance_and_new_shapes_build_once(env):
     distgemm.all_gather_linear(FakeTensor((8, 128), F16), w)
     assert [i.args["m"] for i in FakeRankGemm.built] == [32, 16]
     assert len(FakeRankGemm.built[0].launches) == 3
-    # Every call checks the instance for an error of an earlier run.
-    assert FakeRankGemm.built[0].checks == 3
 
 
 def test_out_and_shared_gpu_and_timeout(env, monkeypatch):

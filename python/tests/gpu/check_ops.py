@@ -27,6 +27,7 @@ import argparse
 import datetime
 import os
 import sys
+import time
 import traceback
 import zlib
 
@@ -277,6 +278,46 @@ def main():
                 reduce_op="avg",
             )
             dropin_ag(f"drop-in M={world * 20} N={2 * n} K={k}", dtype_name, world * 20, 2 * n, k)
+
+        # What a call costs on the host (informational; GPU times mean nothing on a shared
+        # GPU): the first call of a new token count builds the instance (collective), a
+        # repeated call is the per-call path (checks, cache lookup, launch; no synchronisation).
+        for preset in ("llama3-70b-fc1", "llama3-70b-fc2"):
+            n, k = PRESETS[preset]
+            m = 256
+            if preset.endswith("fc1"):
+                x = rand((m // world, k), torch.bfloat16, 1 + rank)
+                w = rand((n // world, k), torch.bfloat16, 2 + rank)
+
+                def call(x=x, w=w):
+                    return distgemm.all_gather_linear(x, w)
+            else:
+                x = rand((m, k // world), torch.bfloat16, 1 + rank)
+                w = rand((n, k // world), torch.bfloat16, 2 + rank)
+
+                def call(x=x, w=w):
+                    return distgemm.linear_reduce_scatter(x, w)
+
+            distgemm.clear_cache()
+            torch.cuda.synchronize()
+            dist.barrier()
+            t0 = time.perf_counter()
+            call()
+            torch.cuda.synchronize()
+            build_ms = (time.perf_counter() - t0) * 1e3
+            host_us = []
+            for _ in range(50):
+                t0 = time.perf_counter()
+                call()
+                host_us.append((time.perf_counter() - t0) * 1e6)
+            torch.cuda.synchronize()
+            distgemm.synchronize()
+            if rank == 0:
+                print(
+                    f"info {preset} M={m}: first call (build) {build_ms:.1f} ms, repeated call "
+                    f"{sorted(host_us)[len(host_us) // 2]:.1f} us on the host (median of 50)",
+                    flush=True,
+                )
 
         # out= and return_gathered.
         x = rand((64, 256), torch.bfloat16, 5 + rank)
