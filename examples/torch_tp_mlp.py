@@ -17,10 +17,11 @@ weights); each rank holds:
 
 Every rank also computes the unsharded block (whole x, whole weights) in PyTorch and in float64;
 the check passes when distgemm's error against float64 is at most twice PyTorch's own plus
-max(P, 2) roundings of the output (the reduce-scatter rounds its partial sums). The same block written with PyTorch's fused async-TP ops
-(torch.ops.symm_mem.fused_all_gather_matmul / fused_matmul_reduce_scatter) is timed beside it
-when those run here (they need one GPU per rank). With fewer GPUs than ranks every rank shares
-GPU 0 (gloo backend; times then mean nothing).
+max(P, 2) roundings of the output (the reduce-scatter rounds its partial sums). The same block
+written with PyTorch's fused async-TP ops (torch.ops.symm_mem.fused_all_gather_matmul /
+fused_matmul_reduce_scatter) is timed beside it when those run here (they need one GPU per
+rank). With fewer GPUs than ranks every rank shares GPU 0 (gloo backend; times then mean
+nothing).
 """
 
 import argparse
