@@ -2,6 +2,9 @@
 //!
 //! Every element is 2 bytes, so "16-byte aligned" (what TMA and the vectorised copies need)
 //! means "a multiple of 8 elements" everywhere in this crate.
+//!
+//! FP8 operands (e4m3, 1 byte: 16 elements per 16 bytes) are [`crate::fp8::E4m3`]; they are
+//! operands only (C and D stay bf16 or f16), so they are not a [`Dtype`] yet (issue 24).
 
 use std::fmt;
 

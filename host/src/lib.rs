@@ -18,6 +18,7 @@ pub mod cli;
 pub mod cpu;
 pub mod cuda;
 pub mod dtype;
+pub mod fp8;
 pub mod gemm;
 pub mod plan;
 pub mod problem;

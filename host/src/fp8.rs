@@ -1,0 +1,455 @@
+//! FP8 operands (issue 24): the e4m3 element type and the scales of a scaled GEMM.
+//!
+//! The scaled GEMM is `D = alpha·(sa ⊙ A)·(sb ⊙ B)ᵀ + beta·C`: A (M×K) and B (N×K) hold
+//! [`E4m3`] codes, [`Scales`] hold f32 factors (one per operand, or one per row of A and one per
+//! row of B, i.e. per output row and per output column), and C and D are bf16 or f16. The f64
+//! reference, the kernel's arithmetic and the error bound are in [`crate::reference`]
+//! (`gemm_scaled_f64`, `gemm_scaled_f32`, `ErrorBound::scaled`, `check_scaled`).
+//!
+//! # The format
+//!
+//! [`E4m3`] is OCP FP8 E4M3 ("e4m3fn"), which is PTX's `.e4m3` and what Hopper's tensor cores
+//! read: bit 7 the sign, bits 6–3 a biased exponent E (bias 7), bits 2–0 a mantissa M.
+//! E = 0 is subnormal (`M·2^-9`), E = 1…15 normal (`(1 + M/8)·2^(E−7)`), except that
+//! `E = 15, M = 7` (0x7F, 0xFF) is NaN. There are no infinities; the largest finite value is
+//! 448 (0x7E), the smallest normal 2^-6, the smallest subnormal 2^-9. Widening to f32 is exact;
+//! narrowing ([`E4m3::from_f32`]) rounds to nearest, ties to even, and saturates finite
+//! overflow like PTX `cvt.rn.satfinite.e4m3x2.f32`.
+//!
+//! A product of two e4m3 values has at most 8 significant bits and lies in `[2^-18, 448²]`, so
+//! it is exact in f32; a sum of K of them is a multiple of 2^-18 below `K·448² < 2^35` for
+//! K ≤ 171 196, so it is exact in f64 (every preset has K ≤ 53 248).
+//!
+//! # What the GPU kernel needs (not written yet)
+//!
+//! - **Layout.** `wgmma.mma_async.sync.aligned.m64nNk32.f32.e4m3.e4m3` (N = 8…256 in steps of
+//!   8) takes both operands K-major: the transpose immediates exist only for f16/bf16. That is
+//!   distgemm's `A·Bᵀ` layout (A M×K and B N×K, K contiguous), so no operand is transposed.
+//! - **Shared-memory tiles.** One instruction consumes k = 32 elements = 32 bytes per row, the
+//!   same bytes as bf16's k = 16: a 128-byte-swizzled K-major row holds 128 e4m3 elements, so
+//!   BK = 128 per swizzle atom (64 for bf16), and the descriptor still advances 32 bytes per
+//!   instruction. BK must be a multiple of 32.
+//! - **TMA.** The global strides (lda, ldb) and base addresses must be multiples of 16 bytes:
+//!   16 elements for 1-byte types against 8 for the 2-byte ones. The tensor map's data type is
+//!   `CU_TENSOR_MAP_DATA_TYPE_UINT8` (the driver has no FP8 enumerator; the bits are copied).
+//!   C, D and reduce-scatter partials stay 2-byte (or f32) with their current 8-element rule.
+//! - **Accumulation.** The f32 accumulation of [`crate::reference::ErrorBound::scaled`] is the
+//!   bound's hypothesis. DeepSeek-V3 (§3.3) reports that the FP8 `wgmma` accumulator keeps only
+//!   about 14 bits, and CUTLASS (`mma_promotion_interval`) and DeepGEMM add the tensor-core
+//!   result into an f32 register accumulator every 128 K-elements (4 instructions). The kernel
+//!   should do the same, and its GPU test will show whether the in-block error needs a term of
+//!   its own in the bound.
+//! - **Epilogue.** The scales enter after the main loop, on the f32 accumulator, in the order
+//!   of `gemm_scaled_f32`: `s = sa_i·sb_j`, `alpha·(s·acc) + beta·c`, one rounding to bf16/f16.
+//!   Tensor-wise that is one scalar pair per launch (a kernel parameter); row-wise each
+//!   consumer thread needs `sa` for the rows and `sb` for the columns of its accumulator
+//!   fragment: BM + BN floats per tile, loaded once per tile (into shared memory by TMA or
+//!   plain loads) before the epilogue. The distributed prologue hook is unchanged; row-wise
+//!   scales of A move with A's rows wherever A is gathered.
+
+use serde::{Deserialize, Serialize};
+
+use crate::plan::SizeError;
+
+/// An OCP FP8 E4M3 value (PTX `.e4m3`), stored as its bit pattern `s eeee mmm`.
+///
+/// See the [module documentation](self) for the encoding. Equality (`==`) compares bit
+/// patterns: +0 and −0 differ, and a NaN code equals itself.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[repr(transparent)]
+pub struct E4m3(u8);
+
+impl E4m3 {
+    /// +0.
+    pub const ZERO: E4m3 = E4m3(0x00);
+    /// The largest finite value, 448 = 1.75·2^8.
+    pub const MAX: E4m3 = E4m3(0x7E);
+    /// The smallest positive normal value, 2^-6.
+    pub const MIN_POSITIVE: E4m3 = E4m3(0x08);
+    /// The smallest positive subnormal value, 2^-9.
+    pub const MIN_POSITIVE_SUBNORMAL: E4m3 = E4m3(0x01);
+    /// The NaN that [`E4m3::from_f32`] returns (0x7F; 0xFF is the other NaN code).
+    pub const NAN: E4m3 = E4m3(0x7F);
+
+    /// The value with bit pattern `bits`.
+    #[must_use]
+    pub const fn from_bits(bits: u8) -> Self {
+        E4m3(bits)
+    }
+
+    /// The bit pattern.
+    #[must_use]
+    pub const fn to_bits(self) -> u8 {
+        self.0
+    }
+
+    /// Whether this is one of the two NaN codes (0x7F, 0xFF).
+    #[must_use]
+    pub const fn is_nan(self) -> bool {
+        self.0 & 0x7F == 0x7F
+    }
+
+    /// Widens to f32 (exact): a normal value re-biases its exponent (E − 7 + 127) and shifts
+    /// its mantissa into f32's top mantissa bits; a subnormal one is `M·2^-9`; the NaN codes
+    /// give a NaN of the same sign.
+    #[must_use]
+    pub fn to_f32(self) -> f32 {
+        let exponent = u32::from((self.0 >> 3) & 0xF);
+        let mantissa = self.0 & 0x7;
+        let magnitude = if self.is_nan() {
+            f32::NAN
+        } else if exponent == 0 {
+            // M · 2^-9; 2^-9 has the biased f32 exponent 127 − 9.
+            f32::from(mantissa) * f32::from_bits((127 - 9) << 23)
+        } else {
+            f32::from_bits(((exponent + 120) << 23) | (u32::from(mantissa) << 20))
+        };
+        if self.0 & 0x80 == 0 {
+            magnitude
+        } else {
+            -magnitude
+        }
+    }
+
+    /// Rounds an f32 to e4m3 as PTX `cvt.rn.satfinite.e4m3x2.f32` does for each of its two
+    /// inputs (PTX ISA, "Data Movement and Conversion Instructions: cvt": `.rn` rounds to
+    /// nearest, ties to even; `.satfinite`, mandatory for the FP8 destination types, turns a NaN
+    /// input into NaN and a result whose magnitude exceeds the largest finite value into that
+    /// value with the input's sign):
+    ///
+    /// - NaN (any sign or payload) → [`E4m3::NAN`] (0x7F). PTX promises a NaN, not which of
+    ///   the two codes: a GPU test compares NaN-ness, not the bits;
+    /// - `|x| > 448`, ±∞ included → ±448 (the round-to-nearest result of any `|x| ≥ 464`
+    ///   would exceed 448, and every `448 < |x| < 464` rounds to 448 anyway);
+    /// - otherwise the nearest of the values `n·2^(e−3)`, e = max(⌊log2|x|⌋, −6), ties to even
+    ///   `n`: the normal range keeps 4 significant bits, the subnormal range (below 2^-6) has the
+    ///   fixed spacing 2^-9, `|x| ≤ 2^-10` (f32 subnormals included) gives a zero, and the sign of
+    ///   a zero result is the input's.
+    #[must_use]
+    pub fn from_f32(x: f32) -> Self {
+        if x.is_nan() {
+            return E4m3::NAN;
+        }
+        let sign = if x.is_sign_negative() { 0x80 } else { 0 };
+        let magnitude = x.abs();
+        if magnitude > E4m3::MAX.to_f32() {
+            return E4m3(sign | E4m3::MAX.0);
+        }
+        // e = ⌊log2|x|⌋ from f32's biased exponent (f32 subnormals and 0 give −127), clamped
+        // to the subnormal binade's −6; the spacing there is 2^(e−3).
+        let e = ((magnitude.to_bits() >> 23) as i32 - 127).max(-6);
+        let spacing = f32::from_bits(((e - 3 + 127) as u32) << 23);
+        // Exact (a power-of-two scaling), then rounded: n ∈ [0, 16].
+        let n = (magnitude / spacing).round_ties_even() as i32;
+        // Codes are monotone: n·2^(e−3) with 8 ≤ n ≤ 16 is ((e + 7) << 3) + (n − 8) (n = 16
+        // is the next binade's first code), and the subnormal binade (e = −6) gives code n.
+        let code = ((e + 7) << 3) + n - 8;
+        E4m3(sign | code as u8)
+    }
+}
+
+/// How [`Scales`] are laid out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum ScaleMode {
+    /// One f32 for all of A and one for all of B (cuBLASLt's and `torch._scaled_mm`'s
+    /// per-tensor scaling).
+    #[serde(rename = "tensor")]
+    Tensorwise,
+    /// One f32 per row of A (per output row) and one per row of B (per output column): torch's
+    /// row-wise `_scaled_mm`, with scales of shapes `[M, 1]` and `[1, N]`.
+    #[serde(rename = "row")]
+    Rowwise,
+}
+
+impl ScaleMode {
+    /// Both modes, in CLI order.
+    pub const ALL: [ScaleMode; 2] = [ScaleMode::Tensorwise, ScaleMode::Rowwise];
+
+    /// The name used on the command line and in JSON (`tensor`, `row`).
+    #[must_use]
+    pub const fn name(self) -> &'static str {
+        match self {
+            ScaleMode::Tensorwise => "tensor",
+            ScaleMode::Rowwise => "row",
+        }
+    }
+}
+
+/// The dequantization factors of a scaled GEMM: element `(i, j)` of the product is
+/// `sa_i·sb_j·Σ_k a_ik·b_jk`.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Scales {
+    /// `sa_i = a`, `sb_j = b` for every row and column.
+    Tensorwise {
+        /// The scale of A.
+        a: f32,
+        /// The scale of B.
+        b: f32,
+    },
+    /// `sa_i = a[i]` (M values), `sb_j = b[j]` (N values).
+    Rowwise {
+        /// One scale per row of A.
+        a: Vec<f32>,
+        /// One scale per row of B.
+        b: Vec<f32>,
+    },
+}
+
+impl Scales {
+    /// The layout of these scales.
+    #[must_use]
+    pub fn mode(&self) -> ScaleMode {
+        match self {
+            Scales::Tensorwise { .. } => ScaleMode::Tensorwise,
+            Scales::Rowwise { .. } => ScaleMode::Rowwise,
+        }
+    }
+
+    /// `Ok` when the scales fit an M×N output: row-wise, A has M scales and B has N.
+    pub fn validate(&self, m: usize, n: usize) -> Result<(), SizeError> {
+        match self {
+            Scales::Tensorwise { .. } => Ok(()),
+            Scales::Rowwise { a, b } => {
+                SizeError::check("the row-wise scales of A", a.len(), m)?;
+                SizeError::check("the row-wise scales of B", b.len(), n)
+            }
+        }
+    }
+
+    /// `(sa_i, sb_j)`. For a row-wise pair, `i` and `j` must be below the M and N that
+    /// [`Scales::validate`] accepted.
+    pub(crate) fn pair(&self, i: usize, j: usize) -> (f32, f32) {
+        match self {
+            Scales::Tensorwise { a, b } => (*a, *b),
+            Scales::Rowwise { a, b } => (a[i], b[j]),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
+
+    use super::*;
+
+    /// The value of `code` straight from the definition, in f64 (NaN for 0x7F and 0xFF).
+    fn value_from_definition(code: u8) -> f64 {
+        let (sign, exponent, mantissa) = (code >> 7, (code >> 3) & 0xF, code & 0x7);
+        let magnitude = match (exponent, mantissa) {
+            (15, 7) => return f64::NAN,
+            (0, m) => f64::from(m) / 8.0 * 2f64.powi(-6),
+            (e, m) => (1.0 + f64::from(m) / 8.0) * 2f64.powi(i32::from(e) - 7),
+        };
+        if sign == 1 { -magnitude } else { magnitude }
+    }
+
+    /// The slow reference of narrowing: NaN → 0x7F, saturation beyond 448, otherwise the
+    /// nearest of all 127 non-negative finite codes by exhaustive search (ties to the even
+    /// code, i.e. mantissa bit 0 clear), with the input's sign.
+    fn nearest_by_search(x: f32) -> u8 {
+        if x.is_nan() {
+            return 0x7F;
+        }
+        let sign = if x.is_sign_negative() { 0x80 } else { 0 };
+        let target = f64::from(x.abs());
+        if target > 448.0 {
+            return sign | 0x7E;
+        }
+        let mut best = 0u8;
+        for code in 1..=0x7Eu8 {
+            let (d, best_d) = (
+                (target - value_from_definition(code)).abs(),
+                (target - value_from_definition(best)).abs(),
+            );
+            if d < best_d || (d == best_d && code % 2 == 0) {
+                best = code;
+            }
+        }
+        sign | best
+    }
+
+    fn narrow(x: f32) -> u8 {
+        E4m3::from_f32(x).to_bits()
+    }
+
+    #[test]
+    fn every_code_widens_to_its_defined_value() {
+        for code in 0..=255u8 {
+            let got = E4m3::from_bits(code).to_f32();
+            let want = value_from_definition(code);
+            if want.is_nan() {
+                assert!(
+                    got.is_nan() && E4m3::from_bits(code).is_nan(),
+                    "{code:#04x}"
+                );
+                assert_eq!(got.is_sign_negative(), code & 0x80 != 0, "{code:#04x}");
+            } else {
+                assert!(!E4m3::from_bits(code).is_nan(), "{code:#04x}");
+                // Bit equality: ±0 keep their signs, and f64 → f32 is exact for these values.
+                assert_eq!(got.to_bits(), (want as f32).to_bits(), "{code:#04x}");
+                assert_eq!(f64::from(got), want, "{code:#04x}");
+            }
+        }
+        let anchors: [(u8, f32); 12] = [
+            (0x00, 0.0),
+            (0x80, -0.0),
+            (0x01, 0.001_953_125), // 2^-9
+            (0x07, 0.013_671_875), // 7·2^-9, the largest subnormal
+            (0x08, 0.015_625),     // 2^-6
+            (0x30, 0.5),
+            (0x38, 1.0),
+            (0x39, 1.125),
+            (0x3F, 1.875),
+            (0x40, 2.0),
+            (0x7E, 448.0),
+            (0xFE, -448.0),
+        ];
+        for (code, value) in anchors {
+            assert_eq!(E4m3::from_bits(code).to_f32().to_bits(), value.to_bits());
+        }
+        assert_eq!(E4m3::MAX.to_f32(), 448.0);
+        assert_eq!(E4m3::MIN_POSITIVE.to_f32(), 2f32.powi(-6));
+        assert_eq!(E4m3::MIN_POSITIVE_SUBNORMAL.to_f32(), 2f32.powi(-9));
+        assert!(E4m3::NAN.is_nan());
+        // The positive finite codes are strictly increasing in value.
+        for code in 0..0x7Eu8 {
+            assert!(E4m3::from_bits(code).to_f32() < E4m3::from_bits(code + 1).to_f32());
+        }
+    }
+
+    #[test]
+    fn every_finite_code_survives_a_round_trip_and_nan_stays_nan() {
+        for code in 0..=255u8 {
+            let e = E4m3::from_bits(code);
+            if e.is_nan() {
+                assert_eq!(E4m3::from_f32(e.to_f32()), E4m3::NAN);
+            } else {
+                assert_eq!(narrow(e.to_f32()), code, "{code:#04x}");
+            }
+        }
+        for nan in [
+            f32::NAN,
+            -f32::NAN,
+            f32::from_bits(0x7F80_0001),
+            f32::from_bits(0xFFC0_1234),
+        ] {
+            assert_eq!(E4m3::from_f32(nan), E4m3::NAN);
+        }
+    }
+
+    #[test]
+    fn half_way_cases_round_to_even_and_neighbours_to_nearest() {
+        // All 126 gaps between adjacent non-negative finite codes, both signs: the midpoint
+        // (exact in f32) goes to the even code, one f32 ulp below it to the lower code, one
+        // above to the upper code.
+        let mut cases = 0;
+        for low in 0..0x7Eu8 {
+            let high = low + 1;
+            let even = if low % 2 == 0 { low } else { high };
+            let mid = (E4m3::from_bits(low).to_f32() + E4m3::from_bits(high).to_f32()) / 2.0;
+            assert_eq!(
+                f64::from(mid),
+                (value_from_definition(low) + value_from_definition(high)) / 2.0
+            );
+            for (sign, x) in [(0u8, mid), (0x80, -mid)] {
+                assert_eq!(narrow(x), sign | even, "midpoint {x}");
+                let (below, above) = (x.abs().next_down(), x.abs().next_up());
+                let signed = |v: f32| if sign == 0 { v } else { -v };
+                assert_eq!(narrow(signed(below)), sign | low, "below {x}");
+                assert_eq!(narrow(signed(above)), sign | high, "above {x}");
+                cases += 3;
+            }
+        }
+        assert_eq!(cases, 126 * 6);
+    }
+
+    #[test]
+    fn underflow_subnormals_and_saturation() {
+        let cases: [(f32, u8); 22] = [
+            // Underflow: half the smallest subnormal ties to the even zero.
+            (2f32.powi(-10), 0x00),
+            (-(2f32.powi(-10)), 0x80),
+            (2f32.powi(-10).next_up(), 0x01),
+            (f32::MIN_POSITIVE, 0x00),
+            (f32::from_bits(1), 0x00),
+            (-f32::from_bits(1), 0x80),
+            (-0.0, 0x80),
+            // Subnormal range: spacing 2^-9, ties to even.
+            (3.0 * 2f32.powi(-10), 0x02),
+            (5.0 * 2f32.powi(-10), 0x02),
+            (7.0 * 2f32.powi(-10), 0x04),
+            (15.0 * 2f32.powi(-10), 0x08), // 7.5·2^-9 → 2^-6, the smallest normal
+            (2f32.powi(-6).next_down(), 0x08),
+            // Saturation (satfinite): every |x| > 448 is ±448, infinities included.
+            (448.0, 0x7E),
+            (448f32.next_up(), 0x7E),
+            (464.0, 0x7E),
+            (480.0, 0x7E),
+            (1.0e30, 0x7E),
+            (f32::MAX, 0x7E),
+            (f32::INFINITY, 0x7E),
+            (f32::NEG_INFINITY, 0xFE),
+            (-464.0, 0xFE),
+            // Top binade: spacing 32, 432 = 13.5·32 ties to 14·32 = 448.
+            (432.0, 0x7E),
+        ];
+        for (x, code) in cases {
+            assert_eq!(narrow(x), code, "{x:e}");
+            assert_eq!(nearest_by_search(x), code, "reference at {x:e}");
+        }
+    }
+
+    #[test]
+    fn narrowing_matches_exhaustive_nearest_search_on_random_values() {
+        let mut rng = StdRng::seed_from_u64(24);
+        // 20 000 log-uniform magnitudes from below the underflow threshold (2^-12) to beyond
+        // saturation (2^10), random signs.
+        for _ in 0..20_000 {
+            let magnitude = 2f32.powf(rng.random_range(-12.0f32..10.0));
+            let x = if rng.random::<bool>() {
+                magnitude
+            } else {
+                -magnitude
+            };
+            assert_eq!(narrow(x), nearest_by_search(x), "{x:e}");
+        }
+        // 5 000 arbitrary f32 bit patterns (NaNs, infinities, subnormals, huge values).
+        for _ in 0..5_000 {
+            let x = f32::from_bits(rng.random::<u32>());
+            assert_eq!(narrow(x), nearest_by_search(x), "{:#010x}", x.to_bits());
+        }
+    }
+
+    #[test]
+    fn scales_validate_their_lengths() {
+        let tensor = Scales::Tensorwise { a: 2.0, b: 0.5 };
+        assert_eq!(tensor.mode(), ScaleMode::Tensorwise);
+        assert!(tensor.validate(3, 5).is_ok());
+        assert_eq!(tensor.pair(2, 4), (2.0, 0.5));
+        let row = Scales::Rowwise {
+            a: vec![1.0, 2.0, 3.0],
+            b: vec![0.5; 5],
+        };
+        assert_eq!(row.mode(), ScaleMode::Rowwise);
+        assert!(row.validate(3, 5).is_ok());
+        assert_eq!(row.pair(1, 4), (2.0, 0.5));
+        assert_eq!(
+            row.validate(4, 5),
+            Err(SizeError::Elements {
+                matrix: "the row-wise scales of A".into(),
+                got: 3,
+                expected: 4,
+            })
+        );
+        assert!(matches!(
+            row.validate(3, 6),
+            Err(SizeError::Elements {
+                got: 5,
+                expected: 6,
+                ..
+            })
+        ));
+        assert_eq!(ScaleMode::ALL.map(ScaleMode::name), ["tensor", "row"]);
+    }
+}
