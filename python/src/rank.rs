@@ -1,19 +1,34 @@
 //! `RankGemm`: one rank's tensor-parallel GEMM, built collectively and launched on a caller's
 //! stream with raw device addresses.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use distgemm::cuda::{DistGemmError as DistGemmErrorKind, RankArgs, RankGemm, Rendezvous};
 use distgemm::dtype::Dtype;
 use distgemm::problem::Problem;
-use distgemm::runtime::{Gpu, RawStream};
+use distgemm::runtime::{Gpu, Module, RawStream};
 use distgemm::schedule::{BufferKind, ScheduleKind};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
 use crate::rendezvous::PyRendezvous;
 use crate::{DistGemmError, guard, to_py_err};
+
+/// The kernels' module of each GPU (by ordinal), loaded once per process and shared by every
+/// instance: loading compiles the PTX, which every new token count's build would pay again.
+static MODULES: Mutex<Vec<(usize, Arc<Module>)>> = Mutex::new(Vec::new());
+
+/// The loaded kernels of `gpu` (loading them on first use).
+fn module_of(gpu: &Gpu) -> distgemm::runtime::Result<Arc<Module>> {
+    let mut modules = MODULES.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some((_, module)) = modules.iter().find(|(o, _)| *o == gpu.ordinal()) {
+        return Ok(Arc::clone(module));
+    }
+    let module = Module::load(gpu)?;
+    modules.push((gpu.ordinal(), Arc::clone(&module)));
+    Ok(module)
+}
 
 /// A value handed to [`Python::detach`]'s closure.
 ///
@@ -147,6 +162,10 @@ impl PyRankGemm {
                 let gpu = Gpu::open(device);
                 let gpu_error = match gpu {
                     Ok(gpu) => {
+                        // On a load error the builder loads again and fails, collectively.
+                        if let Ok(module) = module_of(&gpu) {
+                            builder = builder.module(module);
+                        }
                         builder = builder.gpu(gpu);
                         None
                     }
