@@ -91,6 +91,19 @@ def check_tensor(name: str, t: object, device_index: int) -> str:
     return dtype
 
 
+def check_no_grad(tensors, grad_enabled: bool) -> None:
+    """The ops have no backward: with autograd recording, an input that requires grad would
+    give an output silently cut off from the graph, so that is an error."""
+    if not grad_enabled:
+        return
+    for name, t in tensors:
+        if getattr(t, "requires_grad", False):
+            raise RuntimeError(
+                f"{name} requires grad, but distgemm's ops have no backward yet: call them under "
+                "torch.no_grad() or torch.inference_mode(), or detach the tensor"
+            )
+
+
 def same_dtype(names: tuple[str, str], dtypes: tuple[str, str]) -> None:
     if dtypes[0] != dtypes[1]:
         raise TypeError(

@@ -77,6 +77,11 @@ def _context(torch, group) -> _Context:
     if not torch.cuda.is_available():
         raise RuntimeError("no CUDA device is available: distgemm runs on Hopper GPUs")
     device = torch.cuda.current_device()
+    if torch.cuda.is_current_stream_capturing():
+        raise RuntimeError(
+            "distgemm's ops cannot be captured into a CUDA graph yet (each call updates and "
+            "launches distgemm's own graph and checks its error word): call them outside capture"
+        )
     if device not in _checked_devices:
         cap = torch.cuda.get_device_capability(device)
         if tuple(cap) != _HOPPER:
@@ -236,6 +241,7 @@ def _all_gather_linear(torch, ctx, x, weight, schedule, out, names):
     sched, auto = _checks.resolve_schedule("all_gather", schedule)
     dtypes = (_checks.check_tensor(xn, x, ctx.device), _checks.check_tensor(wn, weight, ctx.device))
     _checks.same_dtype(names, dtypes)
+    _checks.check_no_grad(((xn, x), (wn, weight)), torch.is_grad_enabled())
     shapes = _checks.all_gather_shapes(tuple(x.shape), tuple(weight.shape), ctx.tp, names)
     _checks.check_problem(sched, shapes.m, shapes.n, shapes.k, ctx.tp)
     m_local, n_local = shapes.m // ctx.tp, shapes.n // ctx.tp
@@ -260,6 +266,7 @@ def _linear_reduce_scatter(torch, ctx, x, weight, schedule, out, alpha, names):
     sched, auto = _checks.resolve_schedule("reduce_scatter", schedule)
     dtypes = (_checks.check_tensor(xn, x, ctx.device), _checks.check_tensor(wn, weight, ctx.device))
     _checks.same_dtype(names, dtypes)
+    _checks.check_no_grad(((xn, x), (wn, weight)), torch.is_grad_enabled())
     shapes = _checks.reduce_scatter_shapes(tuple(x.shape), tuple(weight.shape), ctx.tp, names)
     _checks.check_problem(sched, shapes.m, shapes.n, shapes.k, ctx.tp)
     k_local = shapes.k // ctx.tp

@@ -145,12 +145,21 @@ class FakeRankGemm:
 
 
 def install_fake_torch(
-    monkeypatch, *, rank=0, world=2, capability=(9, 0), backend="gloo", initialized=True
+    monkeypatch,
+    *,
+    rank=0,
+    world=2,
+    capability=(9, 0),
+    backend="gloo",
+    initialized=True,
+    capturing=False,
+    grad_enabled=True,
 ):
     """Puts a fake `torch` (with `torch.cuda` and `torch.distributed`) into sys.modules."""
     torch = types.ModuleType("torch")
     torch.bfloat16, torch.float16, torch.float32 = BF16, F16, F32
     torch.empty = lambda shape, dtype, device: FakeTensor(shape, dtype, device)
+    torch.is_grad_enabled = lambda: grad_enabled
 
     cuda = types.ModuleType("torch.cuda")
     cuda.is_available = lambda: True
@@ -158,6 +167,7 @@ def install_fake_torch(
     cuda.get_device_capability = lambda d: capability
     cuda.get_device_name = lambda d: "NVIDIA H200" if capability == (9, 0) else "NVIDIA A100"
     cuda.current_stream = lambda d: types.SimpleNamespace(cuda_stream=0xABC)
+    cuda.is_current_stream_capturing = lambda: capturing
     torch.cuda = cuda
 
     world_group = types.SimpleNamespace(group_name="0")

@@ -205,3 +205,19 @@ def test_synchronize_and_clear_cache(env, monkeypatch):
     monkeypatch.setattr(_cache, "CACHE", _ops.CACHE)
     distgemm.clear_cache()
     assert inst.closed
+
+
+def test_autograd_and_graph_capture_are_refused(env):
+    env()
+    x, w = FakeTensor((16, 128)), FakeTensor((64, 128))
+    w.requires_grad = True
+    with pytest.raises(
+        RuntimeError, match="weight requires grad, but distgemm's ops have no backward"
+    ):
+        distgemm.all_gather_linear(x, w)
+    env(grad_enabled=False)  # under torch.no_grad(): fine
+    assert distgemm.all_gather_linear(x, w).shape == (32, 64)
+    env(capturing=True)
+    with pytest.raises(RuntimeError, match="cannot be captured into a CUDA graph"):
+        distgemm.linear_reduce_scatter(FakeTensor((16, 128)), FakeTensor((64, 128)))
+    assert FakeRankGemm.built == []

@@ -383,6 +383,12 @@ def main():
                 ["bf16", "f16"],
             ),
             (
+                "weight requiring grad",
+                RuntimeError,
+                lambda: distgemm.all_gather_linear(x, w.clone().requires_grad_()),
+                ["requires grad"],
+            ),
+            (
                 "unknown schedule",
                 ValueError,
                 lambda: distgemm.all_gather_linear(x, w, schedule="ag-b"),
