@@ -36,8 +36,14 @@ _warned_copies: set = set()
 _lock = threading.Lock()
 
 
+_torch_module = None
+
+
 def _torch():
-    """torch, or an ImportError that says why distgemm's ops need it."""
+    """torch, or an ImportError that says why distgemm's ops need it (imported on first use)."""
+    global _torch_module
+    if _torch_module is not None:
+        return _torch_module
     try:
         import torch
         import torch.distributed as dist
@@ -48,6 +54,7 @@ def _torch():
         ) from e
     if not dist.is_available():
         raise RuntimeError("this PyTorch build has no torch.distributed, which distgemm's ops need")
+    _torch_module = torch
     return torch
 
 
@@ -254,8 +261,10 @@ def _all_gather_linear(torch, ctx, x, weight, schedule, out, names):
         1.0,
         {"A": (m_local, shapes.k), "B": (n_local, shapes.k), "D": (shapes.m, n_local)},
     )
+    given = out is not None
     out = _output(torch, out, shapes.out, x)
-    _check_no_overlap(out, ((xn, x), (wn, weight)))
+    if given:  # a new tensor cannot overlap the inputs
+        _check_no_overlap(out, ((xn, x), (wn, weight)))
     stream = torch.cuda.current_stream(ctx.device).cuda_stream
     inst.launch(stream, x.data_ptr(), weight.data_ptr(), None, out.data_ptr())
     return out
@@ -279,8 +288,10 @@ def _linear_reduce_scatter(torch, ctx, x, weight, schedule, out, alpha, names):
         alpha,
         {"A": (shapes.m, k_local), "B": (shapes.n, k_local), "D": (shapes.m // ctx.tp, shapes.n)},
     )
+    given = out is not None
     out = _output(torch, out, shapes.out, x)
-    _check_no_overlap(out, ((xn, x), (wn, weight)))
+    if given:  # a new tensor cannot overlap the inputs
+        _check_no_overlap(out, ((xn, x), (wn, weight)))
     stream = torch.cuda.current_stream(ctx.device).cuda_stream
     inst.launch(stream, x.data_ptr(), weight.data_ptr(), None, out.data_ptr())
     return out

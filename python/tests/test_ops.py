@@ -17,6 +17,7 @@ def env(monkeypatch):
         monkeypatch.setattr(_ops, "CACHE", _cache.InstanceCache())
         monkeypatch.setattr(_ops, "_checked_devices", {})
         monkeypatch.setattr(_ops, "_warned_copies", set())
+        monkeypatch.setattr(_ops, "_torch_module", None)
         FakeRankGemm.built = []
         return torch
 
