@@ -46,6 +46,7 @@ def parse_args():
     p.add_argument("--quick", action="store_true", help="one token count, presets in bf16 only")
     p.add_argument("--backend", default="gloo", help="torch.distributed backend (gloo shares GPUs)")
     p.add_argument("--calls", type=int, default=3, help="calls per case, new inputs each")
+    p.add_argument("--repeat", type=int, default=200, help="calls of the repeat cases")
     return p.parse_args()
 
 
@@ -143,7 +144,7 @@ def main():
             f"max err {err.max().item():.3g}, max bound {bound.max().item():.3g}, {bad} outside",
         )
 
-    def ag_case(tag, dtype_name, m, n, k, calls, shape3=None):
+    def ag_case(tag, dtype_name, m, n, k, calls, shape3=None, schedule="auto"):
         dtype = dtypes[dtype_name]
         ml, nl = m // world, n // world
         for call in range(calls):
@@ -154,7 +155,7 @@ def main():
             w = w_full_d.clone()
             if shape3 is not None:
                 x = x.view(shape3[0] // world, shape3[1], k)
-            out = distgemm.all_gather_linear(x, w)
+            out = distgemm.all_gather_linear(x, w, schedule=schedule)
             # The inputs overwritten right after the call, on its stream.
             x.fill_(float("nan"))
             w.fill_(float("nan"))
@@ -176,7 +177,7 @@ def main():
             )
         distgemm.synchronize()
 
-    def rs_case(tag, dtype_name, m, n, k, calls, op="linear", reduce_op="sum"):
+    def rs_case(tag, dtype_name, m, n, k, calls, op="linear", reduce_op="sum", schedule="auto"):
         dtype = dtypes[dtype_name]
         kl, ml = k // world, m // world
         for call in range(calls):
@@ -186,7 +187,7 @@ def main():
             x = a_full[:, rank * kl : (rank + 1) * kl].contiguous()
             w = w_full[:, rank * kl : (rank + 1) * kl].contiguous()
             if op == "linear":
-                out = distgemm.linear_reduce_scatter(x, w)
+                out = distgemm.linear_reduce_scatter(x, w, schedule=schedule)
             else:
                 out = distgemm.fused_matmul_reduce_scatter(
                     x, w.t(), reduce_op, 0, dist.group.WORLD.group_name
@@ -239,6 +240,54 @@ def main():
         check.ok(f"{tag} {dtype_name} fused_all_gather_matmul(return_A=False)", torch.equal(p1, s1))
         distgemm.synchronize()
 
+    def repeat_case(dtype_name, m, n, k, calls):
+        """Many calls on one instance per op, each with new inputs that are overwritten right
+        after the call; all-gather bitwise against the one-rank GEMM, reduce-scatter against
+        the f64 bound, every call (one line per op)."""
+        dtype = dtypes[dtype_name]
+        ml, kl = m // world, k // world
+        bad_ag, bad_rs = [], []
+        for call in range(calls):
+            seed = seed_of("repeat", dtype_name, call)
+            a_full = rand((m, k), dtype, seed)
+            w_d = rand((n // world, k), dtype, seed + 1 + rank)
+            x = a_full[rank * ml : (rank + 1) * ml].clone()
+            w = w_d.clone()
+            out = distgemm.all_gather_linear(x, w)
+            x.normal_()  # overwritten on the stream right after the call
+            w.normal_()
+            single = distgemm.all_gather_linear(a_full, w_d, group=solo)
+            w_full = rand((n, k), dtype, seed + 2)
+            xr = a_full[:, rank * kl : (rank + 1) * kl].contiguous()
+            wr = w_full[:, rank * kl : (rank + 1) * kl].contiguous()
+            out_rs = distgemm.linear_reduce_scatter(xr, wr)
+            xr.normal_()
+            wr.normal_()
+            torch.cuda.synchronize()
+            if not torch.equal(out, single):
+                bad_ag.append(call)
+            a64, b64 = a_full[rank * ml : (rank + 1) * ml].double(), w_full.double()
+            err = (out_rs.double() - a64 @ b64.T).abs()
+            bound = (
+                1.05
+                * (max(world, 2) * UNIT_ROUNDOFF[dtype_name] + (k + world + 2) * 2.0**-24)
+                * (a64.abs() @ b64.abs().T)
+                + max(world, 2) * HALF_SUBNORMAL[dtype_name]
+            )
+            if not bool((err <= bound).all()):
+                bad_rs.append(call)
+        distgemm.synchronize()
+        check.ok(
+            f"repeat {calls} calls ag {dtype_name}: bitwise every call",
+            not bad_ag,
+            f"bad calls {bad_ag[:10]}",
+        )
+        check.ok(
+            f"repeat {calls} calls rs {dtype_name}: f64 bound every call",
+            not bad_rs,
+            f"bad calls {bad_rs[:10]}",
+        )
+
     try:
         tokens = [256] if args.quick else [256, 37 * world]  # 37 * TP: ragged per rank
         for preset, (n, k) in PRESETS.items():
@@ -249,14 +298,19 @@ def main():
                         ag_case(tag, dtype_name, m, n, k, args.calls)
                     else:
                         rs_case(tag, dtype_name, m, n, k, args.calls)
+        repeat_case("bf16", world * 37, world * 8 * 13, 8 * world * 29, args.repeat)
         # Ragged problems (not multiples of any tile) and the other spellings.
         for dtype_name in ["bf16", "f16"]:
             n, k = world * 8 * 13, 8 * world * 29
-            ag_case(f"ragged M={world * 37} N={n} K={k}", dtype_name, world * 37, n, k, args.calls)
+            for schedule in ("ag-a", "ag-a-single"):
+                tag = f"ragged {schedule} M={world * 37} N={n} K={k}"
+                ag_case(tag, dtype_name, world * 37, n, k, args.calls, schedule=schedule)
             ag_case(
                 f"3-D input M={world * 6}x5", dtype_name, world * 30, n, k, 1, shape3=(world * 6, 5)
             )
-            rs_case(f"ragged M={world * 37} N={n} K={k}", dtype_name, world * 37, n, k, args.calls)
+            for schedule in ("rs-a", "rs-a-single"):
+                tag = f"ragged {schedule} M={world * 37} N={n} K={k}"
+                rs_case(tag, dtype_name, world * 37, n, k, args.calls, schedule=schedule)
             rs_case(
                 f"drop-in M={world * 20}",
                 dtype_name,
