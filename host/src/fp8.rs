@@ -16,9 +16,9 @@
 //! narrowing ([`E4m3::from_f32`]) rounds to nearest, ties to even, and saturates finite
 //! overflow like PTX `cvt.rn.satfinite.e4m3x2.f32`.
 //!
-//! A product of two e4m3 values has at most 8 significant bits and lies in `[2^-18, 448²]`, so
-//! it is exact in f32; a sum of K of them is a multiple of 2^-18 below `K·448² < 2^35` for
-//! K ≤ 171 196, so it is exact in f64 (every preset has K ≤ 53 248).
+//! A nonzero product of two e4m3 values has at most 8 significant bits and a magnitude in
+//! `[2^-18, 448²]`, so it is exact in f32; a sum of K of them is a multiple of 2^-18 below
+//! `K·448² < 2^35` for K ≤ 171 196, so it is exact in f64 (every preset has K ≤ 53 248).
 //!
 //! # What the GPU kernel needs (not written yet)
 //!
@@ -60,8 +60,6 @@ use crate::plan::SizeError;
 pub struct E4m3(u8);
 
 impl E4m3 {
-    /// +0.
-    pub const ZERO: E4m3 = E4m3(0x00);
     /// The largest finite value, 448 = 1.75·2^8.
     pub const MAX: E4m3 = E4m3(0x7E);
     /// The smallest positive normal value, 2^-6.
@@ -119,8 +117,8 @@ impl E4m3 {
     ///
     /// - NaN (any sign or payload) → [`E4m3::NAN`] (0x7F). PTX promises a NaN, not which of
     ///   the two codes: a GPU test compares NaN-ness, not the bits;
-    /// - `|x| > 448`, ±∞ included → ±448 (the round-to-nearest result of any `|x| ≥ 464`
-    ///   would exceed 448, and every `448 < |x| < 464` rounds to 448 anyway);
+    /// - `|x| > 448`, ±∞ included → ±448 (rounding any `|x| > 464` would exceed 448, and
+    ///   every `448 < |x| ≤ 464` rounds to 448 anyway, 464 being a tie to the even 448);
     /// - otherwise the nearest of the values `n·2^(e−3)`, e = max(⌊log2|x|⌋, −6), ties to even
     ///   `n`: the normal range keeps 4 significant bits, the subnormal range (below 2^-6) has the
     ///   fixed spacing 2^-9, `|x| ≤ 2^-10` (f32 subnormals included) gives a zero, and the sign of

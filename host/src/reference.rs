@@ -874,35 +874,27 @@ mod tests {
                     let report = run(&d);
                     assert!(report.passed(), "{case}: {report:?}");
                     assert_eq!(report.bound, ErrorBound::scaled(T::DTYPE, 1, k, 1));
-                    // The oracle: want = alpha·s·Σab + beta·c, tol from |s|·Σ|ab| (the f64
-                    // reference on |A|, |B| and |scales|).
-                    let abs_codes = |v: &[E4m3]| -> Vec<E4m3> {
-                        v.iter()
-                            .map(|x| E4m3::from_bits(x.to_bits() & 0x7F))
-                            .collect()
-                    };
-                    let abs_scales = match &scales {
-                        Scales::Tensorwise { a, b } => Scales::Tensorwise {
-                            a: a.abs(),
-                            b: b.abs(),
-                        },
-                        Scales::Rowwise { a, b } => Scales::Rowwise {
-                            a: a.iter().map(|x| x.abs()).collect(),
-                            b: b.iter().map(|x| x.abs()).collect(),
-                        },
-                    };
+                    // The oracle: want = alpha·s·Σab + beta·c (the f64 reference), tol from
+                    // |alpha·s|·Σ|ab| + |beta·c|.
                     let exact = gemm_scaled_f64(m, n, k, &a, k, &b, k, &scales)
                         .unwrap_or_else(|e| panic!("{e}"));
-                    let magnitude =
-                        gemm_scaled_f64(m, n, k, &abs_codes(&a), k, &abs_codes(&b), k, &abs_scales)
-                            .unwrap_or_else(|e| panic!("{e}"));
+                    let magnitude = |i: usize, j: usize| {
+                        let (row, col) = (&a[i * k..(i + 1) * k], &b[j * k..(j + 1) * k]);
+                        let (sa, sb) = scales.pair(i, j);
+                        let sum: f64 = row
+                            .iter()
+                            .zip(col)
+                            .map(|(x, y)| f64::from(x.to_f32() * y.to_f32()).abs())
+                            .sum();
+                        (f64::from(sa) * f64::from(sb)).abs() * sum
+                    };
                     for idx in [0, 7, m * n - 1] {
                         let beta_c = c32
                             .as_ref()
                             .map_or(0.0, |c| f64::from(beta) * f64::from(c[idx]));
                         let want = f64::from(alpha) * exact[idx] + beta_c;
                         let tol = report.bound.relative
-                            * (f64::from(alpha).abs() * magnitude[idx] + beta_c.abs())
+                            * (f64::from(alpha).abs() * magnitude(idx / n, idx % n) + beta_c.abs())
                             + report.bound.absolute;
                         for up in [true, false] {
                             let limit = if up { want + tol } else { want - tol };
