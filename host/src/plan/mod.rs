@@ -10,6 +10,10 @@
 //!                            end, see `EdgeKind::ProgrammaticDeferred`)
 //! pipelined reduce-scatter: Barrier ─pdl→ Gemm0 ─pdl→ … Gemm(P−1)
 //!                            (Gemm t>0 signals right's flag t, then waits own flag t)
+//! … with pushed partials:    Barrier ─pdl→ Gemm0 ─pdl→ Gemm1 ─pdl→ … Gemm(P−1)
+//!                                           └─full→ Push1 → Flag1   └─full→ Push2 → Flag2 …
+//!                            (Push t copies Gemm(t−1)'s partial into right's receive slot,
+//!                            Flag t sets right's flag t; Gemm t>0 waits own flag t)
 //! single-stage all-gather:  Barrier ─full→ Copy(d) → Copy(d+1) → Rel … → Copy(d−1) → Rel ─full→ Gemm
 //!                            ─full→ AwaitRelease
 //! single-stage reduce-scatter: Barrier ─pdl→ Gemm ─pdl→ Reduce
@@ -30,9 +34,11 @@
 //! documents as a fence "similar to `__threadfence_system()`" before the write; on the CPU a
 //! `SeqCst` fence then a relaxed store), which is a release too; a flag poll is an *acquire*
 //! (`ld.acquire.sys`); the barrier's arrivals are release RMWs and its poll an acquire load,
-//! and its flag reset is ordered before its arrival. Hence a GEMM that observes
-//! flag t set also observes the copy (all-gather) or the left neighbour's partial
-//! (reduce-scatter) that was complete before the flag was stored; and it cannot see the flag
+//! and its flag reset is ordered before its arrival. A push and its flag set are joined by a
+//! full edge in the pusher's graph, so the copy engine's remote writes are complete before
+//! the fence of the flag set. Hence a GEMM that observes
+//! flag t set also observes the copy (all-gather), the left neighbour's partial
+//! (reduce-scatter) or its push that was complete before the flag was stored; and it cannot see the flag
 //! still set by the previous run, since it runs after a stage whose completion implies the
 //! barrier's (and with it the flag reset). Across runs, nobody writes
 //! into a buffer a peer may still read until that peer has arrived at the next barrier, i.e.
@@ -44,8 +50,35 @@
 //! *a device's input shards may be rewritten in its own stream order once its graph has
 //! ended* (no host-side wait for the other devices is needed). Reduce-scatter schedules need
 //! no release: peers read only a device's workspace, which the device rewrites in the next run
-//! only after that run's barrier, i.e. after every peer has finished the previous run. Its
+//! only after that run's barrier, i.e. after every peer has finished the previous run (with
+//! pushed partials, peers write only its workspace, after the same barrier). Its
 //! D is written by the device alone.
+//!
+//! **Slots of pushed partials** ([`RsPartials::Push`]; slot names as in
+//! [`crate::schedule::device_program_with`]: the left neighbour pushes into `R_t`, stage t
+//! writes `S_t`, and `S_t = R_{t−1}` for 2 ≤ t ≤ P−2). Device d's workspace is written by
+//! d's own stage GEMMs and by its left neighbour's pushes, and read by d's own GEMMs and
+//! pushes only. Each slot use ends at a point that orders it before the next write:
+//! - `R_t` (pushed by left after left's stage t−1, read by d's stage t): in one run, left
+//!   pushes into `R_t` once, and d writes it (as `S_{t+1}`) only in stage t+1, which starts
+//!   after stage t has completed (its programmatic edge: `griddepcontrol.wait` before any
+//!   memory access), and stage t observed flag t, so the push is ordered before it. Across
+//!   runs, left pushes into `R_t` only after passing the next barrier, which needs d's
+//!   arrival, which d's next graph makes only after this run's graph ended (every push of d
+//!   included, so `S_{t+1}` has been read too). *Frees `R_t`: d's stage t's completion (for
+//!   d's own write), d's next barrier arrival (for the left neighbour's push).*
+//! - `S_0`, `S_1` (written by d's stages 0 and 1, read by d's pushes 1 and 2): written once
+//!   per run, rewritten only after d's next barrier, which its next graph reaches only after
+//!   this run's graph, pushes included, has ended. *Frees them: the end of d's graph.*
+//! - flags: d's stage flag t is set only by left's flag-set node after push t, reset by d's
+//!   barrier before d arrives; left sets it only after passing that barrier (same argument as
+//!   for the kernel signals below).
+//!
+//! Hence no slot is written while a reader may still read it, at any delay of any device;
+//! the CPU executor checks this with devices delayed on purpose (`tests/cpu_executor.rs`).
+//! A deferred first stage ([`EdgeKind::ProgrammaticDeferred`]) would break the first point
+//! and is never used for reduce-scatter (the lowering refuses one that signals, waits or
+//! reads a peer anyway).
 //!
 //! **Failures.** A GPU wait that times out records its code in every device's error word, and
 //! a barrier that finds its own word set arrives nowhere (sticky poison: no device runs on one
@@ -68,9 +101,10 @@ pub use node::{
 pub use shard::{DeviceInputs, GlobalInputs, SizeError, random_normal};
 
 use crate::problem::Problem;
+pub use crate::schedule::RsPartials;
 use crate::schedule::{
-    BufferKind, Collective, CopyStep, DeviceProgram, FlagRef, ScheduleError, ScheduleKind,
-    ShardLayout, WorkspaceLayout, can_implement, device_program,
+    BufferKind, Collective, CopyDirection, CopyStep, DeviceProgram, FlagRef, ScheduleError,
+    ScheduleKind, ShardLayout, WorkspaceLayout, can_implement, device_program_with,
 };
 
 /// Why no plan was built.
@@ -154,11 +188,22 @@ impl DevicePlan {
     }
 }
 
+/// Choices of [`Plan::build_with`] beyond schedule, problem and TP.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct PlanOptions {
+    /// How the pipelined reduce-scatter moves partials (ignored by other schedules).
+    pub rs_partials: RsPartials,
+}
+
 /// A complete plan: one DAG per device plus the shared layouts.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Plan {
     /// The schedule.
     pub schedule: ScheduleKind,
+    /// How partials move: [`RsPartials::Push`] only for a pipelined reduce-scatter built with
+    /// it, else [`RsPartials::Read`] (also when absent, in plans written before pushes).
+    #[serde(default)]
+    pub rs_partials: RsPartials,
     /// The global problem.
     pub problem: Problem,
     /// Number of devices.
@@ -170,18 +215,32 @@ pub struct Plan {
 }
 
 impl Plan {
-    /// Builds the plan of `schedule` for `problem` on `tp` devices.
+    /// Builds the plan of `schedule` for `problem` on `tp` devices (partials read remotely).
     pub fn build(schedule: ScheduleKind, problem: Problem, tp: usize) -> Result<Plan, PlanError> {
+        Self::build_with(schedule, problem, tp, PlanOptions::default())
+    }
+
+    /// Builds the plan of `schedule` for `problem` on `tp` devices with `options`; an option
+    /// that does not apply to the schedule is ignored ([`RsPartials::effective`]), and
+    /// [`Plan::rs_partials`] records what runs.
+    pub fn build_with(
+        schedule: ScheduleKind,
+        problem: Problem,
+        tp: usize,
+        options: PlanOptions,
+    ) -> Result<Plan, PlanError> {
         can_implement(schedule, &problem, tp)?;
+        let rs_partials = options.rs_partials.effective(schedule);
         let exclusive = ExclusiveLayout::new(tp);
         let programs: Vec<DeviceProgram> = (0..tp)
-            .map(|d| device_program(schedule, &problem, tp, d))
+            .map(|d| device_program_with(schedule, &problem, tp, d, rs_partials))
             .collect();
         let devices = (0..tp)
             .map(|d| wire(schedule, &problem, &exclusive, &programs, d))
             .collect();
         let plan = Plan {
             schedule,
+            rs_partials,
             problem,
             tp,
             exclusive,
@@ -215,6 +274,23 @@ fn reads_peer_shard(copy: &CopyStep, device: usize) -> bool {
         )
 }
 
+/// Appends `node` with an edge from node `from`; returns its index.
+fn append(
+    nodes: &mut Vec<Node>,
+    edges: &mut Vec<Edge>,
+    node: Node,
+    from: usize,
+    kind: EdgeKind,
+) -> usize {
+    nodes.push(node);
+    edges.push(Edge {
+        from,
+        to: nodes.len() - 1,
+        kind,
+    });
+    nodes.len() - 1
+}
+
 /// Turns device `d`'s program into nodes and edges (see the module documentation for the
 /// shapes); `programs` are every device's, for the release flags of d's input shards.
 fn wire(
@@ -233,28 +309,18 @@ fn wire(
         arrivals: u32::try_from(tp - 1).unwrap_or(u32::MAX),
     })];
     let mut edges = Vec::new();
-    let mut push = |nodes: &mut Vec<Node>, node: Node, from: usize, kind: EdgeKind| {
-        nodes.push(node);
-        edges.push(Edge {
-            from,
-            to: nodes.len() - 1,
-            kind,
-        });
-        nodes.len() - 1
-    };
 
-    // The copy chain hangs off the barrier with full edges: each copy, then the stage flag it
-    // feeds, then (for a peer's input shard) the owner's release flag.
-    let mut copy_tail = 0;
-    for copy in &program.copies {
-        let bytes = copy.src.len * problem.dtype.size_bytes();
+    // A copy, then the stage flag it feeds, then (for a peer's input shard) the owner's
+    // release flag, in a chain of full edges hanging off node `from`; returns the tail.
+    let copy_chain = |nodes: &mut Vec<Node>, edges: &mut Vec<Edge>, copy: &CopyStep, from| {
         let node = Node::PeerCopy(PeerCopyNode {
             stage: copy.stage,
             src: copy.src,
             dst: copy.dst,
-            bytes,
+            bytes: copy.src.len * problem.dtype.size_bytes(),
+            direction: copy.direction,
         });
-        copy_tail = push(&mut nodes, node, copy_tail, EdgeKind::Full);
+        let mut tail = append(nodes, edges, node, from, EdgeKind::Full);
         let release = reads_peer_shard(copy, d).then(|| FlagRef {
             device: copy.src.device,
             index: exclusive.release_flag(d),
@@ -265,8 +331,19 @@ fn wire(
                 flag,
                 value: FLAG_SET_VALUE,
             });
-            copy_tail = push(&mut nodes, node, copy_tail, EdgeKind::Full);
+            tail = append(nodes, edges, node, tail, EdgeKind::Full);
         }
+        tail
+    };
+
+    // The pulls: one chain off the barrier.
+    let mut copy_tail = 0;
+    for copy in program
+        .copies
+        .iter()
+        .filter(|c| c.direction == CopyDirection::Pull)
+    {
+        copy_tail = copy_chain(&mut nodes, &mut edges, copy, copy_tail);
     }
 
     // The kernel chain: PDL edges, except that a single-stage all-gather's GEMM needs the
@@ -279,13 +356,29 @@ fn wire(
         (true, true) => (0, EdgeKind::ProgrammaticDeferred),
         (false, _) => (0, EdgeKind::Programmatic),
     };
+    let mut gemm_nodes = Vec::with_capacity(program.gemms.len());
     for gemm in &program.gemms {
-        tail = push(&mut nodes, Node::Gemm(*gemm), tail, edge);
+        tail = append(&mut nodes, &mut edges, Node::Gemm(*gemm), tail, edge);
+        gemm_nodes.push((gemm.stage, tail));
         edge = EdgeKind::Programmatic;
     }
+    // The pushes: each one off the stage GEMM that wrote its source (stage − 1), one branch
+    // per stage, so no push waits for another.
+    for copy in program
+        .copies
+        .iter()
+        .filter(|c| c.direction == CopyDirection::Push)
+    {
+        let producer = gemm_nodes
+            .iter()
+            .find(|(stage, _)| *stage + 1 == copy.stage)
+            .map_or(tail, |&(_, node)| node);
+        copy_chain(&mut nodes, &mut edges, copy, producer);
+    }
     if let Some(reduce) = &program.reduce {
-        tail = push(
+        tail = append(
             &mut nodes,
+            &mut edges,
             Node::Reduce(reduce.clone()),
             tail,
             EdgeKind::Programmatic,
@@ -306,8 +399,9 @@ fn wire(
         .map(|p| own(exclusive.release_flag(p.device)))
         .collect();
     if !released.is_empty() {
-        let wait = push(
+        let wait = append(
             &mut nodes,
+            &mut edges,
             Node::AwaitRelease(AwaitReleaseNode { flags: released }),
             tail,
             EdgeKind::Full,
@@ -414,6 +508,281 @@ mod tests {
                     assert_eq!(waits.len(), usize::from(all_gather && tp > 1), "{kind}");
                 }
             }
+        }
+    }
+
+    /// The happens-before relation of one run of a plan, over the start and end events of
+    /// every node of every device (event `2·k` starts global node k, `2·k + 1` ends it):
+    /// a node's predecessors end before it starts (a deferred edge: before it ends); a
+    /// kernel stores its signals when it starts (after its predecessors, before touching
+    /// memory), a flag-set node when it ends; a wait starts its node after the store; a
+    /// barrier ends after every peer's barrier has started (arrived).
+    struct HappensBefore {
+        /// Global index of device d's node 0.
+        base: Vec<usize>,
+        /// Successor events of every event.
+        next: Vec<Vec<usize>>,
+    }
+
+    impl HappensBefore {
+        fn new(plan: &Plan) -> Self {
+            let mut base = Vec::new();
+            let mut total = 0;
+            for dev in &plan.devices {
+                base.push(total);
+                total += dev.nodes.len();
+            }
+            let mut next = vec![Vec::new(); 2 * total];
+            let start = |k: usize| 2 * k;
+            let end = |k: usize| 2 * k + 1;
+            for dev in &plan.devices {
+                let g = |i: usize| base[dev.device] + i;
+                for (i, node) in dev.nodes.iter().enumerate() {
+                    next[start(g(i))].push(end(g(i)));
+                    if let Node::Barrier(b) = node {
+                        for &q in &b.arrive_at {
+                            next[start(g(i))].push(end(base[q]));
+                        }
+                    }
+                }
+                for e in &dev.edges {
+                    let to = match e.kind {
+                        EdgeKind::ProgrammaticDeferred => end(g(e.to)),
+                        EdgeKind::Full | EdgeKind::Programmatic => start(g(e.to)),
+                    };
+                    next[end(g(e.from))].push(to);
+                }
+            }
+            for setter in &plan.devices {
+                for (i, node) in setter.nodes.iter().enumerate() {
+                    let k = base[setter.device] + i;
+                    let stored = match node {
+                        Node::FlagSet(_) => end(k),
+                        _ => start(k),
+                    };
+                    for flag in node.flags_set() {
+                        let waiter = &plan.devices[flag.device];
+                        for (j, w) in waiter.nodes.iter().enumerate() {
+                            if w.flags_awaited().contains(&flag) {
+                                next[stored].push(start(base[waiter.device] + j));
+                            }
+                        }
+                    }
+                }
+            }
+            HappensBefore { base, next }
+        }
+
+        /// Whether node `i` of device `d` ends before node `j` of device `q` starts.
+        fn ordered(&self, (d, i): (usize, usize), (q, j): (usize, usize)) -> bool {
+            let (from, to) = (2 * (self.base[d] + i) + 1, 2 * (self.base[q] + j));
+            let mut seen = vec![false; self.next.len()];
+            let mut stack = vec![from];
+            while let Some(e) = stack.pop() {
+                if e == to {
+                    return true;
+                }
+                for &n in &self.next[e] {
+                    if !std::mem::replace(&mut seen[n], true) {
+                        stack.push(n);
+                    }
+                }
+            }
+            false
+        }
+    }
+
+    /// The memory a node touches: (device, buffer, first element, end, written).
+    fn accesses(node: &Node) -> Vec<(usize, BufferKind, usize, usize, bool)> {
+        let view = |v: &crate::schedule::View, w| (v.device, v.buffer, v.offset, v.end(), w);
+        let region = |r: &crate::schedule::Region, w| (r.device, r.buffer, r.offset, r.end(), w);
+        match node {
+            Node::Gemm(g) => {
+                let mut out = vec![view(&g.a, false), view(&g.b, false), view(&g.d, true)];
+                out.extend(g.epilogue.source.view().map(|c| view(c, false)));
+                out
+            }
+            Node::PeerCopy(c) => vec![region(&c.src, false), region(&c.dst, true)],
+            Node::Reduce(r) => r
+                .sources
+                .iter()
+                .map(|s| view(s, false))
+                .chain([view(&r.dst, true)])
+                .collect(),
+            Node::Barrier(_) | Node::FlagSet(_) | Node::AwaitRelease(_) => Vec::new(),
+        }
+    }
+
+    /// Every pair of nodes of one run that touch overlapping memory, one of them writing,
+    /// without either ending before the other starts.
+    fn races(plan: &Plan) -> Vec<String> {
+        let hb = HappensBefore::new(plan);
+        let nodes: Vec<(usize, usize, &Node)> = plan
+            .devices
+            .iter()
+            .flat_map(|dev| {
+                dev.nodes
+                    .iter()
+                    .enumerate()
+                    .map(|(i, n)| (dev.device, i, n))
+            })
+            .collect();
+        let mut found = Vec::new();
+        for (x, &(d, i, a)) in nodes.iter().enumerate() {
+            for &(q, j, b) in &nodes[x + 1..] {
+                let conflict = accesses(a).iter().any(|&(ad, ab, alo, ahi, aw)| {
+                    accesses(b).iter().any(|&(bd, bb, blo, bhi, bw)| {
+                        (ad, ab) == (bd, bb) && alo < bhi && blo < ahi && (aw || bw)
+                    })
+                });
+                if conflict && !hb.ordered((d, i), (q, j)) && !hb.ordered((q, j), (d, i)) {
+                    found.push(format!(
+                        "device {d} node {i} ({} t={}) and device {q} node {j} ({} t={})",
+                        a.name(),
+                        a.stage(),
+                        b.name(),
+                        b.stage()
+                    ));
+                }
+            }
+        }
+        found
+    }
+
+    /// Within a run, every two nodes that touch the same memory (one writing) are ordered by
+    /// the plan's edges, flags and barrier, for every schedule, TP and way of moving partials:
+    /// so the pushed partials' slot reuse (`S_t = R_{t−1}`) is safe at any timing. Across
+    /// runs, every node follows its device's barrier (no deferred edge in reduce-scatter),
+    /// which no device passes before every device's previous run has ended.
+    #[test]
+    fn no_two_nodes_of_a_run_race_for_memory() {
+        for kind in ScheduleKind::ALL {
+            for tp in 1..=8 {
+                for rs_partials in RsPartials::ALL {
+                    let problem = Problem::new(16 * tp, 16 * tp, 16 * tp);
+                    let plan = Plan::build_with(kind, problem, tp, PlanOptions { rs_partials })
+                        .unwrap_or_else(|e| panic!("{e}"));
+                    let races = races(&plan);
+                    assert!(
+                        races.is_empty(),
+                        "{kind} TP={tp} {rs_partials:?}: {races:?}"
+                    );
+                    if kind.collective() == Collective::ReduceScatter {
+                        let hb = HappensBefore::new(&plan);
+                        for dev in &plan.devices {
+                            for i in 1..dev.nodes.len() {
+                                assert!(hb.ordered((dev.device, 0), (dev.device, i)));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The checker finds a slot reused too early: stage 1 writing `R_2`, which the left
+    /// neighbour may push into at any time.
+    #[test]
+    fn a_send_slot_the_left_neighbour_pushes_into_is_a_race() {
+        let problem = Problem::new(64, 64, 64);
+        let options = PlanOptions {
+            rs_partials: RsPartials::Push,
+        };
+        let mut plan = Plan::build_with(ScheduleKind::ReduceScatterTilingA, problem, 4, options)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let r2 = plan.devices[1].workspace.slot_offset(1);
+        for node in &mut plan.devices[1].nodes {
+            match node {
+                Node::Gemm(g) if g.stage == 1 => g.d.offset = r2,
+                Node::PeerCopy(c) if c.stage == 2 => c.src.offset = r2,
+                _ => {}
+            }
+        }
+        assert!(plan.validate().is_ok());
+        let races = races(&plan);
+        assert!(
+            races
+                .iter()
+                .any(|r| r.contains("device 0") && r.contains("copy t=2")),
+            "{races:?}"
+        );
+    }
+
+    /// Pushing: P−1 pushes per device, each after the stage GEMM that wrote its source and
+    /// followed by the flag set of the right neighbour's stage flag; workspace P−1 + min(P−1, 2)
+    /// slots.
+    #[test]
+    fn each_push_follows_its_stage_and_sets_the_right_neighbours_flag() {
+        for tp in 1..=8 {
+            let problem = Problem::new(16 * tp, 16 * tp, 16 * tp);
+            let options = PlanOptions {
+                rs_partials: RsPartials::Push,
+            };
+            let plan = Plan::build_with(ScheduleKind::ReduceScatterTilingB, problem, tp, options)
+                .unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(plan.rs_partials, RsPartials::Push);
+            for dev in &plan.devices {
+                let mut pushes = 0;
+                for (i, node) in dev.nodes.iter().enumerate() {
+                    let Node::PeerCopy(c) = node else { continue };
+                    pushes += 1;
+                    let preds: Vec<_> = dev.predecessors(i).collect();
+                    let [(producer, EdgeKind::Full)] = preds[..] else {
+                        panic!("TP={tp}: push {i} has predecessors {preds:?}")
+                    };
+                    assert!(
+                        matches!(&dev.nodes[producer], Node::Gemm(g) if g.stage + 1 == c.stage)
+                    );
+                    let flag = dev
+                        .edges
+                        .iter()
+                        .find(|e| e.from == i)
+                        .map(|e| &dev.nodes[e.to]);
+                    let right = (dev.device + 1) % tp;
+                    assert!(
+                        matches!(flag, Some(Node::FlagSet(f))
+                            if f.flag == FlagRef { device: right, index: c.stage }),
+                        "TP={tp}: {flag:?}"
+                    );
+                }
+                assert_eq!(pushes, tp - 1);
+                let slots = tp - 1 + (tp - 1).min(2);
+                assert_eq!(dev.workspace.slots, slots);
+                assert_eq!(dev.workspace_bytes, slots * (16 * tp) * 16 * 2);
+            }
+        }
+    }
+
+    /// Removes every key of `keys` from the objects of `value`, at any depth.
+    fn strip(value: &mut serde_json::Value, keys: &[&str]) {
+        match value {
+            serde_json::Value::Object(map) => {
+                map.retain(|k, _| !keys.contains(&k.as_str()));
+                map.values_mut().for_each(|v| strip(v, keys));
+            }
+            serde_json::Value::Array(items) => items.iter_mut().for_each(|v| strip(v, keys)),
+            _ => {}
+        }
+    }
+
+    #[test]
+    fn options_that_do_not_apply_are_ignored_and_old_plans_read() {
+        let options = PlanOptions {
+            rs_partials: RsPartials::Push,
+        };
+        let problem = Problem::new(64, 64, 64);
+        for kind in ScheduleKind::ALL {
+            let plan =
+                Plan::build_with(kind, problem, 2, options).unwrap_or_else(|e| panic!("{e}"));
+            let read = Plan::build(kind, problem, 2).unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(plan == read, !RsPartials::applies_to(kind), "{kind}");
+            // A plan written before pushes existed (no `rs_partials`, no copy `direction`).
+            let mut json = serde_json::to_value(&read).unwrap_or_else(|e| panic!("{e}"));
+            strip(&mut json, &["rs_partials", "direction"]);
+            let old = json.to_string();
+            assert!(!old.contains("rs_partials") && !old.contains("direction"));
+            let back = Plan::from_json(&old).unwrap_or_else(|e| panic!("{kind}: {e}"));
+            assert_eq!(back, read, "{kind}");
         }
     }
 

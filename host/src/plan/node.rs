@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::schedule::{FlagRef, GemmStage, ReduceStep, Region};
+use crate::schedule::{CopyDirection, FlagRef, GemmStage, ReduceStep, Region};
 
 /// The value a kernel stores into a peer's stage flag (any non-zero value means "set").
 pub const KERNEL_SIGNAL_VALUE: u32 = 1;
@@ -30,11 +30,12 @@ pub struct BarrierNode {
     pub arrivals: u32,
 }
 
-/// A flat copy of `bytes` bytes from `src` (a peer's buffer) into `dst` (own workspace): a
-/// copy-engine memcpy on the GPU, `copy_from_slice` on the CPU.
+/// A flat copy of `bytes` bytes: a copy-engine memcpy of this device's GPU, `copy_from_slice`
+/// on the CPU. A *pull* copies a peer's buffer (or an own input shard) into the own
+/// workspace; a *push* copies the own workspace into a peer's workspace (a remote write).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PeerCopyNode {
-    /// The stage whose GEMM reads the copied data.
+    /// The stage whose GEMM reads the copied data (on the destination's device).
     pub stage: usize,
     /// Source region.
     pub src: Region,
@@ -42,10 +43,15 @@ pub struct PeerCopyNode {
     pub dst: Region,
     /// `len · element size`.
     pub bytes: usize,
+    /// Pull (into the own workspace) or push (into a peer's); absent in older plans: pull.
+    #[serde(default)]
+    pub direction: CopyDirection,
 }
 
 /// Stores `value` into a flag with release semantics, after the copy before it in the DAG:
 /// - into an own *stage* flag: the copied data is ready for the stage that waits on the flag;
+/// - into a peer's *stage* flag, after a push: the pushed partial is ready for the peer's
+///   stage that waits on the flag;
 /// - into a peer's *release* flag ([`crate::plan::ExclusiveLayout::release_flag`]): this
 ///   device has finished reading the peer's input shard.
 ///
@@ -86,9 +92,10 @@ pub struct AwaitReleaseNode {
 pub enum Node {
     /// The start-of-run rendezvous.
     Barrier(BarrierNode),
-    /// A copy from a peer into the workspace.
+    /// A copy from a peer into the workspace, or from the workspace into a peer's.
     PeerCopy(PeerCopyNode),
-    /// A flag store after a copy (an own stage flag, or a peer's release flag).
+    /// A flag store after a copy (an own stage flag, a peer's stage flag after a push, or a
+    /// peer's release flag).
     FlagSet(FlagSetNode),
     /// A stage GEMM (views, epilogue, flags).
     Gemm(GemmStage),

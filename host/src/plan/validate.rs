@@ -2,24 +2,28 @@
 //! from JSON (possibly edited) is refused with an error instead of panicking a device thread,
 //! reading wrong rows or asking for terabytes. The checks are listed at [`Plan::validate`].
 
-use super::{ExclusiveLayout, Node, Plan, PlanError};
+use super::{ExclusiveLayout, Node, PeerCopyNode, Plan, PlanError, RsPartials};
 use crate::schedule::{
-    Block, BufferKind, GemmStage, MAX_ELEMENTS, ReduceStep, Region, View, can_implement,
+    Block, BufferKind, CSource, CopyDirection, GemmStage, MAX_ELEMENTS, ReduceStep, Region, View,
+    can_implement,
 };
 
 impl Plan {
     /// Checks that the plan is one the executors can run safely; [`Plan::build`] and
     /// [`Plan::from_json`] call it. The checks, in order:
     /// 1. the schedule can run the problem on `tp` devices ([`can_implement`]), there are `tp`
-    ///    device plans numbered `0..tp`, and the exclusive layout is the one for `tp` devices;
+    ///    device plans numbered `0..tp`, the exclusive layout is the one for `tp` devices, and
+    ///    partials are pushed only by a schedule that has them ([`RsPartials::applies_to`]);
     /// 2. per device: its shard blocks lie inside the global matrices (C exactly when beta ≠ 0),
     ///    its workspace has at most 2^40 elements and `workspace_bytes` matches it;
     /// 3. per device: edges go forward (`from < to < nodes`), so the node list is a topological
     ///    order and the DAG is acyclic;
     /// 4. per node: views and regions lie inside their buffers (saturating ends, so nothing wraps)
     ///    with 16-byte aligned offsets and leading dimensions; flags exist; a GEMM's views have
-    ///    its shape and it writes its own D; a copy moves equal lengths into its own device with
-    ///    `bytes = len · element size`; a reduction's sources have its destination's shape;
+    ///    its shape and it writes its own D; a copy moves equal lengths with
+    ///    `bytes = len · element size`, a pull into its own device, a push (only in a plan of
+    ///    pushed partials) from its own workspace into a peer's; in a plan of pushed partials
+    ///    no GEMM reads a peer's C; a reduction's sources have its destination's shape;
     ///    a barrier arrives only at peers, and every device waits for exactly the arrivals the
     ///    other barriers send it.
     pub fn validate(&self) -> Result<(), PlanError> {
@@ -47,6 +51,14 @@ impl Plan {
             return inconsistent(format!(
                 "the exclusive workspace layout {:?} is not the one for TP={}",
                 self.exclusive, self.tp
+            ));
+        }
+        if self.rs_partials != self.rs_partials.effective(self.schedule) {
+            return inconsistent(format!(
+                "{} has no partials to push (rs_partials \"{}\" applies to the pipelined \
+                 reduce-scatter schedules only)",
+                self.schedule.cli_name(),
+                self.rs_partials.cli_name()
             ));
         }
         for dev in &self.devices {
@@ -164,17 +176,7 @@ impl Plan {
                 }
                 Ok(())
             }
-            Node::PeerCopy(c) => {
-                let bytes = c.src.len.checked_mul(self.problem.dtype.size_bytes());
-                if c.src.len != c.dst.len || bytes != Some(c.bytes) || c.dst.device != device {
-                    return Err(format!(
-                        "a copy of {:?} into {:?} recording {} bytes: lengths must be equal, \
-                         bytes = length × element size, and the destination the own device",
-                        c.src, c.dst, c.bytes
-                    ));
-                }
-                Ok(())
-            }
+            Node::PeerCopy(c) => self.check_copy(device, c),
             Node::FlagSet(_) => Ok(()),
             Node::AwaitRelease(w) => match w.flags.iter().find(|f| f.device != device) {
                 Some(f) => Err(format!(
@@ -188,10 +190,55 @@ impl Plan {
         }
     }
 
+    /// Equal lengths, `bytes = len · element size`; a pull writes the own device's memory, a
+    /// push (only in a plan of pushed partials) reads the own workspace and writes a peer's.
+    fn check_copy(&self, device: usize, c: &PeerCopyNode) -> Result<(), String> {
+        let bytes = c.src.len.checked_mul(self.problem.dtype.size_bytes());
+        if c.src.len != c.dst.len || bytes != Some(c.bytes) {
+            return Err(format!(
+                "a copy of {:?} into {:?} recording {} bytes: lengths must be equal and bytes = \
+                 length × element size",
+                c.src, c.dst, c.bytes
+            ));
+        }
+        match c.direction {
+            CopyDirection::Pull if c.dst.device != device => Err(format!(
+                "a pull into {:?}: a pull writes its own device's memory",
+                c.dst
+            )),
+            CopyDirection::Push if self.rs_partials != RsPartials::Push => Err(format!(
+                "a push of {:?} in a plan whose partials are {}",
+                c.src,
+                self.rs_partials.cli_name()
+            )),
+            CopyDirection::Push
+                if c.src.device != device
+                    || c.src.buffer != BufferKind::Workspace
+                    || c.dst.device == device
+                    || c.dst.buffer != BufferKind::Workspace =>
+            {
+                Err(format!(
+                    "a push of {:?} into {:?}: a push copies its own workspace into a peer's",
+                    c.src, c.dst
+                ))
+            }
+            CopyDirection::Pull | CopyDirection::Push => Ok(()),
+        }
+    }
+
     /// A GEMM's views have its shape (A m×k, B n×k, C and D m×n), D is the own device's, a
-    /// GEMM without C has beta = 0 (else the executors would silently drop `beta·C`), and its
-    /// peer and tile name devices.
+    /// GEMM without C has beta = 0 (else the executors would silently drop `beta·C`), a GEMM
+    /// of a plan of pushed partials reads no peer's C, and its peer and tile name devices.
     fn check_gemm(&self, device: usize, g: &GemmStage) -> Result<(), String> {
+        if let (RsPartials::Push, CSource::Peer(v)) = (self.rs_partials, &g.epilogue.source) {
+            return Err(format!(
+                "stage {} reads C from device {}'s {} in a plan of pushed partials (C is the \
+                 own receive slot)",
+                g.stage,
+                v.device,
+                v.buffer.name()
+            ));
+        }
         let s = g.shape;
         let mut views = vec![
             ("A", g.a, s.m, s.k),
@@ -356,5 +403,117 @@ fn node_regions(node: &Node) -> Vec<Region> {
     match node {
         Node::PeerCopy(c) => vec![c.src, c.dst],
         _ => Vec::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::PlanOptions;
+    use crate::problem::Problem;
+    use crate::schedule::ScheduleKind;
+
+    fn push_plan() -> Plan {
+        Plan::build_with(
+            ScheduleKind::ReduceScatterTilingA,
+            Problem::new(96, 64, 96),
+            3,
+            PlanOptions {
+                rs_partials: RsPartials::Push,
+            },
+        )
+        .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// Applies `edit` to the first push of device 1 of a valid push plan; returns the error.
+    fn with_push(edit: impl FnOnce(&mut PeerCopyNode)) -> String {
+        let mut plan = push_plan();
+        let copy = plan.devices[1].nodes.iter_mut().find_map(|n| match n {
+            Node::PeerCopy(c) => Some(c),
+            _ => None,
+        });
+        edit(copy.unwrap_or_else(|| panic!("no push")));
+        plan.validate()
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn a_malformed_push_is_refused() {
+        assert!(push_plan().validate().is_ok());
+        type Edit = fn(&mut PeerCopyNode);
+        let cases: [(Edit, &str); 5] = [
+            (
+                |c| c.dst.device = 1,
+                "copies its own workspace into a peer's",
+            ),
+            (
+                |c| c.src.device = 0,
+                "copies its own workspace into a peer's",
+            ),
+            (
+                |c| c.dst.buffer = BufferKind::D,
+                "copies its own workspace into a peer's",
+            ),
+            (
+                |c| c.direction = CopyDirection::Pull,
+                "a pull writes its own device",
+            ),
+            (|c| c.bytes += 2, "bytes = length × element size"),
+        ];
+        for (edit, needle) in cases {
+            let err = with_push(edit);
+            assert!(err.contains(needle), "{needle:?} not in {err:?}");
+            assert!(err.contains("device 1, copy node"), "{err}");
+        }
+    }
+
+    #[test]
+    fn pushes_and_remote_c_do_not_mix() {
+        // A push in a plan that says partials are read.
+        let mut plan = push_plan();
+        plan.rs_partials = RsPartials::Read;
+        let err = plan.validate().err().map(|e| e.to_string());
+        assert!(
+            err.as_deref()
+                .is_some_and(|e| e.contains("in a plan whose partials are read")),
+            "{err:?}"
+        );
+        // A stage that reads its left neighbour's slot in a plan that pushes.
+        let mut plan = push_plan();
+        if let Some(Node::Gemm(g)) = plan.devices[2]
+            .nodes
+            .iter_mut()
+            .find(|n| matches!(n, Node::Gemm(g) if g.stage == 1))
+            && let Some(v) = g.epilogue.source.view()
+        {
+            g.epilogue.source = CSource::Peer(View { device: 1, ..*v });
+        }
+        let err = plan.validate().err().map(|e| e.to_string());
+        assert!(
+            err.as_deref()
+                .is_some_and(|e| e.contains("stage 1 reads C from device 1's ws")),
+            "{err:?}"
+        );
+    }
+
+    #[test]
+    fn only_the_pipelined_reduce_scatter_pushes() {
+        for kind in ScheduleKind::ALL {
+            let mut plan =
+                Plan::build(kind, Problem::new(96, 96, 96), 3).unwrap_or_else(|e| panic!("{e}"));
+            plan.rs_partials = RsPartials::Push;
+            match (RsPartials::applies_to(kind), plan.validate()) {
+                (false, Err(PlanError::Inconsistent(what))) => {
+                    assert!(what.contains("no partials to push"), "{what}");
+                }
+                // The read DAG under a push label: its stages read the left neighbour's slot.
+                (true, Err(PlanError::InvalidView { what, .. })) => {
+                    assert!(what.contains("in a plan of pushed partials"), "{what}");
+                }
+                (_, other) => panic!("{kind}: {other:?}"),
+            }
+        }
     }
 }

@@ -20,6 +20,17 @@
 //! **Reduce-scatter, tiling B** (`rs-b`): the transpose, with column tiles of N: B rows
 //! `[n·nb, +nb)` (offset `n·nb·kb`), GEMM (M, nb, kb), slots and D M×nb with ld nb.
 //!
+//! **Pushed partials** ([`RsPartials::Push`], either reduce-scatter above): the same tiles,
+//! A and B views, but no GEMM touches a peer's memory. Stage t < P−1 writes its partial into
+//! the own *send slot* `S_t`; the device's copy engine then pushes `S_t` into the right
+//! neighbour's *receive slot* `R_{t+1}` and sets the neighbour's flag t+1 (the copy and the
+//! flag set follow the stage GEMM in the device's own DAG). Stage t > 0 waits for its own flag
+//! t and adds C = its own `R_t`. Slots: `R_t` = slot t−1 (t = 1..P−1), `S_0` = slot P−1,
+//! `S_1` = slot P (P ≥ 3), and `S_t` = `R_{t−1}` for 2 ≤ t ≤ P−2: a stage writes its
+//! partial into the slot whose C the previous stage consumed. P−1 + min(P−1, 2) slots in all
+//! (2 at P = 2, P+1 from P = 3 on) against the P−1 of reading; why each reuse is safe is part
+//! of the plan's contract ([`crate::plan`], "Slots of pushed partials").
+//!
 //! **Single-stage variants**: `ag-x-single` copies all P shards of the rotating operand (its own
 //! too) into P workspace slots in global order — the gathered M×K (or N×K) operand — and runs
 //! one GEMM into the whole local D. `rs-x-single` runs one GEMM of the K-shard into an M×N
@@ -35,17 +46,88 @@ use super::view::{
 use super::{Collective, ScheduleKind, ring};
 use crate::problem::Problem;
 
-/// A copy of a peer's shard into this device's workspace, optionally followed by a flag set.
+/// How the pipelined reduce-scatter schedules hand a partial sum to the right neighbour.
+///
+/// Both compute the same tiles with the same roundings; they differ in what crosses NVLink
+/// and who moves it. Only [`RsPartials::applies_to`] schedules have partials to move; every
+/// other schedule's program is the same for both.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RsPartials {
+    /// The receiving stage's epilogue reads the left neighbour's partial from the neighbour's
+    /// workspace (remote loads), after waiting for the flag the neighbour's next stage
+    /// signals. The default: measured, and no extra workspace.
+    #[default]
+    Read,
+    /// The left neighbour's copy engine pushes its finished partial into the device's own
+    /// workspace after its stage, then sets the device's stage flag; the epilogue reads C
+    /// locally. Costs P−1 pushes per device and more workspace slots (see the module
+    /// documentation); not yet measured on GPUs.
+    Push,
+}
+
+impl RsPartials {
+    /// Both, in CLI order.
+    pub const ALL: [RsPartials; 2] = [RsPartials::Read, RsPartials::Push];
+
+    /// The command-line name (`read`, `push`).
+    #[must_use]
+    pub const fn cli_name(self) -> &'static str {
+        match self {
+            RsPartials::Read => "read",
+            RsPartials::Push => "push",
+        }
+    }
+
+    /// Whether the choice changes `kind`'s program: the pipelined reduce-scatter schedules
+    /// (`rs-a`, `rs-b`). The single-stage ones reduce in one kernel and the all-gather ones
+    /// move no partials.
+    #[must_use]
+    pub const fn applies_to(kind: ScheduleKind) -> bool {
+        matches!(kind.collective(), Collective::ReduceScatter) && kind.is_pipelined()
+    }
+
+    /// What `kind` runs when this is asked for: `self` where it applies, else
+    /// [`RsPartials::Read`] (the plan records what runs).
+    #[must_use]
+    pub const fn effective(self, kind: ScheduleKind) -> RsPartials {
+        if Self::applies_to(kind) {
+            self
+        } else {
+            RsPartials::Read
+        }
+    }
+}
+
+/// Which way a copy moves data, and so where it hangs in its device's DAG.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CopyDirection {
+    /// Into the own workspace, from a peer's (or the own) input shard: the all-gather copies,
+    /// in the copy chain after the start-of-run barrier.
+    #[default]
+    Pull,
+    /// From the own workspace into a peer's workspace: a pushed partial, after the own stage
+    /// GEMM that wrote it (stage `stage − 1`).
+    Push,
+}
+
+/// A copy between workspaces and shards, optionally followed by a flag set.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct CopyStep {
-    /// The stage whose GEMM consumes the copied data.
+    /// The stage whose GEMM consumes the copied data (on the destination's device).
     pub stage: usize,
-    /// Source (a peer's input shard; the device's own for the single-stage gather).
+    /// Source: a peer's input shard (the device's own for the single-stage gather) when
+    /// pulling, the own send slot when pushing.
     pub src: Region,
-    /// Destination (a slot of this device's workspace).
+    /// Destination: a slot of this device's workspace when pulling, of the right neighbour's
+    /// when pushing.
     pub dst: Region,
     /// The flag set (to 0xFFFF_FFFF) once the copy is complete, if any.
     pub sets_flag: Option<FlagRef>,
+    /// Pull or push (absent in plans written before pushes existed: pull).
+    #[serde(default)]
+    pub direction: CopyDirection,
 }
 
 /// One stage GEMM `D = alpha·A·Bᵀ + beta·C` of a device.
@@ -135,7 +217,8 @@ impl Dims {
     }
 }
 
-/// The program of `device` for a problem that passed [`super::can_implement`] at `tp`.
+/// The program of `device` for a problem that passed [`super::can_implement`] at `tp`, with
+/// partials read remotely ([`RsPartials::Read`]).
 #[must_use]
 pub fn device_program(
     kind: ScheduleKind,
@@ -143,10 +226,58 @@ pub fn device_program(
     tp: usize,
     device: usize,
 ) -> DeviceProgram {
+    device_program_with(kind, problem, tp, device, RsPartials::Read)
+}
+
+/// As [`device_program`], with the pipelined reduce-scatter's partials moved as `partials`
+/// says (ignored by the other schedules).
+#[must_use]
+pub fn device_program_with(
+    kind: ScheduleKind,
+    problem: &Problem,
+    tp: usize,
+    device: usize,
+    partials: RsPartials,
+) -> DeviceProgram {
     let g = Dims::new(problem, tp);
     match kind.collective() {
         Collective::AllGather => all_gather(kind, problem, g, device),
-        Collective::ReduceScatter => reduce_scatter(kind, problem, g, device),
+        Collective::ReduceScatter => reduce_scatter(kind, problem, g, device, partials),
+    }
+}
+
+/// The workspace slots of the pipelined reduce-scatter at P devices (module documentation).
+#[derive(Clone, Copy)]
+struct RsSlots {
+    p: usize,
+    partials: RsPartials,
+}
+
+impl RsSlots {
+    fn count(self) -> usize {
+        match self.partials {
+            RsPartials::Read => self.p - 1,
+            RsPartials::Push => self.p - 1 + (self.p - 1).min(2),
+        }
+    }
+
+    /// The slot stage t < P−1 writes its partial into.
+    fn send(self, t: usize) -> usize {
+        match (self.partials, t) {
+            (RsPartials::Read, _) => t,
+            (RsPartials::Push, 0) => self.p - 1,
+            (RsPartials::Push, 1) => self.p,
+            (RsPartials::Push, _) => self.receive(t - 1),
+        }
+    }
+
+    /// The slot stage t > 0 reads C from (the left neighbour's when reading, the own when
+    /// pushed).
+    fn receive(self, t: usize) -> usize {
+        match self.partials {
+            RsPartials::Read => self.send(t - 1),
+            RsPartials::Push => t - 1,
+        }
     }
 }
 
@@ -250,6 +381,7 @@ fn all_gather(kind: ScheduleKind, problem: &Problem, g: Dims, d: usize) -> Devic
                     device: d,
                     index: t,
                 }),
+                direction: CopyDirection::Pull,
             })
             .collect();
         let gemms = (0..g.p)
@@ -329,6 +461,7 @@ fn all_gather(kind: ScheduleKind, problem: &Problem, g: Dims, d: usize) -> Devic
                         len: slice,
                     },
                     sets_flag: None,
+                    direction: CopyDirection::Pull,
                 }
             })
             .collect();
@@ -374,7 +507,13 @@ fn all_gather(kind: ScheduleKind, problem: &Problem, g: Dims, d: usize) -> Devic
     }
 }
 
-fn reduce_scatter(kind: ScheduleKind, problem: &Problem, g: Dims, d: usize) -> DeviceProgram {
+fn reduce_scatter(
+    kind: ScheduleKind,
+    problem: &Problem,
+    g: Dims,
+    d: usize,
+    partials: RsPartials,
+) -> DeviceProgram {
     let tiles_m = kind.tiles_rows();
     let a = Block {
         row0: 0,
@@ -421,10 +560,12 @@ fn reduce_scatter(kind: ScheduleKind, problem: &Problem, g: Dims, d: usize) -> D
         let left = ring(d, -1, g.p);
         let right = ring(d, 1, g.p);
         // One slot = one output tile (mb×N or M×nb), packed.
+        let slots = RsSlots { p: g.p, partials };
         let workspace = WorkspaceLayout {
-            slots: g.p - 1,
+            slots: slots.count(),
             slot_elements: out.elements(),
         };
+        let pushed = partials == RsPartials::Push;
         let slot = |device: usize, j: usize| View {
             device,
             buffer: BufferKind::Workspace,
@@ -470,7 +611,7 @@ fn reduce_scatter(kind: ScheduleKind, problem: &Problem, g: Dims, d: usize) -> D
                 let d_view = if t + 1 == g.p {
                     whole(d, BufferKind::D, &out)
                 } else {
-                    slot(d, t)
+                    slot(d, slots.send(t))
                 };
                 let epilogue = if t == 0 {
                     no_c
@@ -478,7 +619,10 @@ fn reduce_scatter(kind: ScheduleKind, problem: &Problem, g: Dims, d: usize) -> D
                     Epilogue {
                         alpha: problem.alpha,
                         beta: 1.0,
-                        source: CSource::Peer(slot(left, t - 1)),
+                        source: match partials {
+                            RsPartials::Read => CSource::Peer(slot(left, slots.receive(t))),
+                            RsPartials::Push => CSource::Local(slot(d, slots.receive(t))),
+                        },
                     }
                 };
                 GemmStage {
@@ -490,7 +634,9 @@ fn reduce_scatter(kind: ScheduleKind, problem: &Problem, g: Dims, d: usize) -> D
                     b: b_view,
                     d: d_view,
                     epilogue,
-                    signals: (t > 0).then_some(FlagRef {
+                    // Reading: "my previous stage's partial is complete" (the left
+                    // neighbour's push sets the flag instead).
+                    signals: (t > 0 && !pushed).then_some(FlagRef {
                         device: right,
                         index: t,
                     }),
@@ -501,11 +647,35 @@ fn reduce_scatter(kind: ScheduleKind, problem: &Problem, g: Dims, d: usize) -> D
                 }
             })
             .collect();
+        // Pushing: after stage t < P−1, S_t into the right neighbour's R_{t+1}, then its
+        // flag t+1.
+        let region = |device: usize, j: usize| Region {
+            device,
+            buffer: BufferKind::Workspace,
+            offset: workspace.slot_offset(j),
+            len: workspace.slot_elements,
+        };
+        let copies = if pushed {
+            (1..g.p)
+                .map(|t| CopyStep {
+                    stage: t,
+                    src: region(d, slots.send(t - 1)),
+                    dst: region(right, slots.receive(t)),
+                    sets_flag: Some(FlagRef {
+                        device: right,
+                        index: t,
+                    }),
+                    direction: CopyDirection::Push,
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
         DeviceProgram {
             device: d,
             shards,
             workspace,
-            copies: Vec::new(),
+            copies,
             gemms,
             reduce: None,
         }
@@ -591,6 +761,62 @@ mod tests {
             let prog = device_program(ScheduleKind::ReduceScatterTilingA, &problem, 4, d);
             let last = prog.gemms.last().map(|g| (g.tile, g.d.buffer));
             assert_eq!(last, Some((Some(d), BufferKind::D)));
+        }
+    }
+
+    /// Pushing: every stage's C is the own slot the left neighbour's push for that stage
+    /// fills, every push reads the slot its stage wrote, and the slots are P−1 + min(P−1, 2).
+    #[test]
+    fn pushed_partials_land_where_the_next_stage_reads_them() {
+        for kind in [
+            ScheduleKind::ReduceScatterTilingA,
+            ScheduleKind::ReduceScatterTilingB,
+        ] {
+            for p in 1..=8 {
+                let problem = Problem::new(64 * p, 64 * p, 64 * p);
+                let progs: Vec<DeviceProgram> = (0..p)
+                    .map(|d| device_program_with(kind, &problem, p, d, RsPartials::Push))
+                    .collect();
+                for prog in &progs {
+                    let d = prog.device;
+                    assert_eq!(prog.workspace.slots, p - 1 + (p - 1).min(2), "P={p}");
+                    assert_eq!(prog.copies.len(), p - 1);
+                    for copy in &prog.copies {
+                        let t = copy.stage;
+                        assert_eq!(copy.direction, CopyDirection::Push);
+                        // The source is what the own stage t−1 wrote.
+                        let producer = &prog.gemms[t - 1];
+                        assert_eq!(
+                            (copy.src.device, copy.src.offset, copy.src.len),
+                            (d, producer.d.offset, producer.d.elements())
+                        );
+                        assert_eq!(producer.d.buffer, BufferKind::Workspace);
+                        // The destination is what the right neighbour's stage t reads, after
+                        // the flag this push sets.
+                        let consumer = &progs[copy.dst.device].gemms[t];
+                        let c = consumer.epilogue.source;
+                        assert!(matches!(c, CSource::Local(v) if v.offset == copy.dst.offset));
+                        assert_eq!(copy.sets_flag, consumer.waits);
+                        assert_eq!(copy.dst.device, ring(d, 1, p));
+                        assert_eq!(consumer.tile, producer.tile, "the same tile moves on");
+                    }
+                    assert!(prog.gemms.iter().all(|g| g.signals.is_none()));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_partials_choice_changes_only_the_pipelined_reduce_scatter() {
+        let problem = Problem::new(64, 64, 64);
+        for kind in ScheduleKind::ALL {
+            let read = device_program(kind, &problem, 4, 1);
+            let push = device_program_with(kind, &problem, 4, 1, RsPartials::Push);
+            assert_eq!(read == push, !RsPartials::applies_to(kind), "{kind}");
+            assert_eq!(
+                RsPartials::Push.effective(kind) == RsPartials::Push,
+                read != push
+            );
         }
     }
 

@@ -24,7 +24,10 @@ use serde::{Deserialize, Serialize};
 
 pub(crate) use constraints::{ALIGN_ELEMENTS, MAX_ELEMENTS};
 pub use constraints::{MAX_DIMENSION, ScheduleError, can_implement};
-pub use geometry::{CopyStep, DeviceProgram, GemmStage, ReduceStep, device_program};
+pub use geometry::{
+    CopyDirection, CopyStep, DeviceProgram, GemmStage, ReduceStep, RsPartials, device_program,
+    device_program_with,
+};
 pub use view::{
     Block, BufferKind, CSource, Epilogue, FlagRef, GemmShape, Region, ShardLayout, View,
     WorkspaceLayout,
