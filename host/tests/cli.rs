@@ -360,7 +360,11 @@ fn plan_table_shows_peers_and_tiles() {
         "{table}"
     );
     assert!(
-        table.contains("workspace per device: 3 slots × 1024 elements = 6144 B"),
+        table.contains("workspace per device: 3 slots × 1024 elements = 6.0 KiB"),
+        "{table}"
+    );
+    assert!(
+        table.contains("copy for stage 1: dev1:A[0..1024] → dev0:ws[0..1024] (2.0 KiB)"),
         "{table}"
     );
     // Device 1, stage 3: peer 0, tile 0, A from workspace slot 2, D row block 0.
@@ -378,6 +382,63 @@ fn plan_table_shows_peers_and_tiles() {
         table.contains("dev3:ws@0 16×64 ld64 (1)"),
         "device 0 stage 1 reads left neighbour 3's slot 0: {table}"
     );
+}
+
+/// The character offset at which `word` starts in `line`.
+fn column_of(line: &str, word: &str) -> Option<usize> {
+    line.find(word).map(|at| line[..at].chars().count())
+}
+
+#[test]
+fn plan_table_columns_fit_their_widest_cell_and_sizes_read_in_binary_units() {
+    // 70B fc2 at TP=2: views as long as `A@117440512 8192×14336 ld14336` beside `A@0 …`.
+    let out = distgemm(&words(
+        "plan --schedule rs-a --tp 2 --preset llama3-70b-fc2",
+    ));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let table = text(&out.stdout);
+    assert!(
+        table.contains("workspace per device: 1 slots × 67108864 elements = 128.0 MiB"),
+        "{table}"
+    );
+    assert!(
+        table.contains("exclusive workspace per device: 64 B"),
+        "{table}"
+    );
+    let dev0 = table
+        .split("device 0:")
+        .nth(1)
+        .and_then(|rest| rest.split("device 1:").next())
+        .unwrap_or_default();
+    let lines: Vec<&str> = dev0.lines().collect();
+    let header = lines
+        .iter()
+        .position(|l| l.trim_start().starts_with("stage"))
+        .unwrap_or_else(|| panic!("no stage header: {table}"));
+    let (head, rows) = (lines[header], &lines[header + 2..header + 4]);
+    // Device 0 reads A's second half at stage 0 and its first at stage 1: every column starts
+    // where its header does, however long the cell before it (cells found by their text, so
+    // each is the first of its kind in its row).
+    for (column, row, cell) in [
+        ("A", 0, "A@117440512 8192×14336 ld14336"),
+        ("A", 1, "A@0 8192×14336 ld14336"),
+        ("B", 0, "B@0 8192×14336 ld14336"),
+        ("C (beta)", 0, "-"),
+        ("C (beta)", 1, "dev1:ws@0 8192×8192 ld8192 (1)"),
+        ("D", 0, "ws@0 8192×8192 ld8192"),
+        ("D", 1, "D@0 8192×8192 ld8192"),
+        ("wait", 1, "dev0.flag1"),
+        ("signal", 1, "dev1.flag1"),
+    ] {
+        let at = column_of(&format!("{head} "), &format!(" {column} ")).map(|c| c + 1);
+        assert!(at.is_some(), "no column {column}: {head}");
+        let row = rows[row];
+        assert_eq!(
+            column_of(row, &format!(" {cell}")).map(|c| c + 1),
+            at,
+            "{column}: `{cell}` not under its header:\n{head}\n{row}"
+        );
+    }
 }
 
 #[test]
@@ -575,7 +636,10 @@ fn run_ranks_refuses_what_it_cannot_run() {
     let base = "run --schedule ag-a --tp 2 --m 256 --n 512 --k 384";
     let cases = [
         (format!("{base} --ranks 3"), "--ranks 3 must equal --tp 2"),
-        (format!("{base} --ranks 2 --backend cpu"), "drop --backend cpu"),
+        (
+            format!("{base} --ranks 2 --backend cpu"),
+            "drop --backend cpu",
+        ),
         (format!("{base} --share-gpu"), "--ranks"),
     ];
     for (line, want) in &cases {

@@ -181,7 +181,7 @@ fn render_text(r: &BenchReport) -> String {
     };
     let workspace = match r.workspace_bytes_per_gpu.as_slice() {
         [first, rest @ ..] if rest.iter().all(|b| b == first) => {
-            format!("{first} B ({:.1} MiB)", *first as f64 / 1048576.0)
+            format!("{first} B ({})", memory::human(*first))
         }
         all => format!(
             "{} B (by rank)",

@@ -12,6 +12,8 @@
 //! Device bytes, per GPU: the shards and workspace of its device plan plus the exclusive
 //! workspace, compared with the GPU's free memory.
 
+use bytesize::ByteSize;
+
 use super::CliError;
 use crate::plan::{DevicePlan, Plan};
 use crate::runtime::Gpu;
@@ -134,20 +136,9 @@ fn available_host_bytes() -> Option<usize> {
     Some(kib.saturating_mul(1024))
 }
 
-/// Bytes with a binary unit: `512 B`, `1.5 KiB`, `3.2 GiB`, `2.0 TiB`.
-pub(super) fn human(bytes: usize) -> String {
-    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
-    let mut value = bytes as f64;
-    let mut unit = 0;
-    while value >= 1024.0 && unit + 1 < UNITS.len() {
-        value /= 1024.0;
-        unit += 1;
-    }
-    if unit == 0 {
-        format!("{bytes} B")
-    } else {
-        format!("{value:.1} {}", UNITS[unit])
-    }
+/// Bytes with a binary unit: `512 B`, `1.5 KiB`, `3.2 GiB`.
+pub(super) fn human(bytes: usize) -> ByteSize {
+    ByteSize::b(u64::try_from(bytes).unwrap_or(u64::MAX))
 }
 
 #[cfg(test)]
@@ -179,13 +170,5 @@ mod tests {
             host_bytes(&plan, Executor::Cuda, true),
             cuda + 8 * 2 * 64 * 64 + 16 * 64 * 64
         );
-    }
-
-    #[test]
-    fn bytes_read_with_binary_units() {
-        assert_eq!(human(512), "512 B");
-        assert_eq!(human(1536), "1.5 KiB");
-        assert_eq!(human(3 << 30), "3.0 GiB");
-        assert_eq!(human(usize::MAX), "16384.0 PiB");
     }
 }
