@@ -2,9 +2,10 @@
 //!
 //! The PTX comes from the file named by `DISTGEMM_PTX` when that is set (so a bundle or a
 //! developer can swap kernels without rebuilding the host), else from the copy embedded at
-//! build time (`host/build.rs` embeds `target/ptx/kernels_gpu.ptx` when `cargo xtask
-//! build-ptx` has written it). [`select_ptx_source`] makes that choice without touching the
-//! driver, so it is unit-tested.
+//! build time: `host/build.rs` embeds `target/ptx/kernels_gpu.ptx` in a distgemm checkout
+//! where `cargo xtask build-ptx` has written it, else the committed `host/ptx/kernels_gpu.ptx`
+//! (what a crate that depends on distgemm gets). [`select_ptx_source`] makes that choice
+//! without touching the driver, so it is unit-tested.
 //!
 //! Loading uses `cuModuleLoadDataEx` with `CU_JIT_INFO_LOG_BUFFER` / `CU_JIT_ERROR_LOG_BUFFER`
 //! so that, when the driver's JIT (ptxas) rejects the PTX, its log ends up in
@@ -27,11 +28,13 @@ pub const PTX_ENV_VAR: &str = "DISTGEMM_PTX";
 /// Bytes reserved for each JIT log.
 const JIT_LOG_BYTES: usize = 64 * 1024;
 
-/// The PTX embedded at build time, if `cargo xtask build-ptx` had run.
+/// The PTX embedded at build time: `target/ptx/kernels_gpu.ptx` of a distgemm checkout
+/// (written by `cargo xtask build-ptx`), else the committed `host/ptx/kernels_gpu.ptx`.
 #[cfg(distgemm_embedded_ptx)]
 pub const EMBEDDED_PTX: Option<&str> =
     Some(include_str!(concat!(env!("OUT_DIR"), "/kernels_gpu.ptx")));
-/// The PTX embedded at build time, if `cargo xtask build-ptx` had run.
+/// `None`: when this crate was built, neither `target/ptx/kernels_gpu.ptx` (`cargo xtask
+/// build-ptx`) nor the committed `host/ptx/kernels_gpu.ptx` existed.
 #[cfg(not(distgemm_embedded_ptx))]
 pub const EMBEDDED_PTX: Option<&str> = None;
 
@@ -52,7 +55,8 @@ impl fmt::Display for PtxOrigin {
             PtxOrigin::EnvPath(p) => write!(f, "{PTX_ENV_VAR}={}", p.display()),
             PtxOrigin::Embedded => write!(
                 f,
-                "the PTX embedded at build time (target/ptx/kernels_gpu.ptx)"
+                "the PTX embedded at build time (target/ptx/kernels_gpu.ptx from `cargo xtask \
+                 build-ptx`, else the committed host/ptx/kernels_gpu.ptx)"
             ),
             PtxOrigin::Custom(label) => write!(f, "{label}"),
         }
@@ -175,7 +179,6 @@ pub struct Module {
     raw: sys::CUmodule,
     gpu: Gpu,
     origin: PtxOrigin,
-    info_log: String,
 }
 
 // SAFETY: a CUmodule may be used from any thread once its context is current, which every
@@ -248,7 +251,6 @@ impl Module {
             raw,
             gpu: gpu.clone(),
             origin,
-            info_log,
         }))
     }
 
@@ -295,11 +297,6 @@ impl Module {
     /// Where the PTX came from.
     pub fn origin(&self) -> &PtxOrigin {
         &self.origin
-    }
-
-    /// The JIT's info log (verbose: registers, shared memory, spills per kernel).
-    pub fn jit_info_log(&self) -> &str {
-        &self.info_log
     }
 
     /// The GPU the module is loaded on.

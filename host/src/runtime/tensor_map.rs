@@ -92,31 +92,6 @@ impl Swizzle {
     }
 }
 
-/// How far a TMA load widens its L2 requests.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum L2Promotion {
-    /// No promotion.
-    None,
-    /// 64-byte promotion.
-    B64,
-    /// 128-byte promotion (CUTLASS's default).
-    B128,
-    /// 256-byte promotion.
-    B256,
-}
-
-impl L2Promotion {
-    fn raw(self) -> sys::CUtensorMapL2promotion {
-        use sys::CUtensorMapL2promotion as P;
-        match self {
-            L2Promotion::None => P::CU_TENSOR_MAP_L2_PROMOTION_NONE,
-            L2Promotion::B64 => P::CU_TENSOR_MAP_L2_PROMOTION_L2_64B,
-            L2Promotion::B128 => P::CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
-            L2Promotion::B256 => P::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-        }
-    }
-}
-
 /// What a [`TensorMap2d`] describes: a row-major matrix and the box one TMA copy moves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TensorMapSpec {
@@ -134,8 +109,6 @@ pub struct TensorMapSpec {
     pub box_rows: u32,
     /// Shared-memory swizzle.
     pub swizzle: Swizzle,
-    /// L2 promotion.
-    pub l2_promotion: L2Promotion,
 }
 
 impl TensorMapSpec {
@@ -158,7 +131,6 @@ impl TensorMapSpec {
             box_cols,
             box_rows,
             swizzle: Swizzle::B128,
-            l2_promotion: L2Promotion::B128,
         }
     }
 
@@ -166,15 +138,6 @@ impl TensorMapSpec {
     #[must_use]
     pub fn with_swizzle(self, swizzle: Swizzle) -> Self {
         TensorMapSpec { swizzle, ..self }
-    }
-
-    /// The same spec with another L2 promotion.
-    #[must_use]
-    pub fn with_l2_promotion(self, l2_promotion: L2Promotion) -> Self {
-        TensorMapSpec {
-            l2_promotion,
-            ..self
-        }
     }
 
     /// Elements a buffer must hold for this matrix: `(rows − 1) · ld + cols`.
@@ -280,7 +243,8 @@ fn encode(gpu: &Gpu, base: u64, spec: &TensorMapSpec) -> Result<sys::CUtensorMap
             element_strides.as_ptr(),
             sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
             spec.swizzle.raw(),
-            spec.l2_promotion.raw(),
+            // TMA loads widen their L2 requests to 128 bytes (CUTLASS's default).
+            sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
             sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
         )
     }
@@ -293,7 +257,6 @@ fn encode(gpu: &Gpu, base: u64, spec: &TensorMapSpec) -> Result<sys::CUtensorMap
 #[derive(Debug)]
 pub struct TensorMap2d {
     spec: TensorMapSpec,
-    host: sys::CUtensorMap,
     device: DeviceBuffer<u8>,
 }
 
@@ -320,7 +283,7 @@ impl TensorMap2d {
         let bytes: &[u8] =
             unsafe { std::slice::from_raw_parts((&raw const host).cast::<u8>(), MAP_BYTES) };
         device.upload(stream, bytes)?;
-        Ok(TensorMap2d { spec, host, device })
+        Ok(TensorMap2d { spec, device })
     }
 
     /// A map of the matrix held in `buffer` (checked: element size matches `spec.dtype` and the
@@ -367,17 +330,12 @@ impl TensorMap2d {
     /// enqueued after this call.
     pub unsafe fn retarget_async(&mut self, gpu: &Gpu, base: u64, stream: RawStream) -> Result<()> {
         let host = encode(gpu, base, &self.spec)?;
-        self.host = host;
         // SAFETY: CUtensorMap is 16 u64 with no padding; viewing it as 128 bytes is sound.
         let bytes: &[u8] =
-            unsafe { std::slice::from_raw_parts((&raw const self.host).cast::<u8>(), MAP_BYTES) };
-        // SAFETY: our 128-byte block; ordering is the caller's contract.
+            unsafe { std::slice::from_raw_parts((&raw const host).cast::<u8>(), MAP_BYTES) };
+        // SAFETY: our 128-byte block; ordering is the caller's contract (the driver stages
+        // `bytes` before returning, so the local `host` may go).
         unsafe { upload_async(gpu, self.device.device_ptr(), bytes, stream) }
-    }
-
-    /// The host copy of the encoded map (for passing by value, should that become possible).
-    pub fn host_map(&self) -> &sys::CUtensorMap {
-        &self.host
     }
 
     /// What this map describes.
