@@ -28,3 +28,4 @@ pub mod schedule;
 #[cfg(any(feature = "cli", feature = "baselines"))]
 pub mod testdata;
 pub mod timing;
+pub mod trace;

@@ -17,6 +17,7 @@ Examples:
   distgemm run  --schedule ag-a --tp 2 --preset llama3-70b-fc1 --backend cuda --check
   distgemm run  --schedule rs-a --tp 2 --m 256 --n 512 --k 384 --ranks 2 --check
   distgemm bench --schedule ag-a --tp 2 --preset llama3-70b-fc1 --auto --format json
+  distgemm trace --schedule ag-a --tp 4 --m 256 --n 256 --k 256 --backend cpu --out trace
 
 Exit status:
   0  success
@@ -56,6 +57,13 @@ pub(crate) enum Command {
     /// (--format json).
     /// Needs TP Hopper GPUs with peer access; there is no CPU fallback (exit status 2).
     Bench(BenchArgs),
+    /// Record a timeline of every plan node on every device and summarise it.
+    ///
+    /// Runs the plan --iters times on random data and writes, into --out: trace.json (Chrome
+    /// Trace Event format: open it in ui.perfetto.dev), timeline.svg, summary.txt and
+    /// summary.json (per device and stage: compute, copy, wait and exposed communication);
+    /// prints the summary. Only the CPU executor can be traced so far (--backend cpu).
+    Trace(TraceArgs),
 }
 
 /// The problem: a schedule, a TP and either explicit sizes or a preset.
@@ -270,4 +278,38 @@ impl ValueEnum for Dtype {
     fn to_possible_value(&self) -> Option<PossibleValue> {
         Some(PossibleValue::new(self.name()))
     }
+}
+
+/// Where `trace` takes its timestamps from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub(crate) enum TraceBackend {
+    /// The CPU executor (one thread per branch of each device's DAG, one host clock).
+    Cpu,
+    /// The GPUs (not built yet: exit status 2).
+    Cuda,
+}
+
+/// Most runs `trace` records (every node of every run is one slice of the outputs).
+pub(crate) const MAX_TRACE_ITERS: usize = 1000;
+
+#[derive(Debug, Args)]
+pub(crate) struct TraceArgs {
+    #[command(flatten)]
+    pub(crate) problem: ProblemArgs,
+    /// Where the timestamps come from.
+    #[arg(long, value_enum)]
+    pub(crate) backend: TraceBackend,
+    /// Directory for trace.json, timeline.svg, summary.txt and summary.json (created if
+    /// missing; existing files of those names are replaced).
+    #[arg(long)]
+    pub(crate) out: std::path::PathBuf,
+    /// Consecutive runs of the plan to trace (1..=1000).
+    #[arg(long, default_value_t = 1)]
+    pub(crate) iters: usize,
+    /// Seed of the random inputs.
+    #[arg(long, default_value_t = 0)]
+    pub(crate) seed: u64,
+    /// Bound of every executor wait, in milliseconds (at least 1).
+    #[arg(long, default_value_t = 5000)]
+    pub(crate) timeout_ms: u64,
 }

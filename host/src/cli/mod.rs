@@ -1,5 +1,5 @@
 //! The `distgemm` command line: `plan` prints a plan, `run` executes it, `bench` times it on
-//! the GPUs.
+//! the GPUs, `trace` records a timeline of it (see [`crate::trace`]).
 //!
 //! `distgemm bench` (CUDA backend only) takes the same problem arguments as `run`
 //! (`--schedule`, `--tp`, `--m/--n/--k` or `--preset [--tokens]`, `--dtype`) plus `--auto` (the
@@ -28,6 +28,7 @@ mod memory;
 mod ranks;
 mod run;
 mod sample;
+mod trace;
 
 use std::ffi::OsString;
 use std::io::Write;
@@ -219,6 +220,7 @@ where
         Command::Plan(args) => plan(&args, &mut out),
         Command::Run(args) => run::run(&args, &mut out, err),
         Command::Bench(args) => bench::bench(&args, &mut out),
+        Command::Trace(args) => trace::trace(&args, &mut out),
     }
     .and_then(|()| Ok(out.flush()?));
     match result {

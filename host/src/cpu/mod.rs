@@ -10,6 +10,10 @@
 //! input shards). Every wait is bounded: a protocol error fails the run with an error naming
 //! the device, stage and flag.
 //!
+//! [`CpuExecutor::run_traced`] also records when every node of every device started and ended,
+//! and how long a kernel's prologue waited for its flags ([`crate::trace`]); without it the
+//! node loop checks one `Option` per node and reads no clock.
+//!
 //! Timing is modelled where the GPU lets work start early: a node after a
 //! [`EdgeKind::ProgrammaticDeferred`] edge (the pipelined all-gather's stage 0) runs at once
 //! and waits for that predecessor only before it completes, as its kernel does with its
@@ -33,6 +37,7 @@ use self::wait::{WaitFailure, Waiter};
 use crate::dtype::{Dtype, Element};
 use crate::plan::{DeviceInputs, EdgeKind, Plan, SizeError};
 use crate::schedule::{BufferKind, FlagRef};
+use crate::trace::{Trace, TraceError, TraceSource, record::Recorder};
 
 /// The default bound of every wait.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -130,6 +135,9 @@ pub enum ExecError {
         /// The device.
         device: usize,
     },
+    /// The recorded spans do not make a trace of the plan (a bug in the recorder).
+    #[error("the recorded trace is inconsistent: {0}")]
+    Trace(#[from] TraceError),
 }
 
 /// A snapshot of one device's exclusive workspace.
@@ -249,11 +257,29 @@ impl<T: Element> CpuExecutor<T> {
         iters: usize,
         progress: &(dyn Fn(usize) + Sync),
     ) -> Result<(), ExecError> {
-        self.run_devices(iters, &|_, _| {}, &|d, i| {
-            if d == 0 {
-                progress(i + 1);
-            }
-        })
+        self.run_devices(
+            iters,
+            &|_, _| {},
+            &|d, i| {
+                if d == 0 {
+                    progress(i + 1);
+                }
+            },
+            None,
+        )
+    }
+
+    /// As [`Self::run`], recording per device when each node started and ended and, for a
+    /// kernel with flags to wait on, when its prologue waited for them: the trace of the
+    /// `iters` runs, on the host's monotonic clock shared by every device.
+    pub fn run_traced(&self, iters: usize) -> Result<Trace, ExecError> {
+        let recorder = Recorder::new(self.plan.tp);
+        self.run_devices(iters, &|_, _| {}, &|_, _| {}, Some(&recorder))?;
+        Ok(Trace::new(
+            &self.plan,
+            TraceSource::CpuExecutor,
+            &recorder.into_spans(),
+        )?)
     }
 
     /// Runs the plan once per entry of `inputs` (one shard set per device each), back to
@@ -283,7 +309,7 @@ impl<T: Element> CpuExecutor<T> {
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner) = d_shard;
         };
-        self.run_devices(inputs.len(), &before, &after)?;
+        self.run_devices(inputs.len(), &before, &after, None)?;
         Ok(outputs
             .into_iter()
             .map(|run| {
@@ -298,12 +324,14 @@ impl<T: Element> CpuExecutor<T> {
     }
 
     /// Every device's thread replays its DAG `iters` times, calling `before(d, i)` and
-    /// `after(d, i)` around its i-th replay (0-based), in its own order.
+    /// `after(d, i)` around its i-th replay (0-based), in its own order; `trace` records the
+    /// nodes' spans.
     fn run_devices(
         &self,
         iters: usize,
         before: &(dyn Fn(usize, usize) + Sync),
         after: &(dyn Fn(usize, usize) + Sync),
+        trace: Option<&Recorder>,
     ) -> Result<(), ExecError> {
         let abort = AtomicBool::new(false);
         let waiter = Waiter {
@@ -314,6 +342,7 @@ impl<T: Element> CpuExecutor<T> {
             memory: &self.memory,
             exclusive: &self.exclusive,
             waiter,
+            trace,
         };
         let results: Vec<Result<(), ExecError>> = thread::scope(|s| {
             let handles: Vec<_> = (0..self.plan.tp)
@@ -323,7 +352,7 @@ impl<T: Element> CpuExecutor<T> {
                     s.spawn(move || {
                         for i in 0..iters {
                             before(d, i);
-                            self.run_device(ctx, d)
+                            self.run_device(ctx, d, i)
                                 .inspect_err(|_| abort.store(true, Ordering::Relaxed))?;
                             after(d, i);
                         }
@@ -340,8 +369,14 @@ impl<T: Element> CpuExecutor<T> {
         first_error(results)
     }
 
-    /// One replay of device `d`'s DAG: chain 0 on this thread, the others on scoped threads.
-    fn run_device(&self, ctx: &Context<'_, T>, d: usize) -> Result<(), ExecError> {
+    /// Replay `iteration` of device `d`'s DAG: chain 0 on this thread, the others on scoped
+    /// threads.
+    fn run_device(
+        &self,
+        ctx: &Context<'_, T>,
+        d: usize,
+        iteration: usize,
+    ) -> Result<(), ExecError> {
         let dev = &self.plan.devices[d];
         let done: Vec<AtomicBool> = dev.nodes.iter().map(|_| AtomicBool::new(false)).collect();
         let wait_for = |n: usize, pred: usize| {
@@ -365,13 +400,20 @@ impl<T: Element> CpuExecutor<T> {
                 for (pred, _) in dev.predecessors(n).filter(|(_, k)| !deferred(k)) {
                     wait_for(n, pred)?;
                 }
-                ctx.run(d, &dev.nodes[n])
+                let start = ctx.trace.map(|_| Instant::now());
+                let flag_wait = ctx
+                    .run(d, &dev.nodes[n])
                     .inspect_err(|_| ctx.waiter.abort.store(true, Ordering::Relaxed))?;
                 // A deferred predecessor is waited for at the end, as the kernel does.
                 for (pred, _) in dev.predecessors(n).filter(|(_, k)| deferred(k)) {
                     wait_for(n, pred)?;
                 }
+                // The end is stamped before a successor may start.
+                let span = start.map(|start| (start, Instant::now()));
                 done[n].store(true, Ordering::Release);
+                if let (Some(recorder), Some(span)) = (ctx.trace, span) {
+                    recorder.record(d, iteration, n, span, flag_wait);
+                }
             }
             Ok(())
         };

@@ -17,36 +17,43 @@ use crate::dtype::Element;
 use crate::plan::{BarrierNode, KERNEL_SIGNAL_VALUE, Node};
 use crate::reference::{EpilogueInput, gemm_f32};
 use crate::schedule::{FlagRef, GemmStage, ReduceStep};
+use crate::trace::record::Recorder;
 
-/// What a node needs to run: all devices' memory, all exclusive workspaces, the waiter.
+/// What a node needs to run: all devices' memory, all exclusive workspaces, the waiter, and
+/// the recorder of a traced run.
 pub(crate) struct Context<'a, T> {
     pub(crate) memory: &'a [DeviceMemory<T>],
     pub(crate) exclusive: &'a [ExclusiveWorkspace],
     pub(crate) waiter: Waiter<'a>,
+    pub(crate) trace: Option<&'a Recorder>,
 }
+
+/// When a kernel's prologue waited for its flags (traced runs only).
+type FlagWait = Option<(Instant, Instant)>;
 
 impl<T: Element> Context<'_, T> {
     fn flag(&self, f: &FlagRef) -> &std::sync::atomic::AtomicU32 {
         &self.exclusive[f.device].flags[f.index]
     }
 
-    /// Runs `node` of `device`.
-    pub(crate) fn run(&self, device: usize, node: &Node) -> Result<(), ExecError> {
+    /// Runs `node` of `device`; in a traced run, returns when a kernel's prologue waited for
+    /// its flags.
+    pub(crate) fn run(&self, device: usize, node: &Node) -> Result<FlagWait, ExecError> {
         match node {
-            Node::Barrier(b) => self.barrier(device, b),
+            Node::Barrier(b) => self.barrier(device, b).map(|()| None),
             Node::PeerCopy(c) => {
                 copy_region(self.memory, &c.src, &c.dst);
-                Ok(())
+                Ok(None)
             }
             Node::FlagSet(f) => {
                 // The write-value node's fence, then its plain write: together a release, so
                 // the copy before it (same chain) is visible to whoever acquires the value.
                 fence(Ordering::SeqCst);
                 self.flag(&f.flag).store(f.value, Ordering::Relaxed);
-                Ok(())
+                Ok(None)
             }
             Node::Gemm(g) => {
-                self.prologue(
+                let waited = self.prologue(
                     device,
                     g.stage,
                     "gemm",
@@ -54,14 +61,16 @@ impl<T: Element> Context<'_, T> {
                     g.waits.as_slice(),
                 )?;
                 self.gemm(g);
-                Ok(())
+                Ok(waited)
             }
             Node::Reduce(r) => {
-                self.prologue(device, r.stage, "reduce", &r.signals, &r.waits)?;
+                let waited = self.prologue(device, r.stage, "reduce", &r.signals, &r.waits)?;
                 self.reduce(r);
-                Ok(())
+                Ok(waited)
             }
-            Node::AwaitRelease(w) => self.wait_flags(device, 0, "release", &w.flags),
+            Node::AwaitRelease(w) => self
+                .wait_flags(device, 0, "release", &w.flags)
+                .map(|()| None),
         }
     }
 
@@ -99,7 +108,7 @@ impl<T: Element> Context<'_, T> {
     }
 
     /// Kernel prologue: signal (release) first, then wait (acquire) — the other order would
-    /// close a cycle around the reduce-scatter ring.
+    /// close a cycle around the reduce-scatter ring. In a traced run, returns when it waited.
     fn prologue(
         &self,
         device: usize,
@@ -107,11 +116,13 @@ impl<T: Element> Context<'_, T> {
         node: &'static str,
         signals: &[FlagRef],
         waits: &[FlagRef],
-    ) -> Result<(), ExecError> {
+    ) -> Result<FlagWait, ExecError> {
         for f in signals {
             self.flag(f).store(KERNEL_SIGNAL_VALUE, Ordering::Release);
         }
-        self.wait_flags(device, stage, node, waits)
+        let start = (self.trace.is_some() && !waits.is_empty()).then(Instant::now);
+        self.wait_flags(device, stage, node, waits)?;
+        Ok(start.map(|start| (start, Instant::now())))
     }
 
     /// Waits (acquire, bounded) until every flag of `waits` is non-zero.
