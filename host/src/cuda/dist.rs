@@ -38,7 +38,7 @@ use super::lower::TimingDiagnostics;
 use super::lower::{DeviceAddresses, LowerOptions, LoweredGraph, lower_device};
 use crate::dtype::Dtype;
 use crate::gemm::check;
-use crate::plan::Plan;
+use crate::plan::{Plan, PlanOptions, RsPartials};
 use crate::problem::Problem;
 use crate::runtime::stream::GraphTopology;
 use crate::runtime::{CudaStream, DeviceBuffer, Gpu, Module, RawStream, RuntimeError};
@@ -89,6 +89,7 @@ pub struct DistGemmBuilder<'a> {
     args: Option<Vec<DeviceArgs<'a>>>,
     modules: Vec<Arc<Module>>,
     share_gpus: bool,
+    rs_partials: RsPartials,
     #[cfg(feature = "testing")]
     missing_signals: Vec<FlagRef>,
 }
@@ -127,6 +128,16 @@ impl<'a> DistGemmBuilder<'a> {
     pub fn auto_schedule(self, family: ScheduleKind) -> Self {
         DistGemmBuilder {
             schedule: Some(ScheduleChoice::Auto(family)),
+            ..self
+        }
+    }
+
+    /// How the pipelined reduce-scatter schedules move partial sums (default
+    /// [`RsPartials::Read`]; ignored by other schedules, also when `Auto` picks one). `Auto`
+    /// never picks [`RsPartials::Push`]: it stays `Read` until pushing is measured.
+    pub fn rs_partials(self, rs_partials: RsPartials) -> Self {
+        DistGemmBuilder {
+            rs_partials,
             ..self
         }
     }
@@ -214,10 +225,13 @@ impl<'a> DistGemmBuilder<'a> {
         if tp == 0 {
             return Err(DistGemmError::Missing("at least one device"));
         }
-        Ok(Plan::build(
+        Ok(Plan::build_with(
             self.resolved_schedule()?,
             self.resolved_problem()?,
             tp,
+            PlanOptions {
+                rs_partials: self.rs_partials,
+            },
         )?)
     }
 

@@ -7,8 +7,8 @@
 //! | plan node | graph node |
 //! |---|---|
 //! | `Barrier` | kernel `collective_barrier` (1 thread), [`BarrierParams`] |
-//! | `PeerCopy` | memcpy node (copy engine), peer → own workspace |
-//! | `FlagSet` | write-value node (`CU_STREAM_MEM_OP_WRITE_VALUE_32`: a fence, then the store), own stage flag or a peer's release flag |
+//! | `PeerCopy` | memcpy node (this GPU's copy engine): pull, peer → own workspace; push, own workspace → peer's workspace (a remote write) |
+//! | `FlagSet` | write-value node (`CU_STREAM_MEM_OP_WRITE_VALUE_32`: a fence, then the store), own stage flag, a peer's stage flag (after a push) or a peer's release flag |
 //! | `Gemm` | kernel node of the GEMM stage kernel, [`GemmArgs`] + [`StageHook`] |
 //! | `Reduce` | kernel `reduce_sum_{bf16,f16}`, [`ReduceParams`] |
 //! | `AwaitRelease` | kernel `collective_wait_flags` (1 thread), [`WaitFlagsParams`] |
@@ -633,8 +633,15 @@ mod tests {
     fn every_schedule_lowers_one_graph_node_per_plan_node() {
         for kind in ScheduleKind::ALL {
             for tp in [1, 2, 4] {
-                for d in 0..tp {
-                    let (plan, _, g) = lowered(kind, tp, d);
+                for (d, rs_partials) in (0..tp).zip(crate::plan::RsPartials::ALL.iter().cycle()) {
+                    let problem = Problem::new(64 * tp, 64 * tp, 64 * tp);
+                    let plan_options = crate::plan::PlanOptions {
+                        rs_partials: *rs_partials,
+                    };
+                    let plan = Plan::build_with(kind, problem, tp, plan_options)
+                        .unwrap_or_else(|e| panic!("{e}"));
+                    let g = lower_device(&plan, d, &addresses(tp), &options())
+                        .unwrap_or_else(|e| panic!("{e}"));
                     assert_eq!(g.nodes.len(), plan.devices[d].nodes.len(), "{kind}");
                     assert_eq!(g.edges.len(), plan.devices[d].edges.len(), "{kind}");
                     for (e, pe) in g.edges.iter().zip(&plan.devices[d].edges) {
@@ -891,6 +898,85 @@ mod tests {
             panic!("node 1 is not a gemm")
         };
         assert_eq!(first.flags, 0);
+    }
+
+    /// Pushed partials at TP = 3, device 1: the push after stage 0 copies the own send slot
+    /// `S_0` (slot 2) into device 2's receive slot `R_1` (slot 0) on this GPU's copy engine,
+    /// then sets device 2's flag 1; the push after stage 1 moves `S_1` (slot 3) into `R_2`
+    /// (slot 1). Stages t > 0 signal nothing, wait for their own flag t and read C from their
+    /// own `R_t` (slot t − 1).
+    #[test]
+    fn a_push_copies_the_own_slot_into_the_right_neighbours_and_sets_its_flag() {
+        let tp = 3;
+        let problem = Problem::new(64 * tp, 64 * tp, 64 * tp);
+        let push = crate::plan::PlanOptions {
+            rs_partials: crate::plan::RsPartials::Push,
+        };
+        let plan = Plan::build_with(ScheduleKind::ReduceScatterTilingA, problem, tp, push)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let addr = addresses(tp);
+        let g = lower_device(&plan, 1, &addr, &options()).unwrap_or_else(|e| panic!("{e}"));
+        let dev = &plan.devices[1];
+        assert_eq!(g.nodes.len(), dev.nodes.len());
+        // mb×N = 64×192 elements of 2 bytes per slot.
+        let slot = 64 * 192 * 2;
+        assert_eq!(dev.workspace_bytes, 4 * slot);
+        let flag = |q: usize, i: usize| addr[q].exclusive + plan.exclusive.flag_offset(i) as u64;
+        let mut pushes = Vec::new();
+        for (i, (node, lowered)) in dev.nodes.iter().zip(&g.nodes).enumerate() {
+            match (node, lowered) {
+                (Node::PeerCopy(c), LoweredNode::Copy { dst, src, bytes }) => {
+                    pushes.push((c.stage, *src, *dst, *bytes));
+                    // After the GEMM that wrote the source, on a default edge.
+                    let into: Vec<_> = g.edges.iter().filter(|e| e.to == i).collect();
+                    assert_eq!(into.len(), 1);
+                    assert_eq!(into[0].kind, DependencyKind::Default);
+                    assert!(
+                        matches!(&g.nodes[into[0].from], LoweredNode::Gemm { stage, .. } if stage + 1 == c.stage)
+                    );
+                    // Then the flag set of device 2's stage flag.
+                    let next = g.edges.iter().find(|e| e.from == i).map(|e| &g.nodes[e.to]);
+                    assert_eq!(
+                        next,
+                        Some(&LoweredNode::FlagSet {
+                            dst: flag(2, c.stage),
+                            value: crate::plan::FLAG_SET_VALUE
+                        })
+                    );
+                }
+                (Node::Gemm(s), LoweredNode::Gemm { args, hook, .. }) if s.stage > 0 => {
+                    assert_eq!(hook.signal_flag, 0);
+                    assert_eq!(hook.wait_flag, flag(1, s.stage));
+                    // R_t = slot t−1 of the own workspace.
+                    let r = addr[1].workspace + (s.stage as u64 - 1) * slot as u64;
+                    assert_eq!(args.c.map(|c| c.ptr), Some(r));
+                }
+                _ => {}
+            }
+        }
+        let (ws1, ws2) = (addr[1].workspace, addr[2].workspace);
+        let slot = slot as u64;
+        assert_eq!(
+            pushes,
+            vec![
+                (1, ws1 + 2 * slot, ws2, 64 * 192 * 2),
+                (2, ws1 + 3 * slot, ws2 + slot, 64 * 192 * 2),
+            ]
+        );
+        // A dropped flag store keeps the node and stores 0.
+        let missing = LowerOptions {
+            missing_signals: vec![FlagRef {
+                device: 2,
+                index: 1,
+            }],
+            ..options()
+        };
+        let g = lower_device(&plan, 1, &addr, &missing).unwrap_or_else(|e| panic!("{e}"));
+        assert!(
+            g.nodes
+                .iter()
+                .any(|n| matches!(n, LoweredNode::FlagSet { dst, value: 0 } if *dst == flag(2, 1)))
+        );
     }
 
     #[test]

@@ -3,7 +3,8 @@
 //! ranks, no GPU.
 //!
 //! Each rank sends one [`Hello`] (JSON): who it is (rank, group size, GPU UUID), what it was
-//! asked to build (schedule after `Auto`, problem, timeout, protocol version), and either the
+//! asked to build (schedule after `Auto`, how partials move, problem, timeout, protocol
+//! version), and either the
 //! handles of the memory its peers will touch or the error that stopped it. Every rank then
 //! runs [`check_group`] on all hellos: any disagreement is an error on every rank, naming the
 //! rank and the field, before any graph exists.
@@ -12,6 +13,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::plan::RsPartials;
 use crate::problem::Problem;
 use crate::runtime::IpcHandle;
 use crate::schedule::{BufferKind, ScheduleKind};
@@ -64,6 +66,9 @@ pub(crate) struct Hello {
     /// Whether the rank accepts sharing its GPU with other ranks.
     pub(crate) allow_shared_gpu: bool,
     pub(crate) schedule: ScheduleKind,
+    /// How partials move, as the rank's plan says (`Read` from a rank that predates pushes).
+    #[serde(default)]
+    pub(crate) rs_partials: RsPartials,
     pub(crate) problem: Problem,
     pub(crate) timeout_ns: u64,
     /// The rank's exports, or why it could not make them.
@@ -101,7 +106,8 @@ fn same_problem(a: &Problem, b: &Problem) -> bool {
 }
 
 /// Checks the hellos of a whole group as rank `me` received them (index = rank): every rank
-/// speaks the same protocol, agrees on the group size, schedule, problem and timeout, sits on
+/// speaks the same protocol, agrees on the group size, schedule, partials, problem and
+/// timeout, sits on
 /// its own GPU unless all allow sharing, and exported its memory with the expected sizes.
 /// The first problem found is returned as one line naming the rank.
 pub(crate) fn check_group(
@@ -153,6 +159,13 @@ pub(crate) fn check_group(
                 "schedule",
                 h.schedule.cli_name().to_string(),
                 mine.schedule.cli_name().to_string(),
+            );
+        }
+        if h.rs_partials != mine.rs_partials {
+            return disagree(
+                "rs partials",
+                h.rs_partials.cli_name().to_string(),
+                mine.rs_partials.cli_name().to_string(),
             );
         }
         if !same_problem(&h.problem, &mine.problem) {
@@ -261,6 +274,7 @@ mod tests {
             gpu_uuid: format!("GPU-{rank}"),
             allow_shared_gpu: false,
             schedule: ScheduleKind::AllGatherRotatingA,
+            rs_partials: RsPartials::Read,
             problem: Problem::new(256, 512, 128),
             timeout_ns: 1_000_000_000,
             exports: Ok(Exports {
@@ -301,6 +315,10 @@ mod tests {
             (
                 |h| h.schedule = ScheduleKind::ReduceScatterTilingA,
                 "schedule",
+            ),
+            (
+                |h| h.rs_partials = RsPartials::Push,
+                "rs partials push, rank 0 has read",
             ),
             (|h| h.problem.k = 64, "problem"),
             (|h| h.timeout_ns = 5, "timeout"),

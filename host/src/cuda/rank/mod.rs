@@ -74,7 +74,7 @@ use super::dist::{DEFAULT_TIMEOUT, ScheduleChoice, check_gemms, error_of};
 use super::error::DistGemmError;
 use super::graphs::{DeviceGraph, DeviceKernels, GridShare};
 use super::lower::{DeviceAddresses, LowerOptions, lower_device};
-use crate::plan::Plan;
+use crate::plan::{Plan, PlanOptions, RsPartials};
 use crate::problem::Problem;
 use crate::runtime::caller_stream::copy_device_async;
 use crate::runtime::{
@@ -93,6 +93,7 @@ pub struct RankGemmBuilder {
     timeout: Option<Duration>,
     allow_shared_gpu: bool,
     module: Option<Arc<Module>>,
+    rs_partials: RsPartials,
 }
 
 /// A distgemm-owned, peer-visible buffer of the operand an all-gather schedule gathers: write
@@ -143,6 +144,16 @@ impl RankGemmBuilder {
     pub fn auto_schedule(self, family: ScheduleKind) -> Self {
         RankGemmBuilder {
             schedule: Some(ScheduleChoice::Auto(family)),
+            ..self
+        }
+    }
+
+    /// How the pipelined reduce-scatter schedules move partial sums (default
+    /// [`RsPartials::Read`]; ignored by other schedules); every rank must give the same.
+    /// `Auto` never picks [`RsPartials::Push`]: it stays `Read` until pushing is measured.
+    pub fn rs_partials(self, rs_partials: RsPartials) -> Self {
+        RankGemmBuilder {
+            rs_partials,
             ..self
         }
     }
@@ -198,7 +209,10 @@ impl RankGemmBuilder {
             .as_ref()
             .map_or(super::auto::MachineModel::H200.sm_count, Gpu::sm_count);
         let schedule = choice.resolve(&problem, tp, sm_count);
-        Ok(Plan::build(schedule, problem, tp)?)
+        let options = PlanOptions {
+            rs_partials: self.rs_partials,
+        };
+        Ok(Plan::build_with(schedule, problem, tp, options)?)
     }
 
     /// Builds this rank's part of the group: collective over `rendezvous` (every rank calls
@@ -208,14 +222,15 @@ impl RankGemmBuilder {
         let rank = rendezvous.rank();
         let world = rendezvous.world_size();
         let local = self.prepare(rank, world);
-        let (plan_schedule, problem) = match &local {
-            Ok(l) => (l.plan.schedule, l.plan.problem),
+        let (plan_schedule, problem, rs_partials) = match &local {
+            Ok(l) => (l.plan.schedule, l.plan.problem, l.plan.rs_partials),
             Err(_) => (
                 self.schedule
                     .map_or(ScheduleKind::AllGatherRotatingA, |c| match c {
                         ScheduleChoice::Fixed(k) | ScheduleChoice::Auto(k) => k,
                     }),
                 self.problem.unwrap_or(Problem::new(0, 0, 0)),
+                self.rs_partials,
             ),
         };
         let hello = Hello {
@@ -229,6 +244,7 @@ impl RankGemmBuilder {
                 .unwrap_or_default(),
             allow_shared_gpu: self.allow_shared_gpu,
             schedule: plan_schedule,
+            rs_partials,
             problem,
             timeout_ns: u64::try_from(self.timeout_or_default().as_nanos()).unwrap_or(u64::MAX),
             exports: local
