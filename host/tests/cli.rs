@@ -667,3 +667,73 @@ fn checked_cpu_runs_vary_their_inputs_and_check_every_run() {
         assert!(text(&out.stdout).contains("check: passed"), "{line}");
     }
 }
+
+/// `distgemm trace --backend cpu` writes the four files: the Chrome trace has one slice per
+/// executed node, the summary's parts add up to each device's wall time, the SVG is one
+/// document; `--backend cuda` and a bad `--iters` are one-line refusals.
+#[test]
+fn trace_writes_the_timeline_and_the_summary() {
+    let dir = std::env::temp_dir().join(format!("distgemm-cli-trace-{}", std::process::id()));
+    let dir_arg = dir.to_string_lossy().into_owned();
+    let line = "trace --schedule rs-a --tp 2 --m 64 --n 64 --k 64 --backend cpu --iters 2 --out";
+    let mut args = words(line);
+    args.push(&dir_arg);
+    let out = distgemm(&args);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("device 1: wall"),
+        "{}",
+        text(&out.stdout)
+    );
+    let read = |name: &str| {
+        std::fs::read_to_string(dir.join(name)).unwrap_or_else(|e| panic!("{name}: {e}"))
+    };
+    let plan = Plan::build(
+        ScheduleKind::ReduceScatterTilingA,
+        distgemm::problem::Problem::new(64, 64, 64),
+        2,
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let nodes: usize = plan.devices.iter().map(|d| d.nodes.len()).sum();
+    let trace: serde_json::Value =
+        serde_json::from_str(&read("trace.json")).unwrap_or_else(|e| panic!("{e}"));
+    let slices = trace["traceEvents"]
+        .as_array()
+        .map(|events| {
+            events
+                .iter()
+                .filter(|e| e["ph"] == "X" && e["cat"] != "wait")
+                .count()
+        })
+        .unwrap_or(0);
+    assert_eq!(slices, 2 * nodes);
+    let summary: serde_json::Value =
+        serde_json::from_str(&read("summary.json")).unwrap_or_else(|e| panic!("{e}"));
+    let devices = summary["devices"].as_array().map_or(&[][..], Vec::as_slice);
+    assert_eq!(devices.len(), 2);
+    for d in devices {
+        let ns = |key: &str| d[key].as_u64().unwrap_or_else(|| panic!("{key}: {d}"));
+        assert_eq!(
+            ns("compute_ns") + ns("exposed_ns") + ns("idle_ns"),
+            ns("wall_ns")
+        );
+        assert!(ns("compute_ns") > 0);
+    }
+    assert_eq!(read("summary.txt"), {
+        let stdout = text(&out.stdout);
+        stdout[..stdout.find("wrote ").unwrap_or(stdout.len())].to_string()
+    });
+    let svg = read("timeline.svg");
+    assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
+    assert_eq!(svg.matches("<svg").count(), 1);
+    let _ = std::fs::remove_dir_all(&dir);
+
+    let cuda = "trace --schedule ag-a --tp 2 --m 64 --n 64 --k 64 --backend cuda --out x";
+    assert_one_line_exit_2(
+        &words(cuda),
+        &distgemm(&words(cuda)),
+        "the GPU trace source is not built yet",
+    );
+    let iters = "trace --schedule ag-a --tp 2 --m 64 --n 64 --k 64 --backend cpu --iters 0 --out x";
+    assert_one_line_exit_2(&words(iters), &distgemm(&words(iters)), "--iters must be");
+}
