@@ -30,32 +30,12 @@ fn module_of(gpu: &Gpu) -> distgemm::runtime::Result<Arc<Module>> {
     Ok(module)
 }
 
-/// A value handed to [`Python::detach`]'s closure.
-///
-/// [`RankGemm`] holds raw CUDA graph handles and is not `Send`, so the class is `unsendable`
-/// (pyo3 refuses its use from any thread but the creating one), and `detach` — which wants a
-/// `Send` closure in case it moved threads — gets the instance through this wrapper. Taken out
-/// with [`SameThread::into_inner`] inside the closure, so the closure captures the wrapper,
-/// not its field.
-struct SameThread<T>(T);
-
-// SAFETY: built only around a value passed to, or returned from, `Python::detach`, which runs
-// its closure on the calling thread and returns before the caller continues: the value never
-// reaches another thread.
-unsafe impl<T> Send for SameThread<T> {}
-
-impl<T> SameThread<T> {
-    fn into_inner(self) -> T {
-        self.0
-    }
-}
-
 /// One rank of a distgemm GEMM in a group of processes (one process per GPU).
 ///
 /// Private to the package: `distgemm._ops` builds and caches these, checks the tensors and
 /// passes their addresses. Building and `close()` are collective: every rank of the group
-/// calls them, in the same order. Used from the thread that built it only (`unsendable`).
-#[pyclass(name = "RankGemm", module = "distgemm._distgemm", unsendable)]
+/// calls them, in the same order.
+#[pyclass(name = "RankGemm", module = "distgemm._distgemm")]
 pub struct PyRankGemm {
     /// `None` after `close()`.
     inner: Option<RankGemm>,
@@ -172,12 +152,12 @@ impl PyRankGemm {
                     Err(e) => Some(e),
                 };
                 let built = builder.allow_shared_gpu(allow_shared_gpu).build(rdv);
-                SameThread(match (built, gpu_error) {
+                match (built, gpu_error) {
                     (Err(DistGemmErrorKind::Missing(_)), Some(e)) => Err(e.into()),
                     (built, _) => built,
-                })
+                }
             });
-            let inner = built.into_inner().map_err(to_py_err)?;
+            let inner = built.map_err(to_py_err)?;
             Ok(PyRankGemm {
                 inner: Some(inner),
                 rank,
@@ -257,10 +237,8 @@ impl PyRankGemm {
     /// Waits for this rank's last launch (GIL released), then raises its error, if any.
     fn synchronize(&mut self, py: Python<'_>) -> PyResult<()> {
         guard("synchronize", || {
-            let dg = SameThread(self.live()?);
-            py.detach(move || SameThread(dg.into_inner().synchronize()))
-                .into_inner()
-                .map_err(to_py_err)
+            let dg = self.live()?;
+            py.detach(move || dg.synchronize()).map_err(to_py_err)
         })
     }
 
@@ -275,10 +253,7 @@ impl PyRankGemm {
         guard("close", || {
             if let Some(dg) = self.inner.take() {
                 if collective {
-                    let dg = SameThread(dg);
-                    py.detach(move || SameThread(dg.into_inner().close()))
-                        .into_inner()
-                        .map_err(to_py_err)?;
+                    py.detach(move || dg.close()).map_err(to_py_err)?;
                 } else {
                     std::mem::forget(dg);
                 }
