@@ -12,9 +12,12 @@
 //!
 //! Times (`ts`, `dur`) are microseconds with nanosecond decimals.
 
+use std::collections::HashMap;
+
 use serde_json::{Value, json};
 
 use super::model::{Event, EventKind, Lane, Trace};
+use crate::schedule::FlagRef;
 
 /// The thread id of a lane.
 fn tid(lane: Lane) -> u64 {
@@ -114,8 +117,17 @@ impl Trace {
         })
     }
 
-    /// Flow arrows: from the event that stores a flag to every kernel that waited on it.
+    /// Flow arrows: from the event that stores a flag to every kernel that waited on it in
+    /// the same run.
     fn flows(&self) -> Vec<Value> {
+        let mut setters: HashMap<(usize, FlagRef), (usize, &Event)> = HashMap::new();
+        for d in &self.devices {
+            for e in &d.events {
+                for &flag in &e.sets {
+                    setters.entry((e.iteration, flag)).or_insert((d.device, e));
+                }
+            }
+        }
         let mut flows = Vec::new();
         let waiters = self.devices.iter().flat_map(|d| {
             d.events
@@ -125,7 +137,7 @@ impl Trace {
         });
         for (device, waiter) in waiters {
             for &flag in &waiter.awaits {
-                let Some((from, setter)) = self.setter(waiter.iteration, flag) else {
+                let Some(&(from, setter)) = setters.get(&(waiter.iteration, flag)) else {
                     continue;
                 };
                 let id = flows.len() / 2;

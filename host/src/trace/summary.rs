@@ -258,7 +258,7 @@ mod tests {
             span(5, 40, 100, Some((40, 52))),
             span(6, 100, 110, None),
         ];
-        let trace = Trace::new(&plan, TraceSource::Gpu, &[device.clone(), device])
+        let trace = Trace::new(&plan, TraceSource::CpuExecutor, &[device.clone(), device])
             .unwrap_or_else(|e| panic!("{e}"));
         let d = DeviceSummary::of(&trace.devices[0]);
         assert_eq!(d.wall_ns, 110);
