@@ -381,3 +381,161 @@ fn a_missing_release_is_a_deadlock_at_the_end_of_the_run() {
         "{err}"
     );
 }
+
+/// Runs `plan` on four input sets back to back (`run_sequence`: each device loads its next
+/// inputs as soon as its own run ends) with `delays` injected, and returns, per run, whether
+/// D is within the f64 bound (with the report).
+fn sequence_with_delays(
+    plan: Plan,
+    delays: Vec<distgemm::cpu::InjectedDelay>,
+    seed: u64,
+) -> Vec<(bool, String)> {
+    let problem = plan.problem;
+    let tp = plan.tp;
+    let mut exec = CpuExecutor::<bf16>::new(plan)
+        .unwrap_or_else(|e| panic!("{e}"))
+        .with_delays(delays);
+    exec.poison();
+    let runs: Vec<GlobalInputs<bf16>> = (0..4)
+        .map(|i| GlobalInputs::random(&problem, seed + i))
+        .collect();
+    let shards: Vec<_> = runs
+        .iter()
+        .map(|g| {
+            exec.plan()
+                .shard_inputs(g)
+                .unwrap_or_else(|e| panic!("{e}"))
+        })
+        .collect();
+    let outputs = exec
+        .run_sequence(&shards)
+        .unwrap_or_else(|e| panic!("TP={tp}: {e}"));
+    assert!(exec.exclusive_state().iter().all(|e| e.counter == 0));
+    runs.iter()
+        .zip(&outputs)
+        .map(|(inputs, out)| {
+            let plan = exec.plan();
+            let d = plan.gather_output(out).unwrap_or_else(|e| panic!("{e}"));
+            let report = check(
+                &problem,
+                plan.schedule.roundings(tp),
+                tp,
+                CheckInputs {
+                    a: &inputs.a,
+                    b: &inputs.b,
+                    c: None,
+                },
+                &d,
+            )
+            .unwrap_or_else(|e| panic!("{e}"));
+            (report.passed(), format!("{report:?}"))
+        })
+        .collect()
+}
+
+/// The delays that stress the pushed partials' slot reuse on `plan`: none; one device slow
+/// in every node (its left neighbour runs ahead within the run, everyone waits for it at the
+/// next barrier); one device's pushes late (its right neighbour waits for its flags); one
+/// device's receiving stages late (its left neighbour pushes everything before they read).
+fn push_delays(plan: &Plan) -> Vec<Vec<distgemm::cpu::InjectedDelay>> {
+    use distgemm::cpu::InjectedDelay;
+    let tp = plan.tp;
+    let ms = Duration::from_millis;
+    let nodes_of = |d: usize, pick: &dyn Fn(&Node) -> bool| -> Vec<InjectedDelay> {
+        plan.devices[d]
+            .nodes
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| pick(n))
+            .map(|(i, _)| InjectedDelay {
+                device: d,
+                node: Some(i),
+                delay: ms(3),
+            })
+            .collect()
+    };
+    vec![
+        Vec::new(),
+        vec![InjectedDelay {
+            device: tp / 2,
+            node: None,
+            delay: ms(1),
+        }],
+        nodes_of(0, &|n| matches!(n, Node::PeerCopy(_))),
+        nodes_of(1 % tp, &|n| matches!(n, Node::Gemm(g) if g.stage > 0)),
+    ]
+}
+
+/// Every reduce-scatter schedule built with pushed partials (the single-stage ones ignore
+/// it), at every TP 1..=8, against the f64 reference, four runs back to back with new inputs,
+/// under each delay pattern of `push_delays`.
+#[test]
+fn pushed_partials_match_the_reference_with_delayed_devices() {
+    use distgemm::plan::{PlanOptions, RsPartials};
+    let options = PlanOptions {
+        rs_partials: RsPartials::Push,
+    };
+    for kind in ScheduleKind::ALL {
+        if kind.collective() != Collective::ReduceScatter {
+            continue;
+        }
+        for tp in 1..=8 {
+            let problem = Problem::new(8 * tp, 8 * tp, 8 * tp);
+            let plan =
+                Plan::build_with(kind, problem, tp, options).unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(
+                plan.rs_partials == RsPartials::Push,
+                kind.is_pipelined(),
+                "{kind}"
+            );
+            for (pattern, delays) in push_delays(&plan).into_iter().enumerate() {
+                let results = sequence_with_delays(plan.clone(), delays, 10 * tp as u64);
+                for (run, (passed, report)) in results.iter().enumerate() {
+                    assert!(
+                        passed,
+                        "{kind} TP={tp} delays {pattern} run {run}: {report}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// The delays matter: with device 1's stage 1 writing its partial into `R_2` (a slot its left
+/// neighbour pushes into at any time, instead of `S_1`), and that stage 100 ms late, device
+/// 0's push lands first and is overwritten: D is wrong. The plan's race checker finds the
+/// same edit (`plan::tests::a_send_slot_the_left_neighbour_pushes_into_is_a_race`).
+#[test]
+fn a_slot_reused_too_early_is_caught_with_a_late_stage() {
+    use distgemm::cpu::InjectedDelay;
+    use distgemm::plan::{PlanOptions, RsPartials};
+    let options = PlanOptions {
+        rs_partials: RsPartials::Push,
+    };
+    let mut plan = Plan::build_with(
+        ScheduleKind::ReduceScatterTilingA,
+        Problem::new(32, 32, 32),
+        4,
+        options,
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let r2 = plan.devices[1].workspace.slot_offset(1);
+    let mut stage1 = None;
+    for (i, node) in plan.devices[1].nodes.iter_mut().enumerate() {
+        match node {
+            Node::Gemm(g) if g.stage == 1 => {
+                g.d.offset = r2;
+                stage1 = Some(i);
+            }
+            Node::PeerCopy(c) if c.stage == 2 => c.src.offset = r2,
+            _ => {}
+        }
+    }
+    let late = vec![InjectedDelay {
+        device: 1,
+        node: stage1,
+        delay: Duration::from_millis(100),
+    }];
+    let results = sequence_with_delays(plan, late, 7);
+    assert!(results.iter().any(|(passed, _)| !passed), "{results:?}");
+}

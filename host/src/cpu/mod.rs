@@ -157,6 +157,21 @@ pub struct CpuExecutor<T> {
     exclusive: Vec<ExclusiveWorkspace>,
     chains: Vec<Vec<Vec<usize>>>,
     timeout: Duration,
+    #[cfg(feature = "testing")]
+    delays: Vec<InjectedDelay>,
+}
+
+/// Test hook (`testing` feature): a node that sleeps before it runs, in every run, so that a
+/// test can make one device, or one of its nodes (a GEMM, a push), late on purpose.
+#[cfg(feature = "testing")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct InjectedDelay {
+    /// The device.
+    pub device: usize,
+    /// Its node index, or `None` for every node of the device.
+    pub node: Option<usize>,
+    /// How long the node sleeps once its predecessors are done, before it runs.
+    pub delay: Duration,
 }
 
 impl<T: Element> CpuExecutor<T> {
@@ -181,6 +196,8 @@ impl<T: Element> CpuExecutor<T> {
             exclusive,
             chains,
             timeout: DEFAULT_TIMEOUT,
+            #[cfg(feature = "testing")]
+            delays: Vec::new(),
         })
     }
 
@@ -188,6 +205,27 @@ impl<T: Element> CpuExecutor<T> {
     #[must_use]
     pub fn with_timeout(self, timeout: Duration) -> Self {
         CpuExecutor { timeout, ..self }
+    }
+
+    /// Test hook: the same executor with `delays` injected into its devices' nodes.
+    #[cfg(feature = "testing")]
+    #[must_use]
+    pub fn with_delays(self, delays: Vec<InjectedDelay>) -> Self {
+        CpuExecutor { delays, ..self }
+    }
+
+    /// Sleeps for the delays injected into node `node` of `device`.
+    #[cfg(feature = "testing")]
+    fn injected_delay(&self, device: usize, node: usize) {
+        let delay: Duration = self
+            .delays
+            .iter()
+            .filter(|x| x.device == device && x.node.is_none_or(|n| n == node))
+            .map(|x| x.delay)
+            .sum();
+        if !delay.is_zero() {
+            thread::sleep(delay);
+        }
     }
 
     /// The plan being executed.
@@ -400,6 +438,8 @@ impl<T: Element> CpuExecutor<T> {
                 for (pred, _) in dev.predecessors(n).filter(|(_, k)| !deferred(k)) {
                     wait_for(n, pred)?;
                 }
+                #[cfg(feature = "testing")]
+                self.injected_delay(d, n);
                 let start = ctx.trace.map(|_| Instant::now());
                 let flag_wait = ctx
                     .run(d, &dev.nodes[n])
