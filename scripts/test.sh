@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The project's test command (README, CI): format, lints, CPU tests, PTX build and PTX gates.
+# The project's test command (README, CI): format, lints, CPU tests, PTX build and PTX gates,
+# a crate that depends on distgemm (host/tests/dependency.rs).
 # Installs the pinned toolchain (rust-toolchain.toml) if missing; needs rustup and
 # python3 + pip (check-ptx installs CUDA 13.0 ptxas/cuobjdump/nvdisasm wheels into
 # target/cuda-tools on first use). No GPU needed: GPU tests skip themselves with a message.
@@ -11,7 +12,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source scripts/toolchain.sh
 log_dir=target/test-logs
 mkdir -p "$log_dir"
-rm -f "$log_dir/cargo-test.log"
+rm -f "$log_dir/cargo-test.log" "$log_dir/dependency-test.log"
 
 results=()
 failures=0
@@ -32,6 +33,9 @@ step() {
   return $rc
 }
 cargo_test() { cargo test --workspace 2>&1 | tee "$log_dir/cargo-test.log"; }
+dependency_test() {
+  cargo test -p distgemm --test dependency -- --ignored 2>&1 | tee "$log_dir/dependency-test.log"
+}
 
 step "cargo fmt --all --check" cargo fmt --all --check || true
 step "cargo clippy --workspace --all-targets -- -D warnings" \
@@ -50,6 +54,12 @@ if step "cargo xtask build-ptx" cargo xtask build-ptx; then
 else
   results+=("$(printf '%5s   skip  %s' - "cargo xtask check-ptx (build-ptx failed)")")
 fi
+# Crates that depend on distgemm by path get the kernels (host/tests/dependency.rs, #[ignore]d
+# in the workspace run: about a minute cold). One depends on this checkout (the PTX build-ptx
+# just wrote, else the committed one); one on a copy without target/ptx, which can only embed
+# the committed host/ptx/kernels_gpu.ptx and says SKIPPED while there is none. Offline: the
+# scratch crates reuse the workspace's Cargo.lock and the crates the steps above downloaded.
+step "cargo test -p distgemm --test dependency -- --ignored" dependency_test || true
 # The PyTorch package (python/, its own Cargo workspace): rustfmt and clippy on its crate, the
 # abi3 wheel (maturin, in a venv under python/target), installed into a fresh venv, pytest.
 step "python package: fmt, clippy, wheel, pytest (python/ci.sh)" python/ci.sh || true
@@ -70,6 +80,9 @@ if [ -f "$log_dir/cargo-test.log" ]; then
     echo "  GPU tests skipped (no Hopper GPU here): $(wc -l <<<"$skipped"), e.g."
     head -n 3 <<<"$skipped" | cut -c1-110 | sed 's/^/    /'
   fi
+fi
+if [ -f "$log_dir/dependency-test.log" ] && grep -q '^SKIPPED' "$log_dir/dependency-test.log"; then
+  grep '^SKIPPED' "$log_dir/dependency-test.log" | cut -c1-200 | sed 's/^/  /'
 fi
 if [ $failures -eq 0 ]; then
   echo "==> all checks passed in $((SECONDS - t0))s"
