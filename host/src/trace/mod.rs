@@ -47,10 +47,11 @@
 //! 1. *Kernel stamps.* Every kernel parameter block gets a `trace: u64` field, the address of
 //!    the node's slot in a per-device trace buffer, 0 when tracing is off ([`StageHook`] for
 //!    the stage GEMM, and `BarrierParams`, `ReduceParams`, `WaitFlagsParams`). When it is not
-//!    0 the kernel writes `%globaltimer` (ns; see `kernels_gpu::device::flags`) into the slot:
-//!    the barrier and the release wait (1 thread) at entry and exit; a stage GEMM and the
-//!    reduction from block 0's thread 0 at entry, around its prologue's flag wait, and at exit
-//!    from every block's thread 0 as an `atom.max` (the kernel ends with its last block). The
+//!    0 the kernel writes `%globaltimer` (ns, in steps of about 1 µs:
+//!    `kernels_gpu::device::flags::global_timer_ns`) into the slot: the barrier and the
+//!    release wait (1 thread) at entry and exit; a stage GEMM and the reduction from block 0's
+//!    thread 0 at entry, around its prologue's flag wait, and at exit from every block's
+//!    thread 0 as an `atom.max` (the kernel ends with its last block). The
 //!    slot of run i is `buffer + ((i mod capacity) · nodes + node) · 32` bytes, four `u64`s
 //!    (start, wait start, wait end, end); i is a counter in the buffer's header that the
 //!    device's sink node (release wait, or the last kernel of a reduce-scatter) increments
