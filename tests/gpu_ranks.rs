@@ -113,6 +113,15 @@ fn repeated_runs_with_new_and_overwritten_inputs() {
 }
 
 #[test]
+fn host_cost_of_a_launch() {
+    run_ranks(
+        "gpu_ranks::host_cost_of_a_launch",
+        "host-cost",
+        Duration::from_secs(300),
+    );
+}
+
+#[test]
 fn a_rank_that_dies_is_a_named_timeout() {
     run_ranks(
         "gpu_ranks::a_rank_that_dies_is_a_named_timeout",
@@ -161,6 +170,7 @@ fn child(spec: &str) {
     match section.as_str() {
         "schedules" => schedules(&r),
         "repeat" => repeat(&r),
+        "host-cost" => host_cost(&r),
         "killed" => killed(&r),
         "cycles" => cycles(&r),
         other => panic!("unknown section {other}"),
@@ -597,4 +607,57 @@ fn cycles(r: &Rank) {
         free + (64 << 20) >= free0,
         "device memory shrank from {free0} to {free}"
     );
+}
+
+/// Host-side cost of `launch_raw` (what a framework's call pays before the GPU runs), at a
+/// 256-token 70B fc1 and fc2 shape, on each path: the same addresses as the last launch, new
+/// addresses every launch (graph parameter update with tensor maps re-encoded), and the
+/// zero-copy input slot. Median over 200 launches each, printed (times on a shared GPU mean
+/// nothing; the host cost does).
+fn host_cost(r: &Rank) {
+    for (kind, preset) in [
+        (ScheduleKind::AllGatherRotatingA, Preset::ALL[0]),
+        (ScheduleKind::ReduceScatterTilingA, Preset::ALL[1]),
+    ] {
+        let problem = preset.problem(256);
+        let build_start = Instant::now();
+        let mut dg = build(r, kind, problem).expect("build");
+        let build_ms = build_start.elapsed().as_secs_f64() * 1e3;
+        let plan = dg.plan().clone();
+        let sets: Vec<Shards<bf16>> = (0..2).map(|s| upload(r, &plan, 40 + s)).collect();
+        let stream = RawStream::of(&r.stream);
+        let slot = dg.input_slot();
+        let mut median_us = |label: &str, args: &dyn Fn(usize) -> RankArgs| {
+            let mut times = Vec::with_capacity(200);
+            for i in 0..200 {
+                let a = args(i);
+                let start = Instant::now();
+                // SAFETY: both input sets are live shards of the plan's sizes; runs are
+                // synchronised below before anything is freed.
+                unsafe { dg.launch_raw(stream, a) }.expect("launch");
+                times.push(start.elapsed().as_secs_f64() * 1e6);
+                if i % 20 == 19 {
+                    dg.synchronize().expect("runs");
+                }
+            }
+            dg.synchronize().expect("runs");
+            times.sort_by(f64::total_cmp);
+            visible_line(&format!(
+                "rank {} {kind} {problem}: {label}: median {:.1} µs per launch (host)",
+                r.rank,
+                times[times.len() / 2]
+            ));
+        };
+        median_us("same addresses", &|_| sets[0].args());
+        median_us("new addresses every call", &|i| sets[i % 2].args());
+        if let Some(slot) = slot {
+            let mut args = sets[0].args();
+            args.a = slot.ptr;
+            median_us("zero-copy input slot", &move |_| args);
+        }
+        visible_line(&format!(
+            "rank {} {kind} {problem}: build {build_ms:.1} ms (module loaded once before)",
+            r.rank
+        ));
+    }
 }
