@@ -317,14 +317,17 @@ impl PreparedGemm {
             .into());
         }
         check(args)?;
+        // (new base, old base) of the A, B, D and C maps; only moved ones are re-encoded.
         let targets = [
-            Some(args.a.ptr),
-            Some(args.b.ptr),
-            Some(args.d.ptr),
-            args.c.map(|c| c.ptr),
+            Some((args.a.ptr, previous.a.ptr)),
+            Some((args.b.ptr, previous.b.ptr)),
+            Some((args.d.ptr, previous.d.ptr)),
+            args.c.zip(previous.c).map(|(c, p)| (c.ptr, p.ptr)),
         ];
         for (map, target) in self._maps.iter_mut().zip(targets) {
-            if let (Some(map), Some(base)) = (map.as_mut(), target) {
+            if let (Some(map), Some((base, old))) = (map.as_mut(), target)
+                && base != old
+            {
                 // SAFETY: the caller's contract (launches on `stream`, operands alive).
                 unsafe { map.retarget_async(gpu, base, stream)? };
             }
