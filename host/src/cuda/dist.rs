@@ -32,7 +32,7 @@ use std::time::Duration;
 use super::args::{DeviceArgs, validate_args};
 use super::auto::{MachineModel, choose_schedule};
 use super::error::{DistGemmError, decode_timeout};
-use super::graphs::{DeviceGraph, DeviceKernels, GridShare};
+use super::graphs::{DeviceGraph, DeviceKernels, GridShare, Poison};
 #[cfg(feature = "diagnostics")]
 use super::lower::TimingDiagnostics;
 use super::lower::{DeviceAddresses, LowerOptions, LoweredGraph, lower_device};
@@ -293,7 +293,7 @@ impl<'a> DistGemmBuilder<'a> {
             args,
             options: self.lower_options(),
             in_flight: false,
-            poisoned: None,
+            poisoned: Poison::default(),
         };
         let addresses = dist.addresses(&dist.args);
         for d in 0..tp {
@@ -355,7 +355,7 @@ pub struct DistGemm<'a> {
     args: Vec<DeviceArgs<'a>>,
     options: LowerOptions,
     in_flight: bool,
-    poisoned: Option<String>,
+    poisoned: Poison,
 }
 
 impl std::fmt::Debug for DistGemm<'_> {
@@ -509,20 +509,6 @@ impl<'a> DistGemm<'a> {
             .collect()
     }
 
-    fn usable(&self) -> Result<(), DistGemmError> {
-        match &self.poisoned {
-            Some(why) => Err(DistGemmError::Poisoned(why.clone())),
-            None => Ok(()),
-        }
-    }
-
-    fn poison(&mut self, e: DistGemmError) -> DistGemmError {
-        if self.poisoned.is_none() {
-            self.poisoned = Some(e.to_string());
-        }
-        e
-    }
-
     /// Launches one run on every device, each on its own stream ([`DistGemm::streams`]), and
     /// returns without waiting.
     pub fn run(&mut self) -> Result<(), DistGemmError> {
@@ -545,21 +531,26 @@ impl<'a> DistGemm<'a> {
                 tp: self.plan.tp,
             });
         }
-        self.usable()?;
+        self.poisoned.check()?;
         for (r, &stream) in streams.iter().enumerate() {
-            if self.launch_streams[r] != stream {
-                // Runs of one device stay in order: the last one's stream is waited on
-                // before switching.
-                if let Err(e) = self.launch_streams[r].synchronize(&self.ranks[r].kernels.gpu) {
-                    return Err(self.poison(e.into()));
-                }
-                self.launch_streams[r] = stream;
-            }
-            if let Err(e) = self.graphs[r].launch(stream) {
-                return Err(self.poison(e));
-            }
-            self.in_flight = true;
+            self.launch_device(r, stream)?;
         }
+        Ok(())
+    }
+
+    /// Launches device `r`'s graph on `stream`. Runs of one device stay in order: when the
+    /// stream changes, the last one is waited for first.
+    fn launch_device(&mut self, r: usize, stream: RawStream) -> Result<(), DistGemmError> {
+        if self.launch_streams[r] != stream {
+            if let Err(e) = self.launch_streams[r].synchronize(&self.ranks[r].kernels.gpu) {
+                return Err(self.poisoned.record(e.into()));
+            }
+            self.launch_streams[r] = stream;
+        }
+        if let Err(e) = self.graphs[r].launch(stream) {
+            return Err(self.poisoned.record(e));
+        }
+        self.in_flight = true;
         Ok(())
     }
 
@@ -574,26 +565,18 @@ impl<'a> DistGemm<'a> {
             });
         }
         let result = self.run_ranks(ranks);
-        if ranks.len() < self.plan.tp && self.poisoned.is_none() {
-            self.poisoned = Some("a fault-injection run left out some devices".into());
+        if ranks.len() < self.plan.tp {
+            self.poisoned
+                .set(|| "a fault-injection run left out some devices".into());
         }
         result
     }
 
     fn run_ranks(&mut self, ranks: &[usize]) -> Result<(), DistGemmError> {
-        self.usable()?;
+        self.poisoned.check()?;
         for &r in ranks {
             let stream = RawStream::of(&self.ranks[r].stream);
-            if self.launch_streams[r] != stream {
-                if let Err(e) = self.launch_streams[r].synchronize(&self.ranks[r].kernels.gpu) {
-                    return Err(self.poison(e.into()));
-                }
-                self.launch_streams[r] = stream;
-            }
-            if let Err(e) = self.graphs[r].launch(stream) {
-                return Err(self.poison(e));
-            }
-            self.in_flight = true;
+            self.launch_device(r, stream)?;
         }
         Ok(())
     }
@@ -609,7 +592,7 @@ impl<'a> DistGemm<'a> {
         }
         self.in_flight = false;
         if let Some(e) = first {
-            return Err(self.poison(e));
+            return Err(self.poisoned.record(e));
         }
         let word = self.plan.exclusive.error_offset / 4;
         for (d, rank) in self.ranks.iter().enumerate() {
@@ -617,7 +600,7 @@ impl<'a> DistGemm<'a> {
             let code = words.get(word).copied().unwrap_or(0);
             let ordinals: Vec<usize> = self.ranks.iter().map(|r| r.kernels.gpu.ordinal()).collect();
             if let Some(e) = error_of(d, &ordinals, code, self.options.timeout) {
-                return Err(self.poison(e));
+                return Err(self.poisoned.record(e));
             }
         }
         Ok(())
@@ -638,7 +621,7 @@ impl<'a> DistGemm<'a> {
     /// so a test can see that nothing reads a slot before it is written.
     #[cfg(feature = "testing")]
     pub fn poison_workspaces(&mut self, byte: u8) -> Result<(), DistGemmError> {
-        self.usable()?;
+        self.poisoned.check()?;
         if self.in_flight {
             self.wait()?;
         }
@@ -668,7 +651,7 @@ impl<'a> DistGemm<'a> {
     /// flight first, then rewrites only the nodes whose parameters change — including peers'
     /// nodes that read this device's buffers (see the `graphs` module).
     pub fn set_args(&mut self, args: Vec<DeviceArgs<'a>>) -> Result<(), DistGemmError> {
-        self.usable()?;
+        self.poisoned.check()?;
         if self.in_flight {
             self.wait()?;
         }
@@ -698,7 +681,7 @@ impl<'a> DistGemm<'a> {
                 // stream it is launched on.
                 .and_then(|()| Ok(crate::runtime::stream::synchronize(&rank.stream)?));
             if let Err(e) = result {
-                return Err(self.poison(e));
+                return Err(self.poisoned.record(e));
             }
         }
         Ok(())
@@ -714,7 +697,7 @@ impl<'a> DistGemm<'a> {
         &mut self,
         diagnostics: TimingDiagnostics,
     ) -> Result<(), DistGemmError> {
-        self.usable()?;
+        self.poisoned.check()?;
         if self.in_flight {
             self.wait()?;
         }

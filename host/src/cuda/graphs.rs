@@ -16,7 +16,7 @@ use kernels_gpu::collective_abi::{REDUCE_SMEM_BYTES, REDUCE_THREADS, REDUCE_VECT
 use super::error::DistGemmError;
 use super::lower::{LoweredGraph, LoweredNode};
 use crate::dtype::Dtype;
-use crate::gemm::{GemmKernel, PreparedGemm};
+use crate::gemm::{GemmKernel, GemmLaunchError, PreparedGemm};
 use crate::runtime::{
     CudaStream, Gpu, Graph, GraphExec, GraphNode, Kernel, KernelArgs, LaunchConfig, Module,
     RawStream,
@@ -71,6 +71,35 @@ impl GridShare {
     }
 }
 
+/// Whether an instance is still usable: after any failure the barrier counters may be out of
+/// step across devices, so every later call refuses ([`DistGemmError::Poisoned`]) until the
+/// instance is rebuilt. The first failure's message is kept.
+#[derive(Debug, Default)]
+pub(crate) struct Poison(Option<String>);
+
+impl Poison {
+    /// `Ok` while no failure was recorded.
+    pub(crate) fn check(&self) -> Result<(), DistGemmError> {
+        match &self.0 {
+            Some(why) => Err(DistGemmError::Poisoned(why.clone())),
+            None => Ok(()),
+        }
+    }
+
+    /// Records `e` (unless an earlier failure was) and hands it back.
+    pub(crate) fn record(&mut self, e: DistGemmError) -> DistGemmError {
+        self.set(|| e.to_string());
+        e
+    }
+
+    /// Records a failure described by `why` unless one was recorded before.
+    pub(crate) fn set(&mut self, why: impl FnOnce() -> String) {
+        if self.0.is_none() {
+            self.0 = Some(why());
+        }
+    }
+}
+
 /// What a kernel node is made of: kernel, launch shape, arguments, and the prepared GEMM whose
 /// tensor maps the arguments point to (GEMM nodes only).
 type KernelLaunch = (Kernel, LaunchConfig, KernelArgs, Option<PreparedGemm>);
@@ -104,18 +133,10 @@ fn kernel_launch(
             None,
         )),
         LoweredNode::Gemm { stage, args, hook } => {
-            let mut prepared =
-                kernels
-                    .gemm
-                    .prepare(setup, args)
-                    .map_err(|e| match DistGemmError::from(e) {
-                        DistGemmError::Gemm { source, .. } => DistGemmError::Gemm {
-                            device,
-                            stage: *stage,
-                            source,
-                        },
-                        other => other,
-                    })?;
+            let mut prepared = kernels
+                .gemm
+                .prepare(setup, args)
+                .map_err(at_stage(device, *stage))?;
             prepared.set_hook(*hook);
             if let Some(share) = share {
                 prepared.cap_grid(share.blocks);
@@ -149,6 +170,18 @@ fn kernel_launch(
         LoweredNode::Copy { .. } | LoweredNode::FlagSet { .. } => None,
     };
     Ok(launch)
+}
+
+/// A GEMM error of stage `stage` on device `device`, with both named.
+fn at_stage(device: usize, stage: usize) -> impl FnOnce(GemmLaunchError) -> DistGemmError {
+    move |e| match DistGemmError::from(e) {
+        DistGemmError::Gemm { source, .. } => DistGemmError::Gemm {
+            device,
+            stage,
+            source,
+        },
+        other => other,
+    }
 }
 
 /// A short name of a lowered node, for errors.
@@ -288,14 +321,7 @@ impl DeviceGraph {
                     if old_args != args {
                         // SAFETY: the function's contract.
                         unsafe { prepared.retarget(&kernels.gpu, old_args, args, stream) }
-                            .map_err(|e| match DistGemmError::from(e) {
-                                DistGemmError::Gemm { source, .. } => DistGemmError::Gemm {
-                                    device,
-                                    stage: *stage,
-                                    source,
-                                },
-                                other => other,
-                            })?;
+                            .map_err(at_stage(device, *stage))?;
                     }
                     // Flags and timeouts (e.g. a timing diagnostic that skips the waits).
                     prepared.set_hook(*hook);

@@ -72,7 +72,7 @@ use self::handshake::{
 };
 use super::dist::{DEFAULT_TIMEOUT, ScheduleChoice, check_gemms, error_of};
 use super::error::DistGemmError;
-use super::graphs::{DeviceGraph, DeviceKernels, GridShare};
+use super::graphs::{DeviceGraph, DeviceKernels, GridShare, Poison};
 use super::lower::{DeviceAddresses, LowerOptions, lower_device};
 use crate::plan::{Plan, PlanOptions, RsPartials};
 use crate::problem::Problem;
@@ -575,7 +575,7 @@ impl Local {
             launched_with: None,
             last_stream: None,
             launches: 0,
-            poisoned: None,
+            poisoned: Poison::default(),
             rendezvous: Some(rendezvous),
         })
     }
@@ -619,7 +619,7 @@ pub struct RankGemm {
     launched_with: Option<RankArgs>,
     last_stream: Option<RawStream>,
     launches: u64,
-    poisoned: Option<String>,
+    poisoned: Poison,
     rendezvous: Option<Arc<dyn Rendezvous>>,
 }
 
@@ -701,25 +701,11 @@ impl RankGemm {
         })
     }
 
-    fn usable(&self) -> Result<(), DistGemmError> {
-        match &self.poisoned {
-            Some(why) => Err(DistGemmError::Poisoned(why.clone())),
-            None => Ok(()),
-        }
-    }
-
-    fn poison(&mut self, e: DistGemmError) -> DistGemmError {
-        if self.poisoned.is_none() {
-            self.poisoned = Some(e.to_string());
-        }
-        e
-    }
-
     /// An error of a finished launch, without waiting: the GPU's error word as copied at the
     /// end of the last launch, once that launch has finished. A timeout (this rank's, or one a
     /// peer pushed) poisons the instance.
     pub fn check_errors(&mut self) -> Result<(), DistGemmError> {
-        self.usable()?;
+        self.poisoned.check()?;
         if !self.done.is_complete()? {
             return Ok(());
         }
@@ -729,16 +715,16 @@ impl RankGemm {
             self.status.get(),
             self.options.timeout,
         ) {
-            return Err(self.poison(e));
+            return Err(self.poisoned.record(e));
         }
         Ok(())
     }
 
     /// Waits on the host for this rank's last launch, then [`RankGemm::check_errors`].
     pub fn synchronize(&mut self) -> Result<(), DistGemmError> {
-        self.usable()?;
+        self.poisoned.check()?;
         if let Err(e) = self.done.synchronize() {
-            return Err(self.poison(e.into()));
+            return Err(self.poisoned.record(e.into()));
         }
         self.check_errors()
     }
@@ -793,7 +779,7 @@ impl RankGemm {
         }
         let result = self.enqueue(stream, args);
         if let Err(e) = result {
-            return Err(self.poison(e));
+            return Err(self.poisoned.record(e));
         }
         self.launches += 1;
         Ok(())
