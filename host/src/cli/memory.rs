@@ -28,6 +28,17 @@ pub(super) enum Executor {
     Cuda,
 }
 
+/// A device's operand shards.
+const OPERANDS: [BufferKind; 4] = [BufferKind::A, BufferKind::B, BufferKind::C, BufferKind::D];
+/// A device's operand shards and its workspace: all a GPU (or the CPU executor) holds for it.
+const EVERY_BUFFER: [BufferKind; 5] = [
+    BufferKind::A,
+    BufferKind::B,
+    BufferKind::C,
+    BufferKind::D,
+    BufferKind::Workspace,
+];
+
 /// Host bytes `run` allocates for `plan` (module documentation), saturating.
 pub(super) fn host_bytes(plan: &Plan, executor: Executor, full_check: bool) -> usize {
     let p = &plan.problem;
@@ -43,18 +54,10 @@ pub(super) fn host_bytes(plan: &Plan, executor: Executor, full_check: bool) -> u
         c,
         p.m.saturating_mul(p.n),
     ];
-    let io = [BufferKind::A, BufferKind::B, BufferKind::C, BufferKind::D];
-    let all = [
-        BufferKind::A,
-        BufferKind::B,
-        BufferKind::C,
-        BufferKind::D,
-        BufferKind::Workspace,
-    ];
     let mut elements = sum(global);
-    elements = elements.saturating_add(device_elements(&plan.devices, &io));
+    elements = elements.saturating_add(device_elements(&plan.devices, &OPERANDS));
     if executor == Executor::Cpu {
-        elements = elements.saturating_add(device_elements(&plan.devices, &all));
+        elements = elements.saturating_add(device_elements(&plan.devices, &EVERY_BUFFER));
     }
     let mut bytes = elements.saturating_mul(s);
     if full_check {
@@ -68,14 +71,7 @@ pub(super) fn host_bytes(plan: &Plan, executor: Executor, full_check: bool) -> u
 
 /// Device bytes of one GPU: its buffers and the exclusive workspace.
 pub(super) fn device_bytes(plan: &Plan, device: &DevicePlan) -> usize {
-    let all = [
-        BufferKind::A,
-        BufferKind::B,
-        BufferKind::C,
-        BufferKind::D,
-        BufferKind::Workspace,
-    ];
-    device_elements(std::slice::from_ref(device), &all)
+    device_elements(std::slice::from_ref(device), &EVERY_BUFFER)
         .saturating_mul(plan.problem.dtype.size_bytes())
         .saturating_add(plan.exclusive.bytes)
 }
