@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::args::RunArgs;
-use super::run::{CPU_FLOP_CAP, check_failed};
+use super::run::{CPU_FLOP_CAP, check_failed, upload_shard};
 use super::sample::{RANDOM_SAMPLES, sample_indices};
 use super::{CliError, EXIT_RUN_FAILED};
 use crate::cuda::{LocalRendezvous, RankArgs, RankGemm, Rendezvous};
@@ -125,6 +125,7 @@ pub(crate) fn rank_main(args: &RunArgs, spec: &str, out: &mut dyn Write) -> Resu
     let dg = RankGemm::builder()
         .gpu(gpu.clone())
         .schedule(args.problem.schedule)
+        .rs_partials(args.problem.rs_partials)
         .problem(problem)
         .timeout(Duration::from_millis(args.timeout_ms))
         .allow_shared_gpu(args.share_gpu)
@@ -150,15 +151,8 @@ fn run_rank<T: Element + DeviceCopy>(
         .nth(rank)
         .ok_or_else(|| CliError::Usage(format!("no shard for rank {rank}")))?;
     let stream = gpu.new_stream()?;
-    let a = DeviceBuffer::from_host(gpu, &stream, &shard.a)?;
-    let b = DeviceBuffer::from_host(gpu, &stream, &shard.b)?;
-    let c = match &shard.c {
-        Some(c) => Some(DeviceBuffer::from_host(gpu, &stream, c)?),
-        None => None,
-    };
     let block = plan.devices[rank].shards.d;
-    let mut d = DeviceBuffer::<T>::alloc(gpu, block.elements())?;
-    d.fill_bytes(&stream, 0xFF)?;
+    let (a, b, c, d) = upload_shard(gpu, &stream, &shard, block.elements())?;
     let launch = RankArgs {
         a: a.device_ptr(),
         b: b.device_ptr(),

@@ -14,10 +14,10 @@ use super::{CliError, check_ptx_file, cuda_devices};
 use crate::cpu::CpuExecutor;
 use crate::cuda::{DeviceArgs, DistGemm};
 use crate::dtype::{Dtype, Element};
-use crate::plan::{GlobalInputs, Plan};
+use crate::plan::{DeviceInputs, GlobalInputs, Plan};
 use crate::problem::Problem;
 use crate::reference::{CheckInputs, CheckReport, check, check_sampled};
-use crate::runtime::{DeviceBuffer, DeviceCopy, Gpu, Module};
+use crate::runtime::{CudaStream, DeviceBuffer, DeviceCopy, Gpu, Module};
 use crate::schedule::{BufferKind, can_implement};
 
 /// The CPU executor's cap on `2·M·N·K` per iteration (≈4.3 GFLOP: seconds, not hours, on a
@@ -56,7 +56,12 @@ pub(super) fn run(
 ) -> Result<(), CliError> {
     let problem = args.problem.problem()?;
     check_counts(args)?;
-    let plan = Plan::build(args.problem.schedule, problem, args.problem.tp)?;
+    let plan = Plan::build_with(
+        args.problem.schedule,
+        problem,
+        args.problem.tp,
+        args.problem.plan_options(),
+    )?;
     if let Ok(spec) = std::env::var(super::ranks::RANK_ENV) {
         return super::ranks::rank_main(args, &spec, out);
     }
@@ -312,14 +317,7 @@ fn run_cuda<T: Element + DeviceCopy>(
         .zip(&plan.devices)
     {
         let stream = gpu.new_stream()?;
-        let a = DeviceBuffer::from_host(gpu, &stream, &shard.a)?;
-        let b = DeviceBuffer::from_host(gpu, &stream, &shard.b)?;
-        let c = match &shard.c {
-            Some(c) => Some(DeviceBuffer::from_host(gpu, &stream, c)?),
-            None => None,
-        };
-        let mut d = DeviceBuffer::<T>::alloc(gpu, dev.buffer_elements(BufferKind::D))?;
-        d.fill_bytes(&stream, 0xFF)?;
+        let (a, b, c, d) = upload_shard(gpu, &stream, &shard, dev.buffer_elements(BufferKind::D))?;
         crate::runtime::stream::synchronize(&stream)?;
         shards.push((a, b, c, d, stream));
     }
@@ -335,6 +333,7 @@ fn run_cuda<T: Element + DeviceCopy>(
     let mut dist = DistGemm::builder()
         .devices(gpus)
         .schedule(plan.schedule)
+        .rs_partials(plan.rs_partials)
         .problem(problem)
         .timeout(Duration::from_millis(args.timeout_ms))
         .modules(modules)
@@ -452,4 +451,31 @@ pub(super) fn check_failed(r: &CheckReport, n: usize) -> CliError {
         col: r.worst_index % n,
         ratio: r.worst_ratio,
     }
+}
+
+/// A device's shard buffers: A, B, optional C, D.
+pub(super) type ShardBuffers<T> = (
+    DeviceBuffer<T>,
+    DeviceBuffer<T>,
+    Option<DeviceBuffer<T>>,
+    DeviceBuffer<T>,
+);
+
+/// A device's shard buffers on `gpu`: A, B and C uploaded from `shard`, D of `d_elements`
+/// poisoned with NaN (0xFF bytes), all ordered on `stream`.
+pub(super) fn upload_shard<T: Element + DeviceCopy>(
+    gpu: &Gpu,
+    stream: &CudaStream,
+    shard: &DeviceInputs<T>,
+    d_elements: usize,
+) -> Result<ShardBuffers<T>, CliError> {
+    let a = DeviceBuffer::from_host(gpu, stream, &shard.a)?;
+    let b = DeviceBuffer::from_host(gpu, stream, &shard.b)?;
+    let c = match &shard.c {
+        Some(c) => Some(DeviceBuffer::from_host(gpu, stream, c)?),
+        None => None,
+    };
+    let mut d = DeviceBuffer::<T>::alloc(gpu, d_elements)?;
+    d.fill_bytes(stream, 0xFF)?;
+    Ok((a, b, c, d))
 }
