@@ -5,6 +5,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use super::CliError;
 use crate::dtype::Dtype;
+use crate::plan::{PlanOptions, RsPartials};
 use crate::problem::{DEFAULT_TOKENS, Preset, Problem};
 use crate::schedule::ScheduleKind;
 
@@ -93,6 +94,12 @@ pub(crate) struct ProblemArgs {
     /// Element type.
     #[arg(long, default_value = "bf16")]
     pub(crate) dtype: Dtype,
+    /// How rs-a and rs-b move partial sums: read (the next stage's epilogue loads the left
+    /// neighbour's partial over NVLink) or push (the left neighbour's copy engine pushes it
+    /// into the device's workspace; more workspace, not yet measured). Other schedules
+    /// ignore it, with a note.
+    #[arg(long, value_enum, default_value = "read")]
+    pub(crate) rs_partials: RsPartials,
 }
 
 /// Output format of `plan`.
@@ -222,7 +229,37 @@ impl BenchArgs {
     }
 }
 
+impl Command {
+    /// The problem arguments every subcommand has.
+    pub(crate) fn problem(&self) -> &ProblemArgs {
+        match self {
+            Command::Plan(a) => &a.problem,
+            Command::Run(a) => &a.problem,
+            Command::Bench(a) => &a.problem,
+            Command::Trace(a) => &a.problem,
+        }
+    }
+}
+
 impl ProblemArgs {
+    /// The plan options the arguments give.
+    pub(crate) fn plan_options(&self) -> PlanOptions {
+        PlanOptions {
+            rs_partials: self.rs_partials,
+        }
+    }
+
+    /// A note when `--rs-partials` asks for something the schedule does not have.
+    pub(crate) fn rs_partials_note(&self) -> Option<String> {
+        (self.rs_partials.effective(self.schedule) != self.rs_partials).then(|| {
+            format!(
+                "--rs-partials {} applies to rs-a and rs-b only; {} runs unchanged",
+                self.rs_partials.cli_name(),
+                self.schedule.cli_name()
+            )
+        })
+    }
+
     /// The problem the arguments describe (validity against the schedule is checked by the plan).
     pub(crate) fn problem(&self) -> Result<Problem, CliError> {
         let problem = match (self.preset, self.m, self.n, self.k) {
@@ -257,6 +294,16 @@ impl ValueEnum for ScheduleKind {
 
     fn to_possible_value(&self) -> Option<PossibleValue> {
         Some(PossibleValue::new(self.cli_name()).help(self.full_name()))
+    }
+}
+
+impl ValueEnum for RsPartials {
+    fn value_variants<'a>() -> &'a [Self] {
+        &RsPartials::ALL
+    }
+
+    fn to_possible_value(&self) -> Option<PossibleValue> {
+        Some(PossibleValue::new(self.cli_name()))
     }
 }
 

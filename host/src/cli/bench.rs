@@ -59,7 +59,12 @@ pub(super) fn bench(args: &BenchArgs, out: &mut dyn Write) -> Result<(), CliErro
     let problem = args.problem.problem()?;
     check_counts(args)?;
     // The shapes are checked without a GPU, so bad input is exit 2 everywhere.
-    let plan = Plan::build(args.problem.schedule, problem, args.problem.tp)?;
+    let plan = Plan::build_with(
+        args.problem.schedule,
+        problem,
+        args.problem.tp,
+        args.problem.plan_options(),
+    )?;
     // The PTX file too: an unusable DISTGEMM_PTX is bad input on every machine.
     check_ptx_file()?;
     let gpus = cuda_devices(plan.tp).map_err(|reason| {
@@ -124,6 +129,7 @@ fn bench_typed<T: Element + DeviceCopy>(
         .tp(tp)
         .problem(problem)
         .dtype(T::DTYPE)
+        .rs_partials(args.problem.rs_partials)
         .timeout(Duration::from_millis(args.timeout_ms))
         .modules(modules.clone());
     let builder = if args.auto {

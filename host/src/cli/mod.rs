@@ -216,6 +216,9 @@ where
             };
         }
     };
+    if let Some(note) = cli.command.problem().rs_partials_note() {
+        let _ = writeln!(err, "note: {note}");
+    }
     let result = match cli.command {
         Command::Plan(args) => plan(&args, &mut out),
         Command::Run(args) => run::run(&args, &mut out, err),
@@ -295,10 +298,11 @@ fn cuda_devices(tp: usize) -> Result<Vec<Gpu>, String> {
 }
 
 fn plan(args: &PlanArgs, out: &mut dyn Write) -> Result<(), CliError> {
-    let plan = Plan::build(
+    let plan = Plan::build_with(
         args.problem.schedule,
         args.problem.problem()?,
         args.problem.tp,
+        args.problem.plan_options(),
     )?;
     match args.format {
         Format::Table => write!(out, "{}", plan.render_table())?,

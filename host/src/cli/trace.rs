@@ -30,7 +30,12 @@ pub(super) fn trace(args: &TraceArgs, out: &mut dyn Write) -> Result<(), CliErro
             "--timeout-ms must be at least 1 (it bounds every wait)".into(),
         ));
     }
-    let plan = Plan::build(args.problem.schedule, problem, args.problem.tp)?;
+    let plan = Plan::build_with(
+        args.problem.schedule,
+        problem,
+        args.problem.tp,
+        args.problem.plan_options(),
+    )?;
     if args.backend == TraceBackend::Cuda {
         return Err(CliError::CudaUnavailable(
             "the GPU trace source is not built yet; use --backend cpu".into(),

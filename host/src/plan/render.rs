@@ -7,7 +7,7 @@ mod table;
 use std::fmt::Write as _;
 
 use super::{Node, Plan};
-use crate::schedule::{Region, View};
+use crate::schedule::{CopyDirection, Region, View};
 
 /// `ws@1024 16×64 ld64`, prefixed with `devN:` when the buffer is a peer's.
 fn view(own: usize, v: &View) -> String {
@@ -105,7 +105,11 @@ fn dot_label(d: usize, node: &Node) -> String {
     match node {
         Node::Barrier(b) => format!("barrier\\nwait {} arrivals", b.arrivals),
         Node::PeerCopy(c) => format!(
-            "copy t={}\\n{} → {}\\n{} B",
+            "{} t={}\\n{} → {}\\n{} B",
+            match c.direction {
+                CopyDirection::Pull => "copy",
+                CopyDirection::Push => "push",
+            },
             c.stage,
             region(&c.src),
             region(&c.dst),

@@ -12,8 +12,8 @@ use bytesize::ByteSize;
 use comfy_table::{LineStyle, Table, TableStyle};
 
 use super::{flags, opt, region, view};
-use crate::plan::{DevicePlan, Node, Plan};
-use crate::schedule::{Block, CSource, Collective, GemmStage};
+use crate::plan::{DevicePlan, Node, Plan, RsPartials};
+use crate::schedule::{Block, CSource, Collective, CopyDirection, GemmStage};
 
 /// Column headers of the per-device stage table.
 const STAGE_COLUMNS: [&str; 10] = [
@@ -57,6 +57,13 @@ impl Plan {
             (Collective::AllGather, true) => {
                 format!("peer(d,t) = tile(d,t) = (d+t) mod {p}; stage t>0 reads ws slot t-1")
             }
+            (Collective::ReduceScatter, true) if self.rs_partials == RsPartials::Push => format!(
+                "peer = left = (d-1) mod {p}; tile(d,t) = (d-1-t) mod {p}; partials pushed: stage \
+                 t>0 adds own ws slot t-1 (pushed by left after its stage t-1, then flag t); \
+                 stage t<{last} writes slot {last} (t=0), {p} (t=1) or t-2 (t>1) and pushes it \
+                 into right's slot t; stage {last} writes D",
+                last = p - 1
+            ),
             (Collective::ReduceScatter, true) => format!(
                 "peer = left = (d-1) mod {p}; tile(d,t) = (d-1-t) mod {p}; stage t>0 adds left's ws slot t-1, \
                  writes own slot t (t<{last}) or D (t={last})",
@@ -186,6 +193,18 @@ fn render_device(out: &mut String, dev: &DevicePlan, release_base: usize) {
                     sources.join(", "),
                     flags(&r.signals),
                     flags(&r.waits)
+                );
+            }
+            Node::PeerCopy(cp) if cp.direction == CopyDirection::Push => {
+                let _ = writeln!(
+                    out,
+                    "  push after stage {}: {} → {} ({}) for dev{}'s stage {}",
+                    cp.stage.saturating_sub(1),
+                    region(&cp.src),
+                    region(&cp.dst),
+                    bytes(cp.bytes),
+                    cp.dst.device,
+                    cp.stage
                 );
             }
             Node::PeerCopy(cp) => {
