@@ -42,6 +42,13 @@ fn assert_one_line_exit_2(args: &[&str], out: &Output, want: &str) {
     assert!(!err.contains("GPU machines"), "{err}");
 }
 
+/// Runs `line` (a command line as one string), asserts exit status 0 and returns stdout.
+fn succeeds(line: &str) -> String {
+    let out = distgemm(&words(line));
+    assert_eq!(out.status.code(), Some(0), "{line}: {}", text(&out.stderr));
+    text(&out.stdout)
+}
+
 /// A command line written as one string: its whitespace-separated words.
 fn words(line: &str) -> Vec<&str> {
     line.split_whitespace().collect()
@@ -335,26 +342,19 @@ fn a_closed_pipe_ends_quietly() {
 
 #[test]
 fn run_and_bench_take_format_json() {
-    let out = distgemm(&words(
+    let json = succeeds(
         "run --schedule ag-b --tp 2 --m 32 --n 32 --k 32 --backend cpu --check --format json",
-    ));
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
-    let json = text(&out.stdout);
+    );
     assert!(
         json.starts_with('{') && json.contains("\"check_coverage\":\"full\""),
         "{json}"
     );
-    let out = distgemm(&words(
-        "plan --schedule ag-b --tp 2 --m 32 --n 32 --k 32 --format text",
-    ));
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    succeeds("plan --schedule ag-b --tp 2 --m 32 --n 32 --k 32 --format text");
 }
 
 #[test]
 fn plan_table_shows_peers_and_tiles() {
-    let out = distgemm(&words("plan --schedule ag-a --tp 4 --m 64 --n 64 --k 64"));
-    assert_eq!(out.status.code(), Some(0));
-    let table = text(&out.stdout);
+    let table = succeeds("plan --schedule ag-a --tp 4 --m 64 --n 64 --k 64");
     assert!(
         table.contains("peer(d,t) = tile(d,t) = (d+t) mod 4"),
         "{table}"
@@ -375,8 +375,7 @@ fn plan_table_shows_peers_and_tiles() {
         "{dev1}"
     );
 
-    let out = distgemm(&words("plan --schedule rs-a --tp 4 --m 64 --n 64 --k 64"));
-    let table = text(&out.stdout);
+    let table = succeeds("plan --schedule rs-a --tp 4 --m 64 --n 64 --k 64");
     assert!(table.contains("tile(d,t) = (d-1-t) mod 4"), "{table}");
     assert!(
         table.contains("dev3:ws@0 16×64 ld64 (1)"),
@@ -392,11 +391,7 @@ fn column_of(line: &str, word: &str) -> Option<usize> {
 #[test]
 fn plan_table_columns_fit_their_widest_cell_and_sizes_read_in_binary_units() {
     // 70B fc2 at TP=2: views as long as `A@117440512 8192×14336 ld14336` beside `A@0 …`.
-    let out = distgemm(&words(
-        "plan --schedule rs-a --tp 2 --preset llama3-70b-fc2",
-    ));
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
-    let table = text(&out.stdout);
+    let table = succeeds("plan --schedule rs-a --tp 2 --preset llama3-70b-fc2");
     assert!(
         table.contains("workspace per device: 1 slots × 67108864 elements = 128.0 MiB"),
         "{table}"
@@ -443,11 +438,8 @@ fn plan_table_columns_fit_their_widest_cell_and_sizes_read_in_binary_units() {
 
 #[test]
 fn plan_json_is_the_plan_and_dot_has_every_device() {
-    let out = distgemm(&words(
-        "plan --schedule rs-a --tp 4 --m 64 --n 64 --k 64 --format json",
-    ));
-    assert_eq!(out.status.code(), Some(0));
-    let plan = Plan::from_json(&text(&out.stdout)).unwrap_or_else(|e| panic!("{e}"));
+    let json = succeeds("plan --schedule rs-a --tp 4 --m 64 --n 64 --k 64 --format json");
+    let plan = Plan::from_json(&json).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(
         (plan.schedule, plan.tp),
         (ScheduleKind::ReduceScatterTilingA, 4)
@@ -460,10 +452,7 @@ fn plan_json_is_the_plan_and_dot_has_every_device() {
         assert_eq!(tiles, want);
         assert!(matches!(dev.nodes[0], Node::Barrier(_)));
     }
-    let out = distgemm(&words(
-        "plan --schedule ag-b --tp 3 --m 48 --n 48 --k 64 --format dot",
-    ));
-    let dot = text(&out.stdout);
+    let dot = succeeds("plan --schedule ag-b --tp 3 --m 48 --n 48 --k 64 --format dot");
     assert!(
         dot.starts_with("digraph plan {") && dot.trim_end().ends_with('}'),
         "{dot}"
@@ -662,9 +651,7 @@ fn checked_cpu_runs_vary_their_inputs_and_check_every_run() {
             "run --schedule {} --tp 3 --m 96 --n 96 --k 48 --backend cpu --check --iters 6",
             kind.cli_name()
         );
-        let out = distgemm(&words(&line));
-        assert_eq!(out.status.code(), Some(0), "{line}: {}", text(&out.stderr));
-        assert!(text(&out.stdout).contains("check: passed"), "{line}");
+        assert!(succeeds(&line).contains("check: passed"), "{line}");
     }
 }
 
