@@ -116,7 +116,7 @@ pub fn decode_timeout(code: u32) -> Option<TimeoutSite> {
 #[derive(Debug, Error)]
 pub enum DistGemmError {
     /// The builder was not given a required piece.
-    #[error("DistGemm builder: {0} is required")]
+    #[error("distributed GEMM builder: {0} is required")]
     Missing(&'static str),
     /// Fewer GPUs than the requested tensor-parallel degree.
     #[error("TP={tp} needs {tp} GPUs, but {given} were given")]

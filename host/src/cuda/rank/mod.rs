@@ -293,8 +293,8 @@ impl RankGemmBuilder {
     /// Everything this rank can do alone: plan, kernels, memory (exclusive workspace zeroed
     /// and synchronised), exports.
     fn prepare(&self, rank: usize, world: usize) -> Result<Local, DistGemmError> {
-        let gpu = self.gpu.clone().ok_or(DistGemmError::Missing("a GPU"))?;
         let plan = self.plan(world)?;
+        let gpu = self.gpu.clone().ok_or(DistGemmError::Missing("a GPU"))?;
         if rank >= world {
             return Err(DistGemmError::Group(format!(
                 "the rendezvous says rank {rank} of {world}"
@@ -873,3 +873,58 @@ const _: fn() = || {
     fn assert_send<T: Send>() {}
     assert_send::<RankGemm>();
 };
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A group whose ranks cannot build (here: no GPU given, as on a machine without one)
+    /// fails on every rank, together and at once, instead of leaving a rank waiting in the
+    /// rendezvous for a peer that gave up.
+    #[test]
+    fn a_rank_that_cannot_build_fails_the_whole_group_without_a_hang() {
+        let socket =
+            std::env::temp_dir().join(format!("distgemm-rank-build-{}.sock", std::process::id()));
+        let start = std::time::Instant::now();
+        let handles: Vec<_> = (0..3)
+            .map(|rank| {
+                let socket = socket.clone();
+                std::thread::spawn(move || {
+                    let rendezvous: Arc<dyn Rendezvous> = Arc::new(
+                        LocalRendezvous::join(&socket, rank, 3, Duration::from_secs(10))
+                            .expect("join"),
+                    );
+                    let mut builder = RankGemm::builder()
+                        .schedule(ScheduleKind::AllGatherRotatingA)
+                        .timeout(Duration::from_secs(1));
+                    if rank != 1 {
+                        builder = builder.problem(Problem::new(96, 96, 48));
+                    }
+                    builder.build(rendezvous).map(|_| ()).unwrap_err()
+                })
+            })
+            .collect();
+        let errors: Vec<DistGemmError> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+        assert!(start.elapsed() < Duration::from_secs(5));
+        for e in &errors {
+            assert!(matches!(e, DistGemmError::Missing(_)), "{e}");
+        }
+        assert!(errors[1].to_string().contains("a problem"), "{}", errors[1]);
+        assert!(errors[0].to_string().contains("a GPU"), "{}", errors[0]);
+    }
+
+    #[test]
+    fn the_plan_of_a_group_needs_no_gpu() {
+        let builder = RankGemm::builder()
+            .auto_schedule(ScheduleKind::ReduceScatterTilingA)
+            .problem(Problem::new(256, 512, 384));
+        let plan = builder.plan(2).unwrap();
+        assert_eq!(plan.tp, 2);
+        assert!(matches!(
+            plan.schedule,
+            ScheduleKind::ReduceScatterTilingA | ScheduleKind::ReduceScatterSingleStageA
+        ));
+        assert!(builder.plan(0).is_err());
+        assert!(RankGemm::builder().plan(2).is_err());
+    }
+}
