@@ -162,3 +162,83 @@ fn reduce_scatter_tiling_a_and_b_tables() {
         }
     }
 }
+
+/// The same table with pushed partials: the same tiles and operand blocks; stage t > 0 reads
+/// C from its own slot t−1 (1024 elements each), which the left neighbour's push after its
+/// stage t−1 fills before setting flag t; stage t < 3 writes slot 3 (t = 0), 4 (t = 1) or
+/// t−2 = 0 (t = 2, reusing `R_1`), and the push after it copies that slot into the right
+/// neighbour's slot t. Nothing signals from a kernel.
+#[test]
+fn reduce_scatter_tables_with_pushed_partials() {
+    use distgemm::plan::{PlanOptions, RsPartials};
+    use distgemm::schedule::CopyDirection;
+    let options = PlanOptions {
+        rs_partials: RsPartials::Push,
+    };
+    const SEND: [usize; 3] = [3 * 1024, 4 * 1024, 0];
+    for kind in [
+        ScheduleKind::ReduceScatterTilingA,
+        ScheduleKind::ReduceScatterTilingB,
+    ] {
+        let plan = Plan::build_with(kind, Problem::new(64, 64, 64), P, options)
+            .unwrap_or_else(|e| panic!("{kind}: {e}"));
+        for (d, row) in RS.iter().enumerate() {
+            let right = (d + 1) % P;
+            assert_eq!(plan.devices[d].workspace.slots, 5);
+            for (t, g) in gemms(&plan, d).iter().enumerate() {
+                assert_eq!(g.tile, Some(row[t]), "{kind} d={d} t={t}");
+                assert_eq!(g.signals, None);
+                if t > 0 {
+                    let CSource::Local(c) = g.epilogue.source else {
+                        panic!("{kind} d={d} t={t}: C must be local")
+                    };
+                    assert_eq!(
+                        (c.device, c.buffer, c.offset),
+                        (d, BufferKind::Workspace, (t - 1) * 1024)
+                    );
+                    assert_eq!(
+                        g.waits,
+                        Some(FlagRef {
+                            device: d,
+                            index: t
+                        })
+                    );
+                }
+                if t + 1 < P {
+                    assert_eq!((g.d.buffer, g.d.offset), (BufferKind::Workspace, SEND[t]));
+                }
+            }
+            let pushes: Vec<(usize, usize, usize, usize, Option<FlagRef>)> = plan.devices[d]
+                .nodes
+                .iter()
+                .enumerate()
+                .filter_map(|(i, n)| match n {
+                    Node::PeerCopy(c) => {
+                        assert_eq!(c.direction, CopyDirection::Push);
+                        let flag =
+                            plan.devices[d]
+                                .edges
+                                .iter()
+                                .find(|e| e.from == i)
+                                .and_then(|e| match &plan.devices[d].nodes[e.to] {
+                                    Node::FlagSet(f) => Some(f.flag),
+                                    _ => None,
+                                });
+                        Some((c.stage, c.src.offset, c.dst.device, c.dst.offset, flag))
+                    }
+                    _ => None,
+                })
+                .collect();
+            let expected: Vec<_> = (1..P)
+                .map(|t| {
+                    let flag = FlagRef {
+                        device: right,
+                        index: t,
+                    };
+                    (t, SEND[t - 1], right, (t - 1) * 1024, Some(flag))
+                })
+                .collect();
+            assert_eq!(pushes, expected, "{kind} d={d}");
+        }
+    }
+}
