@@ -3,7 +3,9 @@
 //!
 //! - one process per device (`pid` = device), named `device d`;
 //! - one thread per lane ([`Lane`]: `tid` 1 barrier and waits, 2 stage kernels, 3 copy
-//!   engine), so that the slices of one thread never overlap;
+//!   engine); events of one lane that overlap (copies of two branches in flight) go to further
+//!   threads of the lane (`tid` 13, 23, …: `copy engine #2`, …), so that the slices of one
+//!   thread always nest;
 //! - one complete (`ph: "X"`) slice per executed node, named after it (`stage 2 gemm`,
 //!   `copy from device 3`, `flag 2`, `barrier`, `release wait`, …), with the node, stage and
 //!   run in `args`; a kernel's flag wait is a slice nested inside the kernel's (`cat: "wait"`);
@@ -16,16 +18,58 @@ use std::collections::HashMap;
 
 use serde_json::{Value, json};
 
-use super::model::{Event, EventKind, Lane, Trace};
+use super::model::{DeviceTrace, Event, EventKind, Lane, Trace};
 use crate::schedule::FlagRef;
 
-/// The thread id of a lane.
-fn tid(lane: Lane) -> u64 {
-    match lane {
-        Lane::Sync => 1,
-        Lane::Kernels => 2,
-        Lane::CopyEngine => 3,
+/// A thread of the JSON: track `index` of a lane.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Track {
+    lane: Lane,
+    index: usize,
+}
+
+impl Track {
+    /// Its `tid`: 1, 2, 3 for the lanes' first tracks, then 11, 12, 13, then 21, ….
+    fn tid(self) -> u64 {
+        let lane = match self.lane {
+            Lane::Sync => 1,
+            Lane::Kernels => 2,
+            Lane::CopyEngine => 3,
+        };
+        lane + 10 * self.index as u64
     }
+
+    /// Its name: the lane's, numbered from the second track on.
+    fn name(self) -> String {
+        match self.index {
+            0 => self.lane.name().into(),
+            i => format!("{} #{}", self.lane.name(), i + 1),
+        }
+    }
+}
+
+/// The track of each of `dev`'s events, in their order (by start): the first track of the
+/// event's lane whose last event has ended by the event's start.
+fn tracks(dev: &DeviceTrace) -> Vec<Track> {
+    let mut ends: HashMap<Lane, Vec<u64>> = HashMap::new();
+    dev.events
+        .iter()
+        .map(|e| {
+            let ends = ends.entry(e.lane()).or_default();
+            let index = match ends.iter().position(|&end| end <= e.span.start_ns) {
+                Some(i) => i,
+                None => {
+                    ends.push(0);
+                    ends.len() - 1
+                }
+            };
+            ends[index] = e.span.end_ns;
+            Track {
+                lane: e.lane(),
+                index,
+            }
+        })
+        .collect()
 }
 
 /// Nanoseconds as the format's microseconds.
@@ -48,8 +92,9 @@ fn category(e: &Event) -> &'static str {
 fn args(e: &Event) -> Value {
     let mut args = json!({"iteration": e.iteration, "node": e.node, "stage": e.stage});
     match e.kind {
-        EventKind::Copy { from, bytes } => {
+        EventKind::Copy { from, to, bytes } => {
             args["from_device"] = json!(from);
+            args["to_device"] = json!(to);
             args["bytes"] = json!(bytes);
             if e.span.len_ns() > 0 {
                 args["gb_per_s"] = json!(bytes as f64 / e.span.len_ns() as f64);
@@ -71,20 +116,30 @@ impl Trace {
     #[must_use]
     pub fn to_chrome_json(&self) -> Value {
         let mut events = Vec::new();
-        for dev in &self.devices {
+        let tracks: Vec<Vec<Track>> = self.devices.iter().map(tracks).collect();
+        for (dev, tracks) in self.devices.iter().zip(&tracks) {
             let pid = dev.device;
             events.push(json!({"ph": "M", "pid": pid, "name": "process_name",
                 "args": {"name": format!("device {pid}")}}));
             events.push(json!({"ph": "M", "pid": pid, "name": "process_sort_index",
                 "args": {"sort_index": pid}}));
-            for lane in Lane::ALL {
-                events.push(json!({"ph": "M", "pid": pid, "tid": tid(lane),
-                    "name": "thread_name", "args": {"name": lane.name()}}));
-                events.push(json!({"ph": "M", "pid": pid, "tid": tid(lane),
-                    "name": "thread_sort_index", "args": {"sort_index": tid(lane)}}));
+            let mut named: Vec<Track> = Lane::ALL
+                .iter()
+                .map(|&lane| Track { lane, index: 0 })
+                .collect();
+            for &t in tracks {
+                if !named.contains(&t) {
+                    named.push(t);
+                }
             }
-            for e in &dev.events {
-                let tid = tid(e.lane());
+            for t in named {
+                events.push(json!({"ph": "M", "pid": pid, "tid": t.tid(),
+                    "name": "thread_name", "args": {"name": t.name()}}));
+                events.push(json!({"ph": "M", "pid": pid, "tid": t.tid(),
+                    "name": "thread_sort_index", "args": {"sort_index": t.tid()}}));
+            }
+            for (e, track) in dev.events.iter().zip(tracks) {
+                let tid = track.tid();
                 events.push(
                     json!({"ph": "X", "pid": pid, "tid": tid, "name": e.name(pid),
                     "cat": category(e), "ts": us(e.span.start_ns), "dur": us(e.span.len_ns()),
@@ -103,7 +158,7 @@ impl Trace {
                 }
             }
         }
-        events.extend(self.flows());
+        events.extend(self.flows(&tracks));
         json!({
             "traceEvents": events,
             "displayTimeUnit": "ns",
@@ -118,37 +173,40 @@ impl Trace {
     }
 
     /// Flow arrows: from the event that stores a flag to every kernel that waited on it in
-    /// the same run.
-    fn flows(&self) -> Vec<Value> {
-        let mut setters: HashMap<(usize, FlagRef), (usize, &Event)> = HashMap::new();
-        for d in &self.devices {
-            for e in &d.events {
-                for &flag in &e.sets {
-                    setters.entry((e.iteration, flag)).or_insert((d.device, e));
-                }
+    /// the same run; `tracks` are every device's events' tracks.
+    fn flows(&self, tracks: &[Vec<Track>]) -> Vec<Value> {
+        let events = || {
+            self.devices.iter().zip(tracks).flat_map(|(d, tracks)| {
+                d.events
+                    .iter()
+                    .zip(tracks)
+                    .map(move |(e, t)| (d.device, e, t.tid()))
+            })
+        };
+        let mut setters: HashMap<(usize, FlagRef), (usize, &Event, u64)> = HashMap::new();
+        for (device, e, tid) in events() {
+            for &flag in &e.sets {
+                setters
+                    .entry((e.iteration, flag))
+                    .or_insert((device, e, tid));
             }
         }
         let mut flows = Vec::new();
-        let waiters = self.devices.iter().flat_map(|d| {
-            d.events
-                .iter()
-                .filter(|e| matches!(e.kind, EventKind::Gemm | EventKind::Reduce))
-                .map(move |e| (d.device, e))
-        });
-        for (device, waiter) in waiters {
+        let waiters =
+            events().filter(|(_, e, _)| matches!(e.kind, EventKind::Gemm | EventKind::Reduce));
+        for (device, waiter, waiter_tid) in waiters {
             for &flag in &waiter.awaits {
-                let Some(&(from, setter)) = setters.get(&(waiter.iteration, flag)) else {
+                let Some(&(from, setter, setter_tid)) = setters.get(&(waiter.iteration, flag))
+                else {
                     continue;
                 };
                 let id = flows.len() / 2;
                 let name = format!("flag {} of device {}", flag.index, flag.device);
                 let arrives = waiter.flag_wait.map_or(waiter.span.start_ns, |w| w.end_ns);
-                flows.push(
-                    json!({"ph": "s", "id": id, "pid": from, "tid": tid(setter.lane()),
-                    "ts": us(setter.sets_flags_at_ns()), "name": name, "cat": "flag"}),
-                );
+                flows.push(json!({"ph": "s", "id": id, "pid": from, "tid": setter_tid,
+                    "ts": us(setter.sets_flags_at_ns()), "name": name, "cat": "flag"}));
                 flows.push(json!({"ph": "f", "bp": "e", "id": id, "pid": device,
-                    "tid": tid(waiter.lane()), "ts": us(arrives), "name": name, "cat": "flag"}));
+                    "tid": waiter_tid, "ts": us(arrives), "name": name, "cat": "flag"}));
             }
         }
         flows
@@ -158,15 +216,105 @@ impl Trace {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::dtype::Dtype;
+    use crate::plan::{Plan, PlanOptions, RsPartials};
+    use crate::problem::Problem;
     use crate::schedule::ScheduleKind;
-    use crate::trace::tests::synthetic;
+    use crate::trace::tests::{synthetic, traced};
+    use crate::trace::{NodeSpan, TraceSource};
+
+    /// Every schedule at TP = 3, two runs; the reduce-scatters also with pushed partials.
+    fn traces() -> Vec<(String, Plan, Trace)> {
+        let mut traces: Vec<(String, Plan, Trace)> = ScheduleKind::ALL
+            .iter()
+            .map(|&kind| {
+                let (plan, trace) = synthetic(kind, 3, 2);
+                (kind.to_string(), plan, trace)
+            })
+            .collect();
+        for kind in [
+            ScheduleKind::ReduceScatterTilingA,
+            ScheduleKind::ReduceScatterTilingB,
+        ] {
+            let options = PlanOptions {
+                rs_partials: RsPartials::Push,
+            };
+            let problem = Problem::new(48, 48, 48).with_dtype(Dtype::F16);
+            let plan =
+                Plan::build_with(kind, problem, 3, options).unwrap_or_else(|e| panic!("{e}"));
+            let trace = traced(&plan, 2);
+            traces.push((format!("{kind} push"), plan, trace));
+        }
+        traces
+    }
+
+    /// Two copies in flight at once go to two threads of the copy engine's lane.
+    #[test]
+    fn overlapping_events_of_a_lane_get_their_own_threads() {
+        let plan = Plan::build(
+            ScheduleKind::AllGatherRotatingA,
+            Problem::new(48, 48, 48),
+            3,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        // Nodes: 0 barrier, 1 copy, 2 flag, 3 release, 4 copy, 5 flag, 6 release, 7..9 gemms,
+        // 10 release wait. The second copy starts before the first ends.
+        let times = [
+            (0, 10),
+            (10, 50),
+            (50, 51),
+            (51, 52),
+            (30, 80),
+            (80, 81),
+            (81, 82),
+            (0, 40),
+            (52, 90),
+            (90, 120),
+            (120, 130),
+        ];
+        let spans: Vec<NodeSpan> = times
+            .iter()
+            .enumerate()
+            .map(|(node, &(s, e))| NodeSpan {
+                iteration: 0,
+                node,
+                start_ns: s,
+                end_ns: e,
+                flag_wait: None,
+            })
+            .collect();
+        let spans = vec![spans; 3];
+        let trace =
+            Trace::new(&plan, TraceSource::CpuExecutor, &spans).unwrap_or_else(|e| panic!("{e}"));
+        let dev = &trace.devices[0];
+        let tids: Vec<(usize, u64)> = dev
+            .events
+            .iter()
+            .zip(tracks(dev))
+            .map(|(e, t)| (e.node, t.tid()))
+            .collect();
+        let tid_of = |node| tids.iter().find(|(n, _)| *n == node).map(|(_, t)| *t);
+        assert_eq!(tid_of(1), Some(3));
+        assert_eq!(tid_of(4), Some(13));
+        // The flag sets after the first copy fit back into the first thread.
+        assert_eq!(tid_of(2), Some(3));
+        assert_eq!(tid_of(5), Some(3));
+        let json = trace.to_chrome_json();
+        let named = json["traceEvents"].as_array().map_or(0, |events| {
+            events
+                .iter()
+                .filter(|e| e["name"] == "thread_name" && e["args"]["name"] == "copy engine #2")
+                .count()
+        });
+        assert_eq!(named, 3);
+    }
 
     /// Every event has the fields its phase needs, one `X` slice per executed node (plus one
     /// per flag wait), slices of one thread nest, and every flow has both ends.
     #[test]
     fn the_json_is_trace_event_format_with_one_slice_per_node() {
-        for kind in ScheduleKind::ALL {
-            let (plan, trace) = synthetic(kind, 3, 2);
+        for (what, plan, trace) in traces() {
+            let kind = &what;
             let text =
                 serde_json::to_string(&trace.to_chrome_json()).unwrap_or_else(|e| panic!("{e}"));
             let parsed: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}"));
@@ -200,16 +348,21 @@ mod tests {
             // One process per device, three named threads each.
             let names = |n: &'static str| phase("M").filter(move |e| e["name"] == n).count();
             assert_eq!(names("process_name"), plan.tp, "{kind}");
-            assert_eq!(names("thread_name"), 3 * plan.tp, "{kind}");
+            assert!(names("thread_name") >= 3 * plan.tp, "{kind}");
             // Slices of one (pid, tid) nest: sorted by start, each ends before the next
             // starts or encloses it (checked on the nanoseconds the JSON is written from).
             for dev in &trace.devices {
-                for lane in Lane::ALL {
+                let tracks = tracks(dev);
+                let mut tids: Vec<u64> = tracks.iter().map(|t| t.tid()).collect();
+                tids.sort_unstable();
+                tids.dedup();
+                for tid in tids {
                     let mut spans: Vec<(u64, u64)> = dev
                         .events
                         .iter()
-                        .filter(|e| e.lane() == lane)
-                        .flat_map(|e| [Some(e.span), e.flag_wait])
+                        .zip(&tracks)
+                        .filter(|(_, t)| t.tid() == tid)
+                        .flat_map(|(e, _)| [Some(e.span), e.flag_wait])
                         .flatten()
                         .map(|i| (i.start_ns, i.end_ns))
                         .collect();
@@ -220,7 +373,7 @@ mod tests {
                             open.pop();
                         }
                         if let Some(&end) = open.last() {
-                            assert!(e <= end, "{kind}: device {} {lane:?} overlaps", dev.device);
+                            assert!(e <= end, "{what}: device {} tid {tid} overlaps", dev.device);
                         }
                         open.push(e);
                     }

@@ -119,15 +119,19 @@ pub(crate) mod tests {
             problem = problem.with_scalars(1.0, 0.5);
         }
         let plan = Plan::build(kind, problem, tp).unwrap_or_else(|e| panic!("{kind}: {e}"));
+        let trace = traced(&plan, iters);
+        (plan, trace)
+    }
+
+    /// `iters` traced runs of `plan` (f16) on the CPU executor, on random inputs.
+    pub(crate) fn traced(plan: &Plan, iters: usize) -> Trace {
         let mut exec = CpuExecutor::<f16>::new(plan.clone()).unwrap_or_else(|e| panic!("{e}"));
         let shards = plan
-            .shard_inputs(&GlobalInputs::random(&problem, 3))
+            .shard_inputs(&GlobalInputs::random(&plan.problem, 3))
             .unwrap_or_else(|e| panic!("{e}"));
         exec.load_inputs(&shards).unwrap_or_else(|e| panic!("{e}"));
-        let trace = exec
-            .run_traced(iters)
-            .unwrap_or_else(|e| panic!("{kind}: {e}"));
-        (plan, trace)
+        exec.run_traced(iters)
+            .unwrap_or_else(|e| panic!("{}: {e}", plan.schedule))
     }
 
     /// The CPU recorder: every node of every run once, each after the predecessors it waits

@@ -97,11 +97,13 @@ pub struct NodeSpan {
 pub enum EventKind {
     /// The start-of-run rendezvous.
     Barrier,
-    /// A peer copy into the workspace.
+    /// A copy-engine copy: from a peer into the own workspace, of the own shard (a
+    /// single-stage all-gather), or of the own partial into a peer's workspace (a push).
     Copy {
-        /// The device whose buffer is read (the own device for a single-stage all-gather's
-        /// own shard).
+        /// The device whose buffer is read.
         from: usize,
+        /// The device whose buffer is written.
+        to: usize,
         /// Bytes moved.
         bytes: usize,
     },
@@ -169,18 +171,23 @@ pub struct Event {
 }
 
 impl Event {
-    /// The slice name: `barrier`, `stage 2 gemm`, `copy from device 3`, `flag 2`,
+    /// The slice name on `device`: `barrier`, `stage 2 gemm`, `copy from device 3`,
+    /// `copy own shard`, `push to device 1`, `flag 2` (own), `flag 2 of device 1` (a peer's),
     /// `release to device 1`, `reduce`, `release wait`.
     #[must_use]
     pub fn name(&self, device: usize) -> String {
         match self.kind {
             EventKind::Barrier => "barrier".into(),
+            EventKind::Copy { to, .. } if to != device => format!("push to device {to}"),
             EventKind::Copy { from, .. } if from == device => "copy own shard".into(),
             EventKind::Copy { from, .. } => format!("copy from device {from}"),
             EventKind::FlagSet {
                 flag,
                 release: true,
             } => format!("release to device {}", flag.device),
+            EventKind::FlagSet { flag, .. } if flag.device != device => {
+                format!("flag {} of device {}", flag.index, flag.device)
+            }
             EventKind::FlagSet { flag, .. } => format!("flag {}", flag.index),
             EventKind::Gemm => format!("stage {} gemm", self.stage),
             EventKind::Reduce => "reduce".into(),
@@ -361,6 +368,7 @@ fn event(node: &Node, span: &NodeSpan, origin: u64, plan: &Plan) -> Event {
         Node::Barrier(_) => EventKind::Barrier,
         Node::PeerCopy(c) => EventKind::Copy {
             from: c.src.device,
+            to: c.dst.device,
             bytes: c.bytes,
         },
         Node::FlagSet(f) => EventKind::FlagSet {
@@ -387,7 +395,8 @@ fn event(node: &Node, span: &NodeSpan, origin: u64, plan: &Plan) -> Event {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::trace::tests::synthetic;
+    use crate::plan::{PlanOptions, RsPartials};
+    use crate::trace::tests::{synthetic, traced};
 
     #[test]
     fn events_are_named_after_their_nodes_and_shifted_to_zero() {
@@ -432,6 +441,39 @@ mod tests {
             .map(|e| e.name(0))
             .collect();
         assert_eq!(setters, ["flag 1"]);
+    }
+
+    /// Pushed partials: device 0 pushes into its right neighbour's workspace and sets that
+    /// neighbour's flag; the neighbour's stage waits on it.
+    #[test]
+    fn pushes_are_named_after_their_destination() {
+        let options = PlanOptions {
+            rs_partials: RsPartials::Push,
+        };
+        let problem = Problem::new(48, 48, 48).with_dtype(crate::dtype::Dtype::F16);
+        let plan = Plan::build_with(ScheduleKind::ReduceScatterTilingA, problem, 3, options)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let trace = traced(&plan, 1);
+        let names: Vec<String> = trace.devices[0].events.iter().map(|e| e.name(0)).collect();
+        assert!(names.iter().any(|n| n == "push to device 1"), "{names:?}");
+        let flag = names
+            .iter()
+            .find(|n| n.starts_with("flag ") && n.ends_with(" of device 1"));
+        assert!(flag.is_some(), "{names:?}");
+        // Every flag a stage waits on has its store, on the left neighbour: one flow each.
+        let json = trace.to_chrome_json();
+        let flows = json["traceEvents"]
+            .as_array()
+            .map_or(0, |events| events.iter().filter(|e| e["ph"] == "s").count());
+        let awaited: usize = trace
+            .devices
+            .iter()
+            .flat_map(|d| &d.events)
+            .filter(|e| e.kind == EventKind::Gemm)
+            .map(|e| e.awaits.len())
+            .sum();
+        assert_eq!(flows, awaited);
+        assert!(awaited > 0);
     }
 
     #[test]
