@@ -63,9 +63,14 @@
 //!    which `cuptiGetGraphNodeId` maps back to graph node i, which is plan node i
 //!    ([`crate::cuda`]'s lowering keeps the order): memcpy records give the copies' spans,
 //!    kernel records cross-check the kernel stamps. A flag set (a write-value node) has no
-//!    record: it is placed after its copy's end, and bounded by the end of the flag wait of
-//!    the kernel that observed it. Without CUPTI, a copy is bounded by its neighbours: it
-//!    starts after its chain predecessor and ends before its flag's observer stopped waiting.
+//!    record (no activity kind for stream memory operations was found): it is placed after
+//!    its copy's end, and bounded by the end of the flag wait of the kernel that observed it.
+//!    Without CUPTI, a copy is bounded by its neighbours: it starts after its chain
+//!    predecessor and ends before its flag's observer stopped waiting. To check on the GPU
+//!    first: that the records of an instantiated, replayed graph carry the ids
+//!    `cuptiGetGraphNodeId` gives for the nodes it was instantiated from, and that enabling
+//!    the memcpy and kernel kinds does not serialise the graph's branches (compare a run's
+//!    time with and without them).
 //!
 //! One clock across GPUs: `%globaltimer` is per GPU. Every device's barrier returns within an
 //! NVLink round trip of the last arrival, so the barrier ends of one run are nearly
