@@ -116,9 +116,10 @@ pub enum RuntimeError {
 
     /// No PTX: neither embedded at build time nor given through `DISTGEMM_PTX`.
     #[error(
-        "no PTX for the GPU kernels: this binary was built before `cargo xtask build-ptx` wrote \
-         target/ptx/kernels_gpu.ptx, and DISTGEMM_PTX is not set. Run `cargo xtask build-ptx` \
-         and rebuild, or set DISTGEMM_PTX=<path to kernels_gpu.ptx>"
+        "no PTX for the GPU kernels: this binary was built with neither \
+         target/ptx/kernels_gpu.ptx (written by `cargo xtask build-ptx`) nor the committed \
+         host/ptx/kernels_gpu.ptx, and DISTGEMM_PTX is not set. Run `cargo xtask build-ptx` and \
+         rebuild, or set DISTGEMM_PTX=<path to kernels_gpu.ptx>"
     )]
     PtxMissing,
 
