@@ -4,13 +4,14 @@
 //! A [`Trace`] is built from a [`Plan`](crate::plan::Plan) and, per device, one [`NodeSpan`]
 //! per executed node and run: start, end and, for a kernel that waits on a flag, when its
 //! prologue waited. Each span becomes an [`Event`] named after its node (`stage 2 gemm`,
-//! `copy from device 3`, `flag 2`, `release to device 1`, `barrier`, `reduce`,
-//! `release wait`) on one of three [`Lane`]s of its device: the 1-thread collective kernels
+//! `copy from device 3`, `push to device 1`, `flag 2`, `release to device 1`, `barrier`,
+//! `reduce`, `release wait`) on one of three [`Lane`]s of its device: the 1-thread collective kernels
 //! (barrier, release wait), the stage kernels (GEMMs, reduction) and the copy engine (copies
 //! and the flag sets after them). The outputs:
 //!
 //! - [`Trace::to_chrome_json`]: Chrome Trace Event JSON for Perfetto (one process per device,
-//!   one thread per lane, flow arrows from a flag's store to the kernels that waited on it);
+//!   one thread per lane, more where a lane's events overlap, flow arrows from a flag's store
+//!   to the kernels that waited on it);
 //! - [`Trace::render_svg`] (feature `cli`): an SVG timeline, one band per device;
 //! - [`Summary`]: per device and stage, the totals defined below, as text or JSON.
 //!
