@@ -48,6 +48,10 @@ pub fn acq_rel_sys() {
 /// "tensormap proxy"), so each thread that uses a map acquires it once before its first use.
 /// GPU scope: the upload is ordered before the launch by the stream, so it is visible at GPU
 /// scope to the generic proxy already; only the proxy crossing is missing.
+///
+/// # Safety
+/// `map` must be the 128-byte-aligned global-memory address of a tensor map that stays
+/// valid while this kernel uses it.
 #[inline(always)]
 pub unsafe fn tensormap_acquire(map: u64) {
     unsafe {

@@ -14,6 +14,10 @@ const _: () = assert!(
 );
 
 /// `ld.acquire.sys.global.u32`.
+///
+/// # Safety
+/// `ptr` must be a 4-byte-aligned address of global memory (this GPU's, a peer's mapped by
+/// peer access or CUDA IPC, or mapped host memory) that stays valid during the access.
 #[inline(always)]
 pub unsafe fn load_acquire_sys(ptr: *const u32) -> u32 {
     let v: u32;
@@ -24,6 +28,12 @@ pub unsafe fn load_acquire_sys(ptr: *const u32) -> u32 {
 }
 
 /// `st.release.sys.global.u32`.
+///
+/// # Safety
+/// `ptr` must be a 4-byte-aligned address of global memory (this GPU's, a peer's mapped by
+/// peer access or CUDA IPC, or mapped host memory) that stays valid during the access and
+/// that the protocol reserves for flags (nothing reads it as other data). Atomics on a peer
+/// GPU's memory need native peer atomics (NVLink).
 #[inline(always)]
 pub unsafe fn store_release_sys(ptr: *mut u32, value: u32) {
     unsafe {
@@ -32,6 +42,12 @@ pub unsafe fn store_release_sys(ptr: *mut u32, value: u32) {
 }
 
 /// `st.relaxed.sys.global.u32`: a plain store that other GPUs are guaranteed to eventually see.
+///
+/// # Safety
+/// `ptr` must be a 4-byte-aligned address of global memory (this GPU's, a peer's mapped by
+/// peer access or CUDA IPC, or mapped host memory) that stays valid during the access and
+/// that the protocol reserves for flags (nothing reads it as other data). Atomics on a peer
+/// GPU's memory need native peer atomics (NVLink).
 #[inline(always)]
 pub unsafe fn store_relaxed_sys(ptr: *mut u32, value: u32) {
     unsafe {
@@ -40,6 +56,12 @@ pub unsafe fn store_relaxed_sys(ptr: *mut u32, value: u32) {
 }
 
 /// `red.release.sys.global.add.u32`: atomic add with release semantics, no return value.
+///
+/// # Safety
+/// `ptr` must be a 4-byte-aligned address of global memory (this GPU's, a peer's mapped by
+/// peer access or CUDA IPC, or mapped host memory) that stays valid during the access and
+/// that the protocol reserves for flags (nothing reads it as other data). Atomics on a peer
+/// GPU's memory need native peer atomics (NVLink).
 #[inline(always)]
 pub unsafe fn add_release_sys(ptr: *mut u32, value: u32) {
     unsafe {
@@ -48,6 +70,12 @@ pub unsafe fn add_release_sys(ptr: *mut u32, value: u32) {
 }
 
 /// `atom.acq_rel.sys.global.add.u32`: atomic add returning the old value.
+///
+/// # Safety
+/// `ptr` must be a 4-byte-aligned address of global memory (this GPU's, a peer's mapped by
+/// peer access or CUDA IPC, or mapped host memory) that stays valid during the access and
+/// that the protocol reserves for flags (nothing reads it as other data). Atomics on a peer
+/// GPU's memory need native peer atomics (NVLink).
 #[inline(always)]
 pub unsafe fn fetch_add_acq_rel_sys(ptr: *mut u32, value: u32) -> u32 {
     let old: u32;
@@ -59,6 +87,12 @@ pub unsafe fn fetch_add_acq_rel_sys(ptr: *mut u32, value: u32) -> u32 {
 }
 
 /// `atom.relaxed.sys.global.cas.b32`: stores `new` if `*ptr == expected`; returns the old value.
+///
+/// # Safety
+/// `ptr` must be a 4-byte-aligned address of global memory (this GPU's, a peer's mapped by
+/// peer access or CUDA IPC, or mapped host memory) that stays valid during the access and
+/// that the protocol reserves for flags (nothing reads it as other data). Atomics on a peer
+/// GPU's memory need native peer atomics (NVLink).
 #[inline(always)]
 pub unsafe fn compare_and_swap_relaxed_sys(ptr: *mut u32, expected: u32, new: u32) -> u32 {
     let old: u32;
@@ -73,6 +107,12 @@ pub unsafe fn compare_and_swap_relaxed_sys(ptr: *mut u32, expected: u32, new: u3
 /// `atom.cas 0 → code` (relaxed, system scope), so each word keeps the first code it got.
 /// Relaxed suffices: nothing is published through the words but the codes themselves, and any
 /// later release by this thread (a flag store, the grid's completion) orders them before it.
+/// Lowers to one `atom.relaxed.sys.global.cas.b32` per non-zero word.
+///
+/// # Safety
+/// `own` and every non-zero entry of `peers` must be the error words of live exclusive
+/// workspaces (4-byte aligned global memory of this GPU or of a peer reachable with native
+/// atomics), as the lowering fills them.
 #[inline(always)]
 pub unsafe fn record_error(own: u64, peers: &PeerErrorWords, code: u32) {
     unsafe { compare_and_swap_relaxed_sys(own as *mut u32, 0, code) };
@@ -106,6 +146,10 @@ pub enum WaitOutcome {
 
 /// Spins until `*flag >= target` (acquire, system scope) or `timeout_ns` have passed,
 /// sleeping briefly between polls so the poller does not saturate the memory system.
+/// Lowers to a loop of `ld.acquire.sys.global.u32`, `mov.u64 %globaltimer` and `nanosleep.u32`.
+///
+/// # Safety
+/// As for [`load_acquire_sys`]: `flag` is a valid, 4-byte-aligned flag of global memory.
 #[inline(always)]
 pub unsafe fn wait_at_least(flag: *const u32, target: u32, timeout_ns: u64) -> WaitOutcome {
     let start = global_timer_ns();
