@@ -12,7 +12,7 @@
 //! - [`Trace::to_chrome_json`]: Chrome Trace Event JSON for Perfetto (one process per device,
 //!   one thread per lane, more where a lane's events overlap, flow arrows from a flag's store
 //!   to the kernels that waited on it);
-//! - [`Trace::render_svg`] (feature `cli`): an SVG timeline, one band per device;
+//! - `Trace::render_svg` (feature `cli`): an SVG timeline, one band per device;
 //! - [`Summary`]: per device and stage, the totals defined below, as text or JSON.
 //!
 //! # Definitions (per device, over every traced run; `|S|` is the time covered by a set of
