@@ -184,18 +184,6 @@ fn at_stage(device: usize, stage: usize) -> impl FnOnce(GemmLaunchError) -> Dist
     }
 }
 
-/// A short name of a lowered node, for errors.
-pub(crate) fn node_name(node: &LoweredNode) -> &'static str {
-    match node {
-        LoweredNode::Barrier(_) => "barrier",
-        LoweredNode::Gemm { .. } => "gemm",
-        LoweredNode::Reduce(_) => "reduce",
-        LoweredNode::Copy { .. } => "copy",
-        LoweredNode::FlagSet { .. } => "flag",
-        LoweredNode::WaitFlags(_) => "release",
-    }
-}
-
 impl DeviceGraph {
     /// Builds and instantiates the graph of `lowered` on `kernels.gpu`; GEMM tensor maps are
     /// uploaded on `setup` (which this waits for).
@@ -240,7 +228,7 @@ impl DeviceGraph {
                 (None, other) => {
                     return Err(DistGemmError::Internal(format!(
                         "{} node without a launch",
-                        node_name(other)
+                        other.name()
                     )));
                 }
             };
@@ -347,7 +335,7 @@ impl DeviceGraph {
                         other => {
                             return Err(DistGemmError::Internal(format!(
                                 "{} node {i} is not a collective kernel",
-                                node_name(other)
+                                other.name()
                             )));
                         }
                     };
@@ -367,8 +355,8 @@ impl DeviceGraph {
                 (old, new) => {
                     return Err(DistGemmError::Internal(format!(
                         "{} node {i} of device {device} cannot become {} on a pointer update",
-                        node_name(old),
-                        node_name(new)
+                        old.name(),
+                        new.name()
                     )));
                 }
             }

@@ -152,6 +152,20 @@ impl LoweredNode {
                 | LoweredNode::WaitFlags(_)
         )
     }
+
+    /// A short name of the node's kind, for errors and tests: `barrier`, `gemm`, `reduce`,
+    /// `copy`, `flag`, `release`.
+    #[must_use]
+    pub fn name(&self) -> &'static str {
+        match self {
+            LoweredNode::Barrier(_) => "barrier",
+            LoweredNode::Gemm { .. } => "gemm",
+            LoweredNode::Reduce(_) => "reduce",
+            LoweredNode::Copy { .. } => "copy",
+            LoweredNode::FlagSet { .. } => "flag",
+            LoweredNode::WaitFlags(_) => "release",
+        }
+    }
 }
 
 /// A dependency `nodes[from] → nodes[to]`.
@@ -784,7 +798,7 @@ mod tests {
                         LoweredNode::WaitFlags(p) => (p.error_word, p.peer_errors, p.codes[0]),
                         LoweredNode::Copy { .. } | LoweredNode::FlagSet { .. } => continue,
                     };
-                    kinds.insert(node_kind(node));
+                    kinds.insert(node.name());
                     assert_eq!((error_word, peer_errors.to_vec()), (own, peers.clone()));
                     let site = super::super::error::decode_timeout(code);
                     assert_eq!(site.map(|s| s.device), Some(d), "{kind}: {node:?}");
@@ -796,18 +810,6 @@ mod tests {
                 };
                 assert_eq!(kinds.into_iter().collect::<Vec<_>>(), expected, "{kind}");
             }
-        }
-    }
-
-    /// A name per lowered-node kind.
-    fn node_kind(node: &LoweredNode) -> &'static str {
-        match node {
-            LoweredNode::Barrier(_) => "barrier",
-            LoweredNode::Gemm { .. } => "gemm",
-            LoweredNode::Reduce(_) => "reduce",
-            LoweredNode::Copy { .. } => "copy",
-            LoweredNode::FlagSet { .. } => "flag",
-            LoweredNode::WaitFlags(_) => "release",
         }
     }
 
@@ -826,7 +828,7 @@ mod tests {
                     Node::Reduce(_) => "reduce",
                     Node::AwaitRelease(_) => "release",
                 };
-                assert_eq!(node_kind(lowered), expected, "{kind}");
+                assert_eq!(lowered.name(), expected, "{kind}");
                 seen.insert(expected);
                 if let (Node::FlagSet(f), LoweredNode::FlagSet { dst, value }) = (node, lowered) {
                     let owner = &addr[f.flag.device];
