@@ -15,7 +15,7 @@
 //!   gathered operand; reduce-scatter within the f64 bound of `distgemm::reference`
 //!   (every element of ragged shapes, edges + 4,096 samples of presets);
 //! - `repeat`: 1,000 queued runs alternating two input sets at new addresses (D checked
-//!   after each), then the same with the caller's shard overwritten on its stream right after
+//!   after each; all-gather A, reduce-scatter A with read and with pushed partials), then the same with the caller's shard overwritten on its stream right after
 //!   each launch, and with the zero-copy input slot;
 //! - `killed`: rank 1 exits after building; rank 0 gets a named timeout within the bound;
 //! - `cycles`: 1,000 build/run/drop cycles; open file descriptors and free device memory do
@@ -32,7 +32,7 @@ use distgemm::plan::Plan;
 use distgemm::problem::{Preset, Problem};
 use distgemm::reference::ErrorBound;
 use distgemm::runtime::{CudaStream, DeviceBuffer, DeviceCopy, Gpu, Module, RawStream};
-use distgemm::schedule::{Block, BufferKind, Collective, ScheduleKind};
+use distgemm::schedule::{Block, BufferKind, Collective, RsPartials, ScheduleKind};
 use distgemm_tests::gpu::{self, visible_line};
 use half::{bf16, f16};
 
@@ -377,7 +377,17 @@ fn assert_bit_identical<T: Element>(what: &str, got: &[T], want: &[T]) {
 }
 
 fn build(r: &Rank, kind: ScheduleKind, problem: Problem) -> Result<RankGemm, DistGemmError> {
+    build_with(r, kind, problem, RsPartials::Read)
+}
+
+fn build_with(
+    r: &Rank,
+    kind: ScheduleKind,
+    problem: Problem,
+    partials: RsPartials,
+) -> Result<RankGemm, DistGemmError> {
     RankGemm::builder()
+        .rs_partials(partials)
         .gpu(r.gpu.clone())
         .module(Arc::clone(&r.module))
         .schedule(kind)
@@ -446,13 +456,14 @@ fn schedules(r: &Rank) {
 }
 
 fn repeat(r: &Rank) {
-    for kind in [
-        ScheduleKind::AllGatherRotatingA,
-        ScheduleKind::ReduceScatterTilingA,
+    for (kind, partials) in [
+        (ScheduleKind::AllGatherRotatingA, RsPartials::Read),
+        (ScheduleKind::ReduceScatterTilingA, RsPartials::Read),
+        (ScheduleKind::ReduceScatterTilingA, RsPartials::Push),
     ] {
         let problem = Problem::new(256, 512, 384);
-        let what = format!("rank {} {kind} repeat", r.rank);
-        let mut dg = build(r, kind, problem).expect("build");
+        let what = format!("rank {} {kind} ({partials:?} partials) repeat", r.rank);
+        let mut dg = build_with(r, kind, problem, partials).expect("build");
         let plan = dg.plan().clone();
         let sets = [11u64, 12];
         let mut shards: Vec<Shards<bf16>> = sets.iter().map(|&s| upload(r, &plan, s)).collect();
