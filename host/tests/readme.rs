@@ -3,7 +3,8 @@
 //! - Every `distgemm …` command in the README's `sh` code blocks (also written as
 //!   `./scripts/run.sh …` or `bundle/bin/distgemm …`, which run the same binary) either runs
 //!   here and exits 0 (on the CPU: `plan`, and `run` without `--backend cuda`; a `--check`
-//!   that fails exits non-zero), or, when it needs GPUs (`bench`, `run --backend cuda`), must
+//!   that fails exits non-zero), or, when it needs GPUs (`bench`, `run --backend cuda`,
+//!   `run --ranks`), must
 //!   parse (the same arguments with `--help` exit 0) and describe a problem its schedule
 //!   accepts (`distgemm plan` with its schedule, TP and problem options exits 0).
 //! - Every `rust` code block is an excerpt of `host/examples/distgemm_library.rs`, which CI
@@ -39,9 +40,10 @@ struct ReadmeCommand {
 }
 
 impl ReadmeCommand {
-    /// Whether it needs GPUs: `bench`, or `--backend cuda`.
+    /// Whether it needs GPUs: `bench`, `--backend cuda`, or `--ranks` (one process per GPU).
     fn needs_gpu(&self) -> bool {
         self.args.first().is_some_and(|sub| sub == "bench")
+            || self.args.iter().any(|a| a == "--ranks")
             || self
                 .args
                 .windows(2)
