@@ -135,8 +135,8 @@ pub fn update_committed(fresh: &Path) -> Result<()> {
 }
 
 /// Compares the committed PTX ([`COMMITTED_PTX_REL_PATH`] under `root`) with `fresh`, the PTX
-/// just built from the kernels' source. `None` when they agree or nothing is committed;
-/// otherwise a message naming the first differing line and the command that fixes it.
+/// just built from the kernels' source. `None` when they agree; otherwise a message naming
+/// the first differing line (or the missing file) and the command that fixes it.
 ///
 /// The comparison ignores the hashes in compiler-generated symbol names ([`without_symbol_hashes`]):
 /// `core`'s crate disambiguator in `_R…` names depends on where the toolchain's `rust-src`
@@ -145,7 +145,12 @@ pub fn committed_ptx_mismatch(root: &Path, fresh: &str) -> Result<Option<String>
     let path = root.join(COMMITTED_PTX_REL_PATH);
     let committed = match std::fs::read_to_string(&path) {
         Ok(text) => text,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Ok(Some(format!(
+                "{COMMITTED_PTX_REL_PATH} (the PTX that crates depending on distgemm embed) is \
+                 missing: run `{UPDATE_COMMITTED_CMD}` and commit it"
+            )));
+        }
         Err(e) => bail!("cannot read {}: {e}", path.display()),
     };
     let (ours, theirs) = (
@@ -335,11 +340,14 @@ mod tests {
     }
 
     #[test]
-    fn committed_ptx_is_compared_when_present() {
+    fn committed_ptx_must_exist_and_match() {
         let root = std::env::temp_dir().join(format!("xtask-committed-{}", std::process::id()));
         let committed = root.join(COMMITTED_PTX_REL_PATH);
         let _ = std::fs::remove_dir_all(&root);
-        assert_eq!(committed_ptx_mismatch(&root, PTX).expect("absent"), None);
+        let absent = committed_ptx_mismatch(&root, PTX)
+            .expect("absent")
+            .expect("a missing committed PTX is a failure");
+        assert!(absent.contains("missing") && absent.contains(UPDATE_COMMITTED_CMD));
         std::fs::create_dir_all(committed.parent().expect("parent")).expect("mkdir");
         std::fs::write(&committed, PTX).expect("write");
         assert_eq!(committed_ptx_mismatch(&root, PTX).expect("same"), None);
