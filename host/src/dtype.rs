@@ -4,7 +4,8 @@
 //! means "a multiple of 8 elements" everywhere in this crate.
 //!
 //! FP8 operands (e4m3, 1 byte: 16 elements per 16 bytes) are [`crate::fp8::E4m3`]; they are
-//! operands only (C and D stay bf16 or f16), so they are not a [`Dtype`] yet (issue 24).
+//! operands only (C and D stay bf16 or f16), so they are not a [`Dtype`]: a problem with
+//! [`crate::problem::Problem::fp8`] has e4m3 A and B and its `dtype` names the output type.
 
 use std::fmt;
 

@@ -14,6 +14,7 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 use crate::dtype::Dtype;
+use crate::fp8::ScaleMode;
 
 /// Default number of tokens (M) of the presets.
 pub const DEFAULT_TOKENS: usize = 16384;
@@ -27,12 +28,26 @@ pub struct Problem {
     pub n: usize,
     /// The reduction dimension.
     pub k: usize,
-    /// Element type of A, B, C and D.
+    /// Element type of A, B, C and D; with [`Problem::fp8`], of C and D (and the
+    /// reduce-scatter partials) only.
     pub dtype: Dtype,
     /// Scale of the product.
     pub alpha: f32,
     /// Scale of C; 0 means C is not read (and has no buffer).
     pub beta: f32,
+    /// A and B in e4m3 with scales (issue 24); absent (and not written to JSON) for a bf16 or
+    /// f16 GEMM, so those problems and their plans read and write as before.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fp8: Option<Fp8>,
+}
+
+/// The FP8 form of a problem: A and B are [`crate::fp8::E4m3`] codes (1 byte each) with
+/// scales laid out as `scales` says, `D = alpha·(sa ⊙ A)·(sb ⊙ B)ᵀ + beta·C` with C and D in
+/// the problem's `dtype` (see [`crate::fp8`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Fp8 {
+    /// Tensor-wise or row-wise scales.
+    pub scales: ScaleMode,
 }
 
 impl Problem {
@@ -46,7 +61,32 @@ impl Problem {
             dtype: Dtype::Bf16,
             alpha: 1.0,
             beta: 0.0,
+            fp8: None,
         }
+    }
+
+    /// The same problem with A and B in e4m3 and `scales`; `dtype` stays the output type.
+    #[must_use]
+    pub fn with_fp8(self, scales: ScaleMode) -> Self {
+        Problem {
+            fp8: Some(Fp8 { scales }),
+            ..self
+        }
+    }
+
+    /// Bytes of one element of A and B: 1 with FP8, else the dtype's 2.
+    #[must_use]
+    pub fn operand_bytes(&self) -> usize {
+        match self.fp8 {
+            Some(_) => 1,
+            None => self.dtype.size_bytes(),
+        }
+    }
+
+    /// Bytes of one element of C, D and the reduce-scatter partials (the dtype's).
+    #[must_use]
+    pub fn output_bytes(&self) -> usize {
+        self.dtype.size_bytes()
     }
 
     /// The same problem with another element type.
@@ -81,7 +121,11 @@ impl Problem {
 
 impl fmt::Display for Problem {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "M={} N={} K={} {}", self.m, self.n, self.k, self.dtype)?;
+        write!(f, "M={} N={} K={} ", self.m, self.n, self.k)?;
+        match self.fp8 {
+            Some(fp8) => write!(f, "e4m3 ({} scales) -> {}", fp8.scales.name(), self.dtype)?,
+            None => write!(f, "{}", self.dtype)?,
+        }
         if self.alpha != 1.0 || self.beta != 0.0 {
             write!(f, " alpha={} beta={}", self.alpha, self.beta)?;
         }
@@ -157,6 +201,25 @@ mod tests {
         let p = Preset::Llama3_405bFc2.problem(128);
         assert_eq!((p.m, p.n, p.k), (128, 16384, 53248));
         assert_eq!(Preset::Llama3_405bFc1.name(), "llama3-405b-fc1");
+    }
+
+    /// An FP8 problem shows its operand type, scales and output type, and writes `fp8` to JSON;
+    /// a bf16 problem's JSON has no `fp8` key and reads back unchanged.
+    #[test]
+    fn fp8_is_shown_and_absent_from_plain_json() -> Result<(), serde_json::Error> {
+        let plain = Problem::new(64, 32, 16);
+        let json = serde_json::to_string(&plain)?;
+        assert!(!json.contains("fp8"), "{json}");
+        assert_eq!(serde_json::from_str::<Problem>(&json)?, plain);
+        assert_eq!((plain.operand_bytes(), plain.output_bytes()), (2, 2));
+        let fp8 = plain.with_dtype(Dtype::F16).with_fp8(ScaleMode::Rowwise);
+        assert_eq!(fp8.to_string(), "M=64 N=32 K=16 e4m3 (row scales) -> f16");
+        assert_eq!(plain.to_string(), "M=64 N=32 K=16 bf16");
+        assert_eq!((fp8.operand_bytes(), fp8.output_bytes()), (1, 2));
+        let json = serde_json::to_string(&fp8)?;
+        assert!(json.contains(r#""fp8":{"scales":"row"}"#), "{json}");
+        assert_eq!(serde_json::from_str::<Problem>(&json)?, fp8);
+        Ok(())
     }
 
     #[test]

@@ -3,9 +3,10 @@
 //! large `--tokens` on the CUDA path would abort inside the allocator after minutes of input
 //! generation.
 //!
-//! Host bytes (element size s):
-//! - the global operands A, B, C and the gathered D: `s·(M·K + N·K + M·N·[beta≠0] + M·N)`;
-//! - every device's input shards (A, B, C) and output shard (D): `s·Σ_d (A_d + B_d + C_d + D_d)`;
+//! Host bytes (element sizes s_in of A and B, 1 for FP8, and s_out of C, D and partials, see
+//! [`Plan::element_bytes`]; FP8's row-wise scales, `4·(M + N)`, are left out):
+//! - the global operands A, B, C and the gathered D: `s_in·(M·K + N·K) + s_out·M·N·([beta≠0] + 1)`;
+//! - every device's input shards (A, B, C) and output shard (D), each in its own type;
 //! - on the CPU executor, its device memory again (A, B, C, D and workspace of every device);
 //! - for the full `--check`, the f64 reference: `8·(M·K + N·K) + 16·M·N`.
 //!
@@ -42,24 +43,25 @@ const EVERY_BUFFER: [BufferKind; 5] = [
 /// Host bytes `run` allocates for `plan` (module documentation), saturating.
 pub(super) fn host_bytes(plan: &Plan, executor: Executor, full_check: bool) -> usize {
     let p = &plan.problem;
-    let s = p.dtype.size_bytes();
     let c = if p.has_c() {
         p.m.saturating_mul(p.n)
     } else {
         0
     };
     let global = [
-        p.m.saturating_mul(p.k),
-        p.n.saturating_mul(p.k),
-        c,
-        p.m.saturating_mul(p.n),
+        p.m.saturating_mul(p.k)
+            .saturating_mul(plan.element_bytes(BufferKind::A)),
+        p.n.saturating_mul(p.k)
+            .saturating_mul(plan.element_bytes(BufferKind::B)),
+        c.saturating_mul(plan.element_bytes(BufferKind::C)),
+        p.m.saturating_mul(p.n)
+            .saturating_mul(plan.element_bytes(BufferKind::D)),
     ];
-    let mut elements = sum(global);
-    elements = elements.saturating_add(device_elements(&plan.devices, &OPERANDS));
+    let mut bytes = sum(global);
+    bytes = bytes.saturating_add(devices_bytes(plan, &OPERANDS));
     if executor == Executor::Cpu {
-        elements = elements.saturating_add(device_elements(&plan.devices, &EVERY_BUFFER));
+        bytes = bytes.saturating_add(devices_bytes(plan, &EVERY_BUFFER));
     }
-    let mut bytes = elements.saturating_mul(s);
     if full_check {
         let operands = p.m.saturating_add(p.n).saturating_mul(p.k);
         bytes = bytes
@@ -71,15 +73,17 @@ pub(super) fn host_bytes(plan: &Plan, executor: Executor, full_check: bool) -> u
 
 /// Device bytes of one GPU: its buffers and the exclusive workspace.
 pub(super) fn device_bytes(plan: &Plan, device: &DevicePlan) -> usize {
-    device_elements(std::slice::from_ref(device), &EVERY_BUFFER)
-        .saturating_mul(plan.problem.dtype.size_bytes())
-        .saturating_add(plan.exclusive.bytes)
+    EVERY_BUFFER
+        .iter()
+        .map(|&b| plan.buffer_bytes(device.device, b))
+        .fold(plan.exclusive.bytes, usize::saturating_add)
 }
 
-fn device_elements(devices: &[DevicePlan], buffers: &[BufferKind]) -> usize {
-    devices
+/// Bytes of `buffers` summed over every device of `plan`.
+fn devices_bytes(plan: &Plan, buffers: &[BufferKind]) -> usize {
+    plan.devices
         .iter()
-        .flat_map(|d| buffers.iter().map(|&b| d.buffer_elements(b)))
+        .flat_map(|d| buffers.iter().map(|&b| plan.buffer_bytes(d.device, b)))
         .fold(0, usize::saturating_add)
 }
 
@@ -166,5 +170,25 @@ mod tests {
             host_bytes(&plan, Executor::Cuda, true),
             cuda + 8 * 2 * 64 * 64 + 16 * 64 * 64
         );
+    }
+
+    /// FP8: A, B and the gathered slots count one byte per element, D two; a reduce-scatter
+    /// workspace (partials) two.
+    #[test]
+    fn fp8_operands_count_one_byte() {
+        let problem = Problem::new(64, 64, 64).with_fp8(crate::fp8::ScaleMode::Rowwise);
+        let plan = Plan::build(ScheduleKind::AllGatherRotatingA, problem, 2)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let (operand, output) = (64 * 64, 64 * 64 * 2);
+        let cuda = host_bytes(&plan, Executor::Cuda, false);
+        assert_eq!(cuda, 2 * (2 * operand + output));
+        assert_eq!(plan.devices[0].workspace_bytes, 32 * 64);
+        assert_eq!(
+            device_bytes(&plan, &plan.devices[0]),
+            operand + output / 2 + 32 * 64 + plan.exclusive.bytes
+        );
+        let rs = Plan::build(ScheduleKind::ReduceScatterTilingA, problem, 2)
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(rs.devices[0].workspace_bytes, 32 * 64 * 2);
     }
 }

@@ -128,6 +128,25 @@ pub enum PlanError {
     /// plan; see [`Plan::validate`]).
     #[error("invalid plan: {0}")]
     Inconsistent(String),
+    /// An FP8 problem for a GPU backend: the plans and the CPU executor run it, the e4m3
+    /// stage kernel and its lowering do not exist yet (issue 24).
+    #[error(
+        "{problem}: the FP8 kernel is not built yet (the CPU executor runs FP8 plans; the GPU \
+         backends run bf16 and f16)"
+    )]
+    Fp8KernelNotBuilt {
+        /// The problem.
+        problem: Problem,
+    },
+}
+
+/// `Ok` when the GPU backends can run `problem`: everything but FP8
+/// ([`PlanError::Fp8KernelNotBuilt`]). The CUDA builders call it before planning.
+pub fn check_gpu_kernel(problem: &Problem) -> Result<(), PlanError> {
+    match problem.fp8 {
+        Some(_) => Err(PlanError::Fp8KernelNotBuilt { problem: *problem }),
+        None => Ok(()),
+    }
 }
 
 /// Why a JSON plan was not accepted.
@@ -250,6 +269,37 @@ impl Plan {
         Ok(plan)
     }
 
+    /// Bytes of one element of `buffer` (1 for FP8's A, B and all-gathered slots, else the
+    /// dtype's 2): the one place the executors, the validation and the memory estimate ask.
+    #[must_use]
+    pub fn element_bytes(&self, buffer: BufferKind) -> usize {
+        buffer.element_bytes(self.schedule, &self.problem)
+    }
+
+    /// Elements per row of an operand buffer of `device` (see [`BufferKind::holds_operands`]):
+    /// its A or B block's columns, or K for an all-gather workspace (gathered rows of A or B);
+    /// `None` for the other buffers. Row-wise FP8 scales are one per such row, so a row's
+    /// scale is found, and moved, with the row.
+    #[must_use]
+    pub fn operand_row_elements(&self, device: usize, buffer: BufferKind) -> Option<usize> {
+        let dev = self.devices.get(device)?;
+        match buffer {
+            BufferKind::A => Some(dev.shards.a.cols),
+            BufferKind::B => Some(dev.shards.b.cols),
+            BufferKind::Workspace if buffer.holds_operands(self.schedule) => Some(self.problem.k),
+            BufferKind::C | BufferKind::D | BufferKind::Workspace => None,
+        }
+    }
+
+    /// Bytes of `buffer` on `device` (0 for an absent C or device).
+    #[must_use]
+    pub fn buffer_bytes(&self, device: usize, buffer: BufferKind) -> usize {
+        self.devices.get(device).map_or(0, |d| {
+            d.buffer_elements(buffer)
+                .saturating_mul(self.element_bytes(buffer))
+        })
+    }
+
     /// Reads a plan written by [`Plan::to_json`] and validates it ([`Plan::validate`]): an
     /// edited plan is refused with an error, never run.
     pub fn from_json(json: &str) -> Result<Plan, PlanFromJsonError> {
@@ -317,7 +367,7 @@ fn wire(
             stage: copy.stage,
             src: copy.src,
             dst: copy.dst,
-            bytes: copy.src.len * problem.dtype.size_bytes(),
+            bytes: copy.src.len * copy.src.buffer.element_bytes(kind, problem),
             direction: copy.direction,
         });
         let mut tail = append(nodes, edges, node, from, EdgeKind::Full);
@@ -419,7 +469,8 @@ fn wire(
         device: d,
         shards: program.shards,
         workspace: program.workspace,
-        workspace_bytes: program.workspace.elements() * problem.dtype.size_bytes(),
+        workspace_bytes: program.workspace.elements()
+            * BufferKind::Workspace.element_bytes(kind, problem),
         nodes,
         edges,
     }
@@ -784,6 +835,81 @@ mod tests {
             let back = Plan::from_json(&old).unwrap_or_else(|e| panic!("{kind}: {e}"));
             assert_eq!(back, read, "{kind}");
         }
+    }
+
+    /// FP8 plans of every schedule at TP 1–8 in both scale modes validate (whole operand
+    /// rows included), have the bf16 plan's DAG, and count 1 byte per gathered operand
+    /// element and 2 per partial; they survive JSON.
+    #[test]
+    fn fp8_plans_are_the_bf16_dags_with_one_byte_operands() {
+        use crate::fp8::ScaleMode;
+        for kind in ScheduleKind::ALL {
+            for tp in 1..=8 {
+                for scales in ScaleMode::ALL {
+                    let bf16 = Problem::new(16 * tp, 16 * tp, 32 * tp);
+                    let fp8 = bf16.with_fp8(scales);
+                    let plain = Plan::build(kind, bf16, tp).unwrap_or_else(|e| panic!("{e}"));
+                    let plan = Plan::build(kind, fp8, tp).unwrap_or_else(|e| panic!("{e}"));
+                    let operand_ws = kind.collective() == Collective::AllGather;
+                    assert_eq!(plan.element_bytes(BufferKind::A), 1);
+                    assert_eq!(plan.element_bytes(BufferKind::D), 2);
+                    assert_eq!(
+                        plan.element_bytes(BufferKind::Workspace),
+                        if operand_ws { 1 } else { 2 }
+                    );
+                    for (dev, old) in plan.devices.iter().zip(&plain.devices) {
+                        assert_eq!(
+                            (&dev.nodes.len(), &dev.edges),
+                            (&old.nodes.len(), &old.edges)
+                        );
+                        assert_eq!(dev.shards, old.shards);
+                        let ws = dev.workspace.elements();
+                        assert_eq!(dev.workspace_bytes, ws * if operand_ws { 1 } else { 2 });
+                        for (node, old) in dev.nodes.iter().zip(&old.nodes) {
+                            match (node, old) {
+                                (Node::PeerCopy(c), Node::PeerCopy(o)) => {
+                                    assert_eq!((c.src, c.dst), (o.src, o.dst));
+                                    let bytes = if operand_ws { c.src.len } else { o.bytes };
+                                    assert_eq!(c.bytes, bytes, "{kind} TP={tp}");
+                                }
+                                (node, old) => assert_eq!(node, old, "{kind} TP={tp}"),
+                            }
+                        }
+                    }
+                    let json = plan.to_json().unwrap_or_else(|e| panic!("{e}"));
+                    let back = Plan::from_json(&json).unwrap_or_else(|e| panic!("{e}"));
+                    assert_eq!(back, plan);
+                }
+            }
+        }
+        let fp8 = Problem::new(64, 64, 64).with_fp8(ScaleMode::Tensorwise);
+        assert!(matches!(
+            check_gpu_kernel(&fp8),
+            Err(PlanError::Fp8KernelNotBuilt { .. })
+        ));
+        assert!(check_gpu_kernel(&Problem::new(64, 64, 64)).is_ok());
+    }
+
+    /// An FP8 plan whose gathered copy starts mid-row is refused: its row-wise scales would
+    /// not follow it.
+    #[test]
+    fn an_fp8_copy_of_part_of_a_row_is_refused() {
+        let problem = Problem::new(64, 64, 64).with_fp8(crate::fp8::ScaleMode::Rowwise);
+        let mut plan = Plan::build(ScheduleKind::AllGatherRotatingA, problem, 2)
+            .unwrap_or_else(|e| panic!("{e}"));
+        for node in &mut plan.devices[0].nodes {
+            if let Node::PeerCopy(c) = node {
+                c.src.len -= 16;
+                c.dst.len -= 16;
+                c.bytes -= 16;
+            }
+        }
+        let err = plan.validate().err().map(|e| e.to_string());
+        assert!(
+            err.as_deref()
+                .is_some_and(|e| e.contains("not whole rows of 64 e4m3")),
+            "{err:?}"
+        );
     }
 
     #[test]

@@ -25,7 +25,9 @@ impl Plan {
     ///    pushed partials) from its own workspace into a peer's; in a plan of pushed partials
     ///    no GEMM reads a peer's C; a reduction's sources have its destination's shape;
     ///    a barrier arrives only at peers, and every device waits for exactly the arrivals the
-    ///    other barriers send it.
+    ///    other barriers send it; in an FP8 plan, views and regions of operand buffers cover
+    ///    whole rows ([`Plan::operand_row_elements`]), which is how row-wise scales find and
+    ///    follow their rows, and a copy moves elements of one type.
     pub fn validate(&self) -> Result<(), PlanError> {
         can_implement(self.schedule, &self.problem, self.tp)?;
         let inconsistent = |what: String| Err(PlanError::Inconsistent(what));
@@ -125,11 +127,13 @@ impl Plan {
                 "its workspace of {elements} elements is larger than 2^40"
             ));
         }
-        let bytes = elements * p.dtype.size_bytes();
+        let element_bytes = self.element_bytes(BufferKind::Workspace);
+        let bytes = elements * element_bytes;
         if dev.workspace_bytes != bytes {
             return Err(format!(
-                "workspace_bytes is {} but {elements} {} elements take {bytes}",
-                dev.workspace_bytes, p.dtype
+                "workspace_bytes is {} but {elements} elements of {element_bytes} bytes take \
+                 {bytes}",
+                dev.workspace_bytes
             ));
         }
         Ok(())
@@ -193,7 +197,14 @@ impl Plan {
     /// Equal lengths, `bytes = len · element size`; a pull writes the own device's memory, a
     /// push (only in a plan of pushed partials) reads the own workspace and writes a peer's.
     fn check_copy(&self, device: usize, c: &PeerCopyNode) -> Result<(), String> {
-        let bytes = c.src.len.checked_mul(self.problem.dtype.size_bytes());
+        let element_bytes = self.element_bytes(c.src.buffer);
+        if self.element_bytes(c.dst.buffer) != element_bytes {
+            return Err(format!(
+                "a copy of {:?} into {:?}: its buffers hold elements of different types",
+                c.src, c.dst
+            ));
+        }
+        let bytes = c.src.len.checked_mul(element_bytes);
         if c.src.len != c.dst.len || bytes != Some(c.bytes) {
             return Err(format!(
                 "a copy of {:?} into {:?} recording {} bytes: lengths must be equal and bytes = \
@@ -324,9 +335,33 @@ impl Plan {
             .ok_or_else(|| format!("device {device} does not exist"))
     }
 
+    /// In an FP8 plan, a view (offset, ld, cols) or region (offset, len) of an operand buffer
+    /// starts at a row and spans whole rows.
+    fn check_whole_rows(
+        &self,
+        device: usize,
+        buffer: BufferKind,
+        starts: usize,
+        spans: &[usize],
+    ) -> Result<(), String> {
+        let row = match (self.problem.fp8, self.operand_row_elements(device, buffer)) {
+            (Some(_), Some(row)) => row,
+            _ => return Ok(()),
+        };
+        if row == 0 || !starts.is_multiple_of(row) || spans.iter().any(|s| !s.is_multiple_of(row)) {
+            return Err(format!(
+                "it touches device {device}'s {} at element {starts} spanning {spans:?}, not \
+                 whole rows of {row} e4m3 elements (row-wise scales move with whole rows)",
+                buffer.name()
+            ));
+        }
+        Ok(())
+    }
+
     fn check_view(&self, v: &View) -> Result<(), String> {
+        self.check_whole_rows(v.device, v.buffer, v.offset, &[v.ld, v.cols])?;
         let len = self.buffer_len(v.device, v.buffer)?;
-        let align = crate::schedule::ALIGN_ELEMENTS;
+        let align = crate::schedule::align_elements(self.element_bytes(v.buffer));
         if v.end() > len || v.cols > v.ld {
             return Err(format!("view {v:?} exceeds its buffer of {len} elements"));
         }
@@ -337,6 +372,7 @@ impl Plan {
     }
 
     fn check_region(&self, r: &Region) -> Result<(), String> {
+        self.check_whole_rows(r.device, r.buffer, r.offset, &[r.len])?;
         let len = self.buffer_len(r.device, r.buffer)?;
         if r.end() > len {
             return Err(format!("region {r:?} exceeds its buffer of {len} elements"));

@@ -6,9 +6,12 @@
 //!    has at most 2^40 elements (so no index overflows);
 //! 3. TP divides the dimensions the schedule splits: M and N for all-gather, M (TilingA) or
 //!    N (TilingB) and K for reduce-scatter;
-//! 4. K is a multiple of 8: every row of A and B is 16-byte aligned;
-//! 5. every view's element offset and leading dimension is a multiple of 8 elements. Per
-//!    schedule that is one or two quantities (see [`alignment_quantities`]);
+//! 4. K is a multiple of 8 (16 for FP8's 1-byte operands): every row of A and B is 16-byte
+//!    aligned;
+//! 5. every view's element offset and leading dimension is 16-byte aligned: a multiple of 8
+//!    elements of a 2-byte type, 16 of e4m3 (A, B and the all-gathered slots of an FP8
+//!    problem; C, D and partials keep the output type). Per schedule that is one or two
+//!    quantities (see [`alignment_quantities`]);
 //! 6. reduce-scatter schedules need beta = 0: C's place in the epilogue carries the partials.
 
 use thiserror::Error;
@@ -16,8 +19,14 @@ use thiserror::Error;
 use super::{Collective, MAX_TP, ScheduleKind};
 use crate::problem::Problem;
 
-/// Elements per 16 bytes (both dtypes are 2 bytes wide).
-pub(crate) const ALIGN_ELEMENTS: usize = 8;
+/// The alignment TMA and the vectorised copies need, in bytes.
+pub(crate) const ALIGN_BYTES: usize = 16;
+
+/// Elements of `element_bytes` bytes per [`ALIGN_BYTES`]: 8 for bf16/f16, 16 for e4m3.
+#[must_use]
+pub(crate) const fn align_elements(element_bytes: usize) -> usize {
+    ALIGN_BYTES / element_bytes
+}
 
 /// Largest number of elements of one global matrix (2^40: indices stay far from overflow).
 pub(crate) const MAX_ELEMENTS: usize = 1 << 40;
@@ -74,22 +83,26 @@ pub enum ScheduleError {
         /// The schedule.
         schedule: ScheduleKind,
     },
-    /// K is not a multiple of 8.
-    #[error("K={k} is not a multiple of 8: rows of A and B must be 16-byte aligned")]
+    /// K is not a multiple of 8 (16 for FP8).
+    #[error("K={k} is not a multiple of {multiple}: rows of A and B must be 16-byte aligned")]
     KNotAligned {
         /// The K.
         k: usize,
+        /// Elements of A and B per 16 bytes (8, or 16 for FP8).
+        multiple: usize,
     },
-    /// A quantity that becomes a view offset or leading dimension is not a multiple of 8.
+    /// A quantity that becomes a view offset or leading dimension is not 16-byte aligned.
     #[error(
-        "{quantity}={value} is not a multiple of 8 for {schedule}: it is a view offset or leading \
-         dimension, which must be 16-byte aligned"
+        "{quantity}={value} is not a multiple of {multiple} for {schedule}: it is a view offset or \
+         leading dimension, which must be 16-byte aligned"
     )]
     Misaligned {
         /// E.g. "N/TP".
         quantity: &'static str,
         /// Its value.
         value: usize,
+        /// Elements of its buffer's type per 16 bytes.
+        multiple: usize,
         /// The schedule.
         schedule: ScheduleKind,
     },
@@ -116,23 +129,28 @@ fn split_dimensions(kind: ScheduleKind, p: &Problem) -> [(&'static str, usize); 
 }
 
 /// The quantities that appear as view offsets or leading dimensions beyond K (checked first),
-/// as (name, value); `tp` divides the split dimensions when this is called.
+/// as (name, value, whether it indexes A or B rather than C, D or partials); `tp` divides the
+/// split dimensions when this is called.
 ///
 /// - ag-a, ag-a-single: D is M×(N/P) with column-block leading dimension N/P;
 /// - ag-b: D column blocks start at p·N/P; ag-b-single: D (M/P×N) has leading dimension N;
 /// - rs-a, rs-a-single: A is M×(K/P) (leading dimension K/P); partials and D have ld N;
 /// - rs-b, rs-b-single: A and B have ld K/P; D blocks have ld N/P (and start at d·N/P).
-fn alignment_quantities(kind: ScheduleKind, p: &Problem, tp: usize) -> Vec<(&'static str, usize)> {
+fn alignment_quantities(
+    kind: ScheduleKind,
+    p: &Problem,
+    tp: usize,
+) -> Vec<(&'static str, usize, bool)> {
     match kind {
         ScheduleKind::AllGatherRotatingA
         | ScheduleKind::AllGatherRotatingB
-        | ScheduleKind::AllGatherSingleStageA => vec![("N/TP", p.n / tp)],
-        ScheduleKind::AllGatherSingleStageB => vec![("N", p.n)],
+        | ScheduleKind::AllGatherSingleStageA => vec![("N/TP", p.n / tp, false)],
+        ScheduleKind::AllGatherSingleStageB => vec![("N", p.n, false)],
         ScheduleKind::ReduceScatterTilingA | ScheduleKind::ReduceScatterSingleStageA => {
-            vec![("K/TP", p.k / tp), ("N", p.n)]
+            vec![("K/TP", p.k / tp, true), ("N", p.n, false)]
         }
         ScheduleKind::ReduceScatterTilingB | ScheduleKind::ReduceScatterSingleStageB => {
-            vec![("K/TP", p.k / tp), ("N/TP", p.n / tp)]
+            vec![("K/TP", p.k / tp, true), ("N/TP", p.n / tp, false)]
         }
     }
 }
@@ -174,14 +192,24 @@ pub fn can_implement(
             });
         }
     }
-    if !problem.k.is_multiple_of(ALIGN_ELEMENTS) {
-        return Err(ScheduleError::KNotAligned { k: problem.k });
+    let operand = align_elements(problem.operand_bytes());
+    if !problem.k.is_multiple_of(operand) {
+        return Err(ScheduleError::KNotAligned {
+            k: problem.k,
+            multiple: operand,
+        });
     }
-    for (quantity, value) in alignment_quantities(kind, problem, tp) {
-        if !value.is_multiple_of(ALIGN_ELEMENTS) {
+    for (quantity, value, of_operand) in alignment_quantities(kind, problem, tp) {
+        let multiple = if of_operand {
+            operand
+        } else {
+            align_elements(problem.output_bytes())
+        };
+        if !value.is_multiple_of(multiple) {
             return Err(ScheduleError::Misaligned {
                 quantity,
                 value,
+                multiple,
                 schedule: kind,
             });
         }
@@ -225,5 +253,47 @@ mod tests {
             })
         ));
         assert!(can_implement(ScheduleKind::ReduceScatterTilingA, &p, 3).is_ok());
+    }
+
+    /// FP8 operands are 1 byte: K and K/TP need multiples of 16, while N's quantities (C and
+    /// D columns) keep the output type's 8.
+    #[test]
+    fn fp8_operands_need_sixteen_element_rows() {
+        use crate::fp8::ScaleMode;
+        let fp8 = |m, n, k| Problem::new(m, n, k).with_fp8(ScaleMode::Tensorwise);
+        let err = can_implement(ScheduleKind::AllGatherRotatingA, &fp8(64, 64, 40), 2);
+        assert_eq!(
+            err.map_err(|e| e.to_string()),
+            Err("K=40 is not a multiple of 16: rows of A and B must be 16-byte aligned".into())
+        );
+        assert!(
+            can_implement(
+                ScheduleKind::AllGatherRotatingA,
+                &Problem::new(64, 64, 40),
+                2
+            )
+            .is_ok()
+        );
+        // K/TP = 24 is fine for bf16, not for e4m3.
+        assert!(
+            can_implement(
+                ScheduleKind::ReduceScatterTilingB,
+                &Problem::new(64, 32, 48),
+                2
+            )
+            .is_ok()
+        );
+        assert!(matches!(
+            can_implement(ScheduleKind::ReduceScatterTilingB, &fp8(64, 32, 48), 2),
+            Err(ScheduleError::Misaligned {
+                quantity: "K/TP",
+                value: 24,
+                multiple: 16,
+                ..
+            })
+        ));
+        // N/TP = 8 (output columns) is aligned for both.
+        assert!(can_implement(ScheduleKind::AllGatherRotatingA, &fp8(64, 16, 32), 2).is_ok());
+        assert!(can_implement(ScheduleKind::ReduceScatterTilingB, &fp8(64, 16, 64), 2).is_ok());
     }
 }

@@ -22,8 +22,8 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-pub(crate) use constraints::{ALIGN_ELEMENTS, MAX_ELEMENTS};
 pub use constraints::{MAX_DIMENSION, ScheduleError, can_implement};
+pub(crate) use constraints::{MAX_ELEMENTS, align_elements};
 pub use geometry::{
     CopyDirection, CopyStep, DeviceProgram, GemmStage, ReduceStep, RsPartials, device_program,
     device_program_with,
@@ -212,6 +212,31 @@ impl ScheduleKind {
 impl fmt::Display for ScheduleKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.full_name())
+    }
+}
+
+impl BufferKind {
+    /// Whether this buffer holds operand elements (A's or B's type) when `kind` runs: A, B,
+    /// and the workspace of an all-gather schedule (gathered slices of A or B); C, D and the
+    /// reduce-scatter workspace (partial sums) hold the output type.
+    #[must_use]
+    pub fn holds_operands(self, kind: ScheduleKind) -> bool {
+        match self {
+            BufferKind::A | BufferKind::B => true,
+            BufferKind::C | BufferKind::D => false,
+            BufferKind::Workspace => kind.collective() == Collective::AllGather,
+        }
+    }
+
+    /// Bytes of one element of this buffer when `kind` runs `problem`: the operand type's
+    /// (1 for FP8) or the output type's (see [`BufferKind::holds_operands`]).
+    #[must_use]
+    pub fn element_bytes(self, kind: ScheduleKind, problem: &crate::problem::Problem) -> usize {
+        if self.holds_operands(kind) {
+            problem.operand_bytes()
+        } else {
+            problem.output_bytes()
+        }
     }
 }
 

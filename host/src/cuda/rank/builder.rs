@@ -113,6 +113,7 @@ impl RankGemmBuilder {
     /// unless a GPU was given).
     pub fn plan(&self, tp: usize) -> Result<Plan, DistGemmError> {
         let problem = self.problem.ok_or(DistGemmError::Missing("a problem"))?;
+        crate::plan::check_gpu_kernel(&problem)?;
         let choice = self.schedule.ok_or(DistGemmError::Missing("a schedule"))?;
         if tp == 0 {
             return Err(DistGemmError::Missing("at least one rank"));
