@@ -10,9 +10,13 @@ use std::time::Duration;
 
 use distgemm::cpu::{CpuExecutor, ExecError};
 use distgemm::dtype::{Dtype, Element};
-use distgemm::plan::{FLAG_SET_VALUE, GlobalInputs, Node, Plan};
+use distgemm::fp8::{ScaleMode, Scales};
+use distgemm::plan::{FLAG_SET_VALUE, Fp8Inputs, GlobalInputs, Node, Plan};
 use distgemm::problem::Problem;
-use distgemm::reference::{CheckInputs, check, gemm_like_stage};
+use distgemm::reference::{
+    CheckInputs, EpilogueInput, ScaledCheckInputs, check, check_scaled, gemm_like_stage,
+    gemm_scaled_f32, widen,
+};
 use distgemm::schedule::{Collective, FlagRef, ScheduleKind};
 use distgemm_tests::cpu::{run_checked, shape};
 use half::{bf16, f16};
@@ -538,4 +542,152 @@ fn a_slot_reused_too_early_is_caught_with_a_late_stage() {
     }];
     let results = sequence_with_delays(plan, late, 7);
     assert!(results.iter().any(|(passed, _)| !passed), "{results:?}");
+}
+
+// FP8 (issue 24): e4m3 A and B with tensor-wise or row-wise scales, bf16/f16 output.
+
+/// Runs `kind` at `tp` on random FP8 inputs (outputs and gathered slots poisoned first) and
+/// checks every element of D with `check_scaled` (the f64 reference; roundings to the output
+/// type as for bf16: 1 for all-gather, P for the pipelined reduce-scatter, whose partials are
+/// stored in the output type at every hop, 2 for the single-stage one). All-gather must also
+/// equal, bit for bit, one device's `gemm_scaled_f32` over the global operands: with
+/// row-wise scales that shows each gathered row arrived with its own scale.
+fn check_fp8_schedule<T: Element>(
+    kind: ScheduleKind,
+    tp: usize,
+    scales: ScaleMode,
+    beta: f32,
+    seed: u64,
+) {
+    let all_gather = kind.collective() == Collective::AllGather;
+    let (m, n, k) = if all_gather {
+        (8 * tp, 8 * tp, 48)
+    } else {
+        (8 * tp, 8 * tp, 32 * tp)
+    };
+    let problem = Problem::new(m, n, k)
+        .with_dtype(T::DTYPE)
+        .with_scalars(0.75, beta)
+        .with_fp8(scales);
+    let plan = Plan::build(kind, problem, tp).unwrap_or_else(|e| panic!("{kind} TP={tp}: {e}"));
+    let mut exec = CpuExecutor::<T>::new(plan).unwrap_or_else(|e| panic!("{e}"));
+    let inputs = Fp8Inputs::<T>::random(&problem, seed);
+    let shards = exec
+        .plan()
+        .shard_fp8_inputs(&inputs)
+        .unwrap_or_else(|e| panic!("{e}"));
+    exec.load_fp8_inputs(&shards)
+        .unwrap_or_else(|e| panic!("{e}"));
+    exec.poison();
+    exec.run(2)
+        .unwrap_or_else(|e| panic!("{kind} TP={tp}: {e}"));
+    let d = exec.gathered_output().unwrap_or_else(|e| panic!("{e}"));
+    let case = format!("{kind} TP={tp} {problem}");
+    let report = check_scaled(
+        &problem,
+        kind.roundings(tp),
+        tp,
+        ScaledCheckInputs {
+            a: &inputs.a,
+            b: &inputs.b,
+            scales: &inputs.scales,
+            c: inputs.c.as_deref(),
+        },
+        &d,
+    )
+    .unwrap_or_else(|e| panic!("{case}: {e}"));
+    assert!(report.passed(), "{case}: {report:?}");
+    assert_eq!(report.elements, m * n);
+    if all_gather {
+        let c32 = inputs.c.as_deref().map(widen);
+        let epilogue = EpilogueInput {
+            alpha: 0.75,
+            beta,
+            c: c32.as_deref().map(|c| (c, n)),
+        };
+        let single: Vec<T> = gemm_scaled_f32(
+            m,
+            n,
+            k,
+            &inputs.a,
+            k,
+            &inputs.b,
+            k,
+            &inputs.scales,
+            epilogue,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let differing = d
+            .iter()
+            .zip(&single)
+            .filter(|(x, y)| x.to_bits() != y.to_bits())
+            .count();
+        assert_eq!(differing, 0, "{case}: not bit-identical to one device");
+    }
+    assert!(exec.exclusive_state().iter().all(|e| e.counter == 0));
+}
+
+/// Every schedule at TP 1–8, both scale modes, beta 0 and 1 (reduce-scatter: 0), bf16 and
+/// f16 output.
+#[test]
+fn fp8_every_schedule_at_every_tp_in_both_scale_modes() {
+    for kind in ScheduleKind::ALL {
+        for tp in 1..=8 {
+            for scales in ScaleMode::ALL {
+                let betas: &[f32] = if kind.collective() == Collective::AllGather {
+                    &[0.0, 1.0]
+                } else {
+                    &[0.0]
+                };
+                for &beta in betas {
+                    let seed = 24 * tp as u64 + u64::from(beta != 0.0);
+                    check_fp8_schedule::<bf16>(kind, tp, scales, beta, seed);
+                    check_fp8_schedule::<f16>(kind, tp, scales, beta, seed + 1);
+                }
+            }
+        }
+    }
+}
+
+/// An FP8 plan takes FP8 inputs only, with the problem's scale mode and one scale per shard
+/// row; a bf16 plan takes no FP8 inputs.
+#[test]
+fn fp8_inputs_and_plans_must_match() {
+    let problem = Problem::new(32, 32, 32).with_fp8(ScaleMode::Rowwise);
+    let plan =
+        Plan::build(ScheduleKind::AllGatherRotatingA, problem, 2).unwrap_or_else(|e| panic!("{e}"));
+    let mut exec = CpuExecutor::<bf16>::new(plan).unwrap_or_else(|e| panic!("{e}"));
+    let mut bf16_exec = executor(ScheduleKind::AllGatherRotatingA, 2);
+    let plain = GlobalInputs::<bf16>::random(&bf16_exec.plan().problem, 1);
+    let plain_shards = bf16_exec
+        .plan()
+        .shard_inputs(&plain)
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        exec.load_inputs(&plain_shards),
+        Err(ExecError::OperandMismatch {
+            plan: "e4m3",
+            inputs: "bf16"
+        })
+    );
+    let inputs = Fp8Inputs::<bf16>::random(&problem, 2);
+    let mut shards = exec
+        .plan()
+        .shard_fp8_inputs(&inputs)
+        .unwrap_or_else(|e| panic!("{e}"));
+    if let Scales::Rowwise { a, .. } = &mut shards[1].scales {
+        a.pop();
+    }
+    assert!(matches!(
+        exec.load_fp8_inputs(&shards),
+        Err(ExecError::Scales { device: 1, .. })
+    ));
+    let fp8_shards = exec
+        .plan()
+        .shard_fp8_inputs(&inputs)
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(matches!(
+        bf16_exec.load_fp8_inputs(&fp8_shards),
+        Err(ExecError::OperandMismatch { plan: "bf16", .. })
+    ));
 }

@@ -14,6 +14,12 @@
 //! and how long a kernel's prologue waited for its flags ([`crate::trace`]); without it the
 //! node loop checks one `Option` per node and reads no clock.
 //!
+//! FP8 plans ([`crate::problem::Problem::fp8`]) run the same DAGs on e4m3 A and B shards
+//! ([`CpuExecutor::load_fp8_inputs`]): copies of gathered rows move their row-wise scales with
+//! them, a stage GEMM computes as the FP8 kernel is to ([`crate::reference::gemm_scaled_f32`]:
+//! f32 accumulation, the scales on the accumulator, one rounding to the output type), and
+//! reduce-scatter partials are stored in the output type (each hop rounds once, as for bf16).
+//!
 //! Timing is modelled where the GPU lets work start early: a node after a
 //! [`EdgeKind::ProgrammaticDeferred`] edge (the pipelined all-gather's stage 0) runs at once
 //! and waits for that predecessor only before it completes, as its kernel does with its
@@ -35,7 +41,7 @@ use self::memory::{DeviceMemory, ExclusiveWorkspace};
 use self::node::Context;
 use self::wait::{WaitFailure, Waiter};
 use crate::dtype::{Dtype, Element};
-use crate::plan::{DeviceInputs, EdgeKind, Plan, SizeError};
+use crate::plan::{DeviceInputs, EdgeKind, Fp8DeviceInputs, Plan, SizeError};
 use crate::schedule::{BufferKind, FlagRef};
 use crate::trace::{Trace, TraceError, TraceSource, record::Recorder};
 
@@ -109,6 +115,27 @@ pub enum ExecError {
         /// The executor's.
         executor: Dtype,
     },
+    /// Inputs of the other kind than the plan's operands (bf16/f16 shards for an FP8 plan or
+    /// the reverse).
+    #[error("the plan's A and B are {plan} but the inputs' are {inputs}")]
+    OperandMismatch {
+        /// The plan's operand type ("e4m3", "bf16" or "f16").
+        plan: &'static str,
+        /// The inputs'.
+        inputs: &'static str,
+    },
+    /// FP8 input scales of the wrong mode or number.
+    #[error("device {device}: {source}")]
+    Scales {
+        /// The device.
+        device: usize,
+        /// What is wrong.
+        source: SizeError,
+    },
+    /// A stage GEMM's operands do not fit its shape (a plan that validation should have
+    /// refused).
+    #[error("a stage GEMM's operands: {0}")]
+    GemmOperands(#[from] SizeError),
     /// Input shards of the wrong size.
     #[error("device {device}: the {buffer:?} shard has {got} elements, the plan needs {expected}")]
     InputSize {
@@ -183,7 +210,7 @@ impl<T: Element> CpuExecutor<T> {
                 executor: T::DTYPE,
             });
         }
-        let memory = plan.devices.iter().map(DeviceMemory::new).collect();
+        let memory = (0..plan.tp).map(|d| DeviceMemory::new(&plan, d)).collect();
         let exclusive = plan
             .devices
             .iter()
@@ -244,8 +271,73 @@ impl<T: Element> CpuExecutor<T> {
         Ok(())
     }
 
+    /// The plan's operand type, for [`ExecError::OperandMismatch`].
+    fn operand_name(&self) -> &'static str {
+        match self.plan.problem.fp8 {
+            Some(_) => "e4m3",
+            None => self.plan.problem.dtype.name(),
+        }
+    }
+
+    /// Copies every device's FP8 input shards and their scales in (see
+    /// [`Plan::shard_fp8_inputs`]): one per device, with the sizes the plan gives the
+    /// device's buffers and, row-wise, one scale per row of its A and B shards.
+    pub fn load_fp8_inputs(&mut self, shards: &[Fp8DeviceInputs<T>]) -> Result<(), ExecError> {
+        let Some(fp8) = self.plan.problem.fp8 else {
+            return Err(ExecError::OperandMismatch {
+                plan: self.operand_name(),
+                inputs: "e4m3",
+            });
+        };
+        if shards.len() != self.plan.tp {
+            return Err(ExecError::ShardCount {
+                got: shards.len(),
+                expected: self.plan.tp,
+            });
+        }
+        for (dev, inputs) in self.plan.devices.iter().zip(shards) {
+            let device = dev.device;
+            let c_len = inputs.c.as_ref().map_or(0, Vec::len);
+            let given = [
+                (BufferKind::A, inputs.a.len()),
+                (BufferKind::B, inputs.b.len()),
+                (BufferKind::C, c_len),
+            ];
+            for (buffer, got) in given {
+                let expected = dev.buffer_elements(buffer);
+                if got != expected {
+                    return Err(ExecError::InputSize {
+                        device,
+                        buffer,
+                        got,
+                        expected,
+                    });
+                }
+            }
+            let scales = if inputs.scales.mode() == fp8.scales {
+                inputs.scales.validate(dev.shards.a.rows, dev.shards.b.rows)
+            } else {
+                Err(SizeError::ScaleMode {
+                    got: inputs.scales.mode(),
+                    expected: fp8.scales,
+                })
+            };
+            scales.map_err(|source| ExecError::Scales { device, source })?;
+        }
+        for (mem, inputs) in self.memory.iter().zip(shards) {
+            mem.store_fp8_inputs(inputs);
+        }
+        Ok(())
+    }
+
     /// One input shard set per device, each with the sizes the plan gives its buffers.
     fn check_inputs(&self, shards: &[DeviceInputs<T>]) -> Result<(), ExecError> {
+        if self.plan.problem.fp8.is_some() {
+            return Err(ExecError::OperandMismatch {
+                plan: "e4m3",
+                inputs: T::DTYPE.name(),
+            });
+        }
         if shards.len() != self.plan.tp {
             return Err(ExecError::ShardCount {
                 got: shards.len(),
@@ -280,6 +372,9 @@ impl<T: Element> CpuExecutor<T> {
         for mem in &mut self.memory {
             for buffer in [BufferKind::D, BufferKind::Workspace] {
                 mem.get_mut(buffer).fill(T::nan());
+            }
+            if let Some(fp8) = &mut mem.fp8 {
+                fp8.poison();
             }
         }
     }

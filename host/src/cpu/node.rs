@@ -11,11 +11,14 @@ use std::sync::atomic::{Ordering, fence};
 use std::time::Instant;
 
 use super::ExecError;
-use super::memory::{DeviceMemory, ExclusiveWorkspace, copy_region, read_view_f32, write_view};
+use super::memory::{
+    DeviceMemory, ExclusiveWorkspace, copy_region, read_view_e4m3, read_view_f32, write_view,
+};
 use super::wait::{WaitFailure, Waiter};
 use crate::dtype::Element;
+use crate::fp8::{ScaleMode, Scales};
 use crate::plan::{BarrierNode, KERNEL_SIGNAL_VALUE, Node};
-use crate::reference::{EpilogueInput, gemm_f32};
+use crate::reference::{EpilogueInput, gemm_f32, gemm_scaled_f32};
 use crate::schedule::{FlagRef, GemmStage, ReduceStep};
 use crate::trace::record::Recorder;
 
@@ -60,7 +63,7 @@ impl<T: Element> Context<'_, T> {
                     g.signals.as_slice(),
                     g.waits.as_slice(),
                 )?;
-                self.gemm(g);
+                self.gemm(g)?;
                 Ok(waited)
             }
             Node::Reduce(r) => {
@@ -152,9 +155,11 @@ impl<T: Element> Context<'_, T> {
         Ok(())
     }
 
-    fn gemm(&self, g: &GemmStage) {
-        let a = read_view_f32(self.memory, &g.a);
-        let b = read_view_f32(self.memory, &g.b);
+    /// The stage kernel's arithmetic ([`gemm_f32`]), or for e4m3 operands the FP8 stage
+    /// kernel's ([`gemm_scaled_f32`]) with the scales of the views' rows (row-wise) or the
+    /// device's tensor-wise pair. Either way one rounding to the output type, C (a partial
+    /// included) read as f32 from the output type.
+    fn gemm(&self, g: &GemmStage) -> Result<(), ExecError> {
         let c = g
             .epilogue
             .source
@@ -166,8 +171,29 @@ impl<T: Element> Context<'_, T> {
             c: c.as_ref().map(|(values, ld)| (values.as_slice(), *ld)),
         };
         let (m, n, k) = (g.shape.m, g.shape.n, g.shape.k);
-        let d: Vec<T> = gemm_f32(m, n, k, &a, g.a.cols, &b, g.b.cols, epilogue);
+        let d: Vec<T> = match (
+            read_view_e4m3(self.memory, &g.a),
+            read_view_e4m3(self.memory, &g.b),
+            &self.memory[g.d.device].fp8,
+        ) {
+            (Some((a, sa)), Some((b, sb)), Some(fp8)) => {
+                let scales = match fp8.mode {
+                    ScaleMode::Rowwise => Scales::Rowwise { a: sa, b: sb },
+                    ScaleMode::Tensorwise => {
+                        let (a, b) = fp8.tensor_scales();
+                        Scales::Tensorwise { a, b }
+                    }
+                };
+                gemm_scaled_f32(m, n, k, &a, g.a.cols, &b, g.b.cols, &scales, epilogue)?
+            }
+            _ => {
+                let a = read_view_f32(self.memory, &g.a);
+                let b = read_view_f32(self.memory, &g.b);
+                gemm_f32(m, n, k, &a, g.a.cols, &b, g.b.cols, epilogue)
+            }
+        };
         write_view(self.memory, &g.d, &d);
+        Ok(())
     }
 
     /// `dst = Σ sources` in f32, in source order, rounded once.

@@ -98,7 +98,7 @@ pub use node::{
     AwaitReleaseNode, BarrierNode, Edge, EdgeKind, FLAG_SET_VALUE, FlagSetNode,
     KERNEL_SIGNAL_VALUE, Node, PeerCopyNode,
 };
-pub use shard::{DeviceInputs, GlobalInputs, SizeError, random_normal};
+pub use shard::{DeviceInputs, Fp8DeviceInputs, Fp8Inputs, GlobalInputs, SizeError, random_normal};
 
 use crate::problem::Problem;
 pub use crate::schedule::RsPartials;
