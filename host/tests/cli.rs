@@ -724,3 +724,130 @@ fn trace_writes_the_timeline_and_the_summary() {
     let iters = "trace --schedule ag-a --tp 2 --m 64 --n 64 --k 64 --backend cpu --iters 0 --out x";
     assert_one_line_exit_2(&words(iters), &distgemm(&words(iters)), "--iters must be");
 }
+
+/// FP8 (issue 24) on the CPU executor: every schedule at TP 1, 2, 4, 8, both scale modes,
+/// bf16 and f16 output, every element within `check_scaled`'s bound; the JSON report carries
+/// the problem's `fp8` description.
+#[test]
+fn fp8_runs_check_every_schedule_on_the_cpu() {
+    for kind in ScheduleKind::ALL {
+        for tp in [1usize, 2, 4, 8] {
+            for (scales, out_dtype) in [("tensor", "bf16"), ("row", "f16")] {
+                let line = format!(
+                    "run --schedule {} --tp {tp} --m {} --n {} --k {} --dtype e4m3 --scales \
+                     {scales} --out-dtype {out_dtype} --backend cpu --check --json",
+                    kind.cli_name(),
+                    8 * tp,
+                    8 * tp,
+                    32 * tp
+                );
+                let json = succeeds(&line);
+                assert!(json.contains("\"mismatches\":0"), "{line}: {json}");
+                let fp8 = format!(
+                    r#""dtype":"{out_dtype}","alpha":1.0,"beta":0.0,"fp8":{{"scales":"{scales}"}}"#
+                );
+                assert!(json.contains(&fp8), "{line}: {json}");
+            }
+        }
+    }
+}
+
+/// The GPU paths refuse FP8 with one line and exit 2 before looking for GPUs; `auto` runs it
+/// on the CPU with a notice; FP8-only flags without e4m3, and FP8's 16-element K, are bad
+/// input.
+#[test]
+fn fp8_is_refused_by_the_gpu_paths_and_auto_runs_it_on_the_cpu() {
+    let shape = "--schedule ag-a --tp 2 --m 64 --n 64 --k 64";
+    let not_built = "the FP8 kernel is not built yet";
+    let cases = [
+        (
+            format!("run {shape} --dtype e4m3 --backend cuda"),
+            not_built,
+        ),
+        (
+            format!("run {shape} --dtype e4m3 --scales row --ranks 2"),
+            not_built,
+        ),
+        (format!("bench {shape} --dtype e4m3"), not_built),
+        (
+            "plan --schedule ag-a --tp 2 --m 64 --n 64 --k 40 --dtype e4m3".to_owned(),
+            "K=40 is not a multiple of 16",
+        ),
+        (
+            "plan --schedule rs-b --tp 2 --m 64 --n 64 --k 48 --dtype e4m3".to_owned(),
+            "K/TP=24 is not a multiple of 16",
+        ),
+        (
+            format!("plan {shape} --scales row"),
+            "--scales applies to --dtype e4m3 only",
+        ),
+        (
+            format!("plan {shape} --dtype f16 --out-dtype bf16"),
+            "--out-dtype applies to --dtype e4m3 only",
+        ),
+        (
+            format!("plan {shape} --dtype e4m3 --scales block"),
+            "invalid value 'block' for '--scales",
+        ),
+    ];
+    for (line, want) in &cases {
+        let args = words(line);
+        assert_one_line_exit_2(&args, &distgemm(&args), want);
+    }
+    // The bf16 shape K/TP = 24 is fine.
+    succeeds("plan --schedule rs-b --tp 2 --m 64 --n 64 --k 48");
+
+    let out = distgemm(&words(&format!(
+        "run {shape} --dtype e4m3 --scales row --check"
+    )));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(
+        text(&out.stderr),
+        "notice: the FP8 kernel is not built yet; running on the CPU executor (cap: 2·M·N·K ≤ \
+         4.295e9 flop)\n"
+    );
+    let stdout = text(&out.stdout);
+    assert!(
+        stdout.contains("M=64 N=64 K=64 e4m3 (row scales) -> bf16 on cpu")
+            && stdout.contains("check: passed")
+            && stdout.contains("|alpha·sa_i·sb_j|·Σ|a·b|"),
+        "{stdout}"
+    );
+}
+
+/// `plan --dtype e4m3`: the JSON plan records the FP8 problem, its all-gather copies move one
+/// byte per element and it reads back; a bf16 plan's JSON has no `fp8` key. `trace` runs FP8
+/// plans on the CPU.
+#[test]
+fn fp8_plans_and_traces() {
+    let json = succeeds(
+        "plan --schedule ag-b --tp 2 --m 64 --n 64 --k 64 --dtype e4m3 --scales row --format json",
+    );
+    let plan = Plan::from_json(&json).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        plan.problem,
+        distgemm::problem::Problem::new(64, 64, 64).with_fp8(distgemm::fp8::ScaleMode::Rowwise)
+    );
+    let copies: Vec<(usize, usize)> = plan
+        .devices
+        .iter()
+        .flat_map(|d| &d.nodes)
+        .filter_map(|n| match n {
+            Node::PeerCopy(c) => Some((c.src.len, c.bytes)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(copies, vec![(32 * 64, 32 * 64); 2]);
+    let plain = succeeds("plan --schedule ag-b --tp 2 --m 64 --n 64 --k 64 --format json");
+    assert!(!plain.contains("fp8"));
+
+    let dir = std::env::temp_dir().join(format!("distgemm-cli-fp8-trace-{}", std::process::id()));
+    let dir_arg = dir.to_string_lossy().into_owned();
+    let mut args =
+        words("trace --schedule ag-a --tp 2 --m 64 --n 64 --k 64 --dtype e4m3 --backend cpu --out");
+    args.push(&dir_arg);
+    let out = distgemm(&args);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("device 1: wall"));
+    let _ = std::fs::remove_dir_all(&dir);
+}

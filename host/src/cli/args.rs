@@ -5,6 +5,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use super::CliError;
 use crate::dtype::Dtype;
+use crate::fp8::ScaleMode;
 use crate::plan::{PlanOptions, RsPartials};
 use crate::problem::{DEFAULT_TOKENS, Preset, Problem};
 use crate::schedule::ScheduleKind;
@@ -15,6 +16,7 @@ const AFTER_HELP: &str = "\
 Examples:
   distgemm plan --schedule ag-a --tp 4 --m 64 --n 64 --k 64
   distgemm run  --schedule rs-b-single --tp 4 --m 96 --n 64 --k 64 --backend cpu --check
+  distgemm run  --schedule ag-a --tp 4 --m 256 --n 256 --k 256 --dtype e4m3 --scales row --backend cpu --check
   distgemm run  --schedule ag-a --tp 2 --preset llama3-70b-fc1 --backend cuda --check
   distgemm run  --schedule rs-a --tp 2 --m 256 --n 512 --k 384 --ranks 2 --check
   distgemm bench --schedule ag-a --tp 2 --preset llama3-70b-fc1 --auto --format json
@@ -91,15 +93,34 @@ pub(crate) struct ProblemArgs {
     /// Tokens (M) of a preset [default: 16384].
     #[arg(long)]
     pub(crate) tokens: Option<usize>,
-    /// Element type.
-    #[arg(long, default_value = "bf16")]
-    pub(crate) dtype: Dtype,
+    /// Element type of A and B (and of C and D, except for e4m3, whose output type is
+    /// --out-dtype). e4m3 runs on the CPU executor only: the FP8 kernel is not built yet.
+    #[arg(long, value_enum, default_value = "bf16")]
+    pub(crate) dtype: DtypeArg,
+    /// With --dtype e4m3: one scale per operand (tensor) or one per row of A and of B (row)
+    /// [default: tensor].
+    #[arg(long)]
+    pub(crate) scales: Option<ScaleMode>,
+    /// With --dtype e4m3: the type of C, D and the reduce-scatter partials [default: bf16].
+    #[arg(long)]
+    pub(crate) out_dtype: Option<Dtype>,
     /// How rs-a and rs-b move partial sums: read (the next stage's epilogue loads the left
     /// neighbour's partial over NVLink) or push (the left neighbour's copy engine pushes it
     /// into the device's workspace; more workspace, not yet measured). Other schedules
     /// ignore it, with a note.
     #[arg(long, value_enum, default_value = "read")]
     pub(crate) rs_partials: RsPartials,
+}
+
+/// `--dtype`: a 16-bit type for everything, or e4m3 operands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub(crate) enum DtypeArg {
+    /// bfloat16 A, B, C and D.
+    Bf16,
+    /// IEEE binary16 A, B, C and D.
+    F16,
+    /// OCP FP8 E4M3 A and B with --scales; C and D of --out-dtype.
+    E4m3,
 }
 
 /// Output format of `plan`.
@@ -283,7 +304,21 @@ impl ProblemArgs {
                 ));
             }
         };
-        Ok(problem.with_dtype(self.dtype))
+        let fp8_only = |flag: &str| {
+            Err(CliError::Usage(format!(
+                "{flag} applies to --dtype e4m3 only (bf16 and f16 have no scales and are \
+                 their own output type)"
+            )))
+        };
+        match (self.dtype, self.scales, self.out_dtype) {
+            (DtypeArg::E4m3, scales, out) => Ok(problem
+                .with_dtype(out.unwrap_or(Dtype::Bf16))
+                .with_fp8(scales.unwrap_or(ScaleMode::Tensorwise))),
+            (_, Some(_), _) => fp8_only("--scales"),
+            (_, None, Some(_)) => fp8_only("--out-dtype"),
+            (DtypeArg::Bf16, None, None) => Ok(problem.with_dtype(Dtype::Bf16)),
+            (DtypeArg::F16, None, None) => Ok(problem.with_dtype(Dtype::F16)),
+        }
     }
 }
 
@@ -320,6 +355,16 @@ impl ValueEnum for Preset {
 impl ValueEnum for Dtype {
     fn value_variants<'a>() -> &'a [Self] {
         &Dtype::ALL
+    }
+
+    fn to_possible_value(&self) -> Option<PossibleValue> {
+        Some(PossibleValue::new(self.name()))
+    }
+}
+
+impl ValueEnum for ScaleMode {
+    fn value_variants<'a>() -> &'a [Self] {
+        &ScaleMode::ALL
     }
 
     fn to_possible_value(&self) -> Option<PossibleValue> {

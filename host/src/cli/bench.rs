@@ -58,6 +58,7 @@ struct BenchReport {
 pub(super) fn bench(args: &BenchArgs, out: &mut dyn Write) -> Result<(), CliError> {
     let problem = args.problem.problem()?;
     check_counts(args)?;
+    crate::plan::check_gpu_kernel(&problem)?;
     // The shapes are checked without a GPU, so bad input is exit 2 everywhere.
     let plan = Plan::build_with(
         args.problem.schedule,

@@ -124,7 +124,10 @@ impl CliError {
     pub fn exit_code(&self) -> u8 {
         match self {
             CliError::Usage(_)
-            | CliError::Plan(PlanError::Schedule(_))
+            | CliError::Plan(PlanError::Schedule(_) | PlanError::Fp8KernelNotBuilt { .. })
+            | CliError::Cuda(crate::cuda::DistGemmError::Plan(PlanError::Fp8KernelNotBuilt {
+                ..
+            }))
             | CliError::CudaUnavailable(_)
             | CliError::TooLarge(_) => EXIT_BAD_INPUT,
             CliError::Runtime(e) | CliError::Cuda(crate::cuda::DistGemmError::Runtime(e))
@@ -340,6 +343,12 @@ mod tests {
             CliError::Exec(ExecError::Aborted).exit_code(),
             EXIT_RUN_FAILED
         );
+        let fp8 =
+            crate::problem::Problem::new(16, 16, 16).with_fp8(crate::fp8::ScaleMode::Tensorwise);
+        let not_built = || PlanError::Fp8KernelNotBuilt { problem: fp8 };
+        assert_eq!(CliError::Plan(not_built()).exit_code(), EXIT_BAD_INPUT);
+        let cuda = crate::cuda::DistGemmError::Plan(not_built());
+        assert_eq!(CliError::Cuda(cuda).exit_code(), EXIT_BAD_INPUT);
         let codes = [EXIT_OK, EXIT_RUN_FAILED, EXIT_BAD_INPUT, EXIT_CHECK_FAILED];
         assert!(
             codes

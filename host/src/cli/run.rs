@@ -14,9 +14,12 @@ use super::{CliError, check_ptx_file, cuda_devices};
 use crate::cpu::CpuExecutor;
 use crate::cuda::{DeviceArgs, DistGemm};
 use crate::dtype::{Dtype, Element};
-use crate::plan::{DeviceInputs, GlobalInputs, Plan};
+use crate::plan::{DeviceInputs, Fp8Inputs, GlobalInputs, Plan, check_gpu_kernel};
 use crate::problem::Problem;
-use crate::reference::{CheckInputs, CheckReport, check, check_sampled};
+use crate::reference::{
+    CheckInputs, CheckReport, ScaledCheckInputs, check, check_sampled, check_scaled,
+    check_scaled_sampled,
+};
 use crate::runtime::{CudaStream, DeviceBuffer, DeviceCopy, Gpu, Module};
 use crate::schedule::{BufferKind, can_implement};
 
@@ -62,6 +65,11 @@ pub(super) fn run(
         args.problem.tp,
         args.problem.plan_options(),
     )?;
+    // FP8 runs on the CPU executor only: the GPU paths refuse it before touching a GPU, and
+    // `auto` falls back to the CPU with a notice, as it does without GPUs.
+    if args.ranks.is_some() || args.backend == Backend::Cuda {
+        check_gpu_kernel(&problem)?;
+    }
     if let Ok(spec) = std::env::var(super::ranks::RANK_ENV) {
         return super::ranks::rank_main(args, &spec, out);
     }
@@ -89,6 +97,9 @@ pub(super) fn run(
                 ))
             })?;
             (Some(gpus), None)
+        }
+        Backend::Auto if problem.fp8.is_some() => {
+            (None, Some("the FP8 kernel is not built yet".to_owned()))
         }
         Backend::Auto => match cuda_devices(plan.tp) {
             Ok(gpus) => {
@@ -120,9 +131,11 @@ pub(super) fn run(
             "notice: {reason}; running on the CPU executor (cap: 2·M·N·K ≤ {CPU_FLOP_CAP:.3e} flop)"
         )?;
     }
-    match problem.dtype {
-        Dtype::Bf16 => run_typed::<half::bf16>(args, plan, out),
-        Dtype::F16 => run_typed::<half::f16>(args, plan, out),
+    match (problem.fp8, problem.dtype) {
+        (Some(_), Dtype::Bf16) => run_fp8::<half::bf16>(args, plan, out),
+        (Some(_), Dtype::F16) => run_fp8::<half::f16>(args, plan, out),
+        (None, Dtype::Bf16) => run_typed::<half::bf16>(args, plan, out),
+        (None, Dtype::F16) => run_typed::<half::f16>(args, plan, out),
     }
 }
 
@@ -230,6 +243,63 @@ fn run_typed<T: Element>(args: &RunArgs, plan: Plan, out: &mut dyn Write) -> Res
     let seconds_per_iter = start.elapsed().as_secs_f64() / args.iters as f64;
     let d = exec.gathered_output()?;
     report(args, exec.plan(), "cpu", &inputs, &d, seconds_per_iter, out)
+}
+
+/// `run --backend cpu --dtype e4m3`: random FP8 inputs ([`Fp8Inputs::random`]) sharded with
+/// their scales, `iters` runs on the CPU executor, D checked with [`check_scaled`] (every
+/// element under the CPU cap). Every run reads the same inputs: the executor's run sequence
+/// with new inputs per run is bf16/f16 only so far.
+fn run_fp8<T: Element>(args: &RunArgs, plan: Plan, out: &mut dyn Write) -> Result<(), CliError> {
+    let problem = plan.problem;
+    let inputs = Fp8Inputs::<T>::random(&problem, args.seed);
+    let shards = plan.shard_fp8_inputs(&inputs)?;
+    let mut exec = CpuExecutor::new(plan)?.with_timeout(Duration::from_millis(args.timeout_ms));
+    exec.load_fp8_inputs(&shards)?;
+    exec.poison();
+    let start = Instant::now();
+    exec.run(args.iters)?;
+    let seconds_per_iter = start.elapsed().as_secs_f64() / args.iters as f64;
+    let d = exec.gathered_output()?;
+    let plan = exec.plan();
+    let coverage = coverage(args, &problem);
+    let check_inputs = ScaledCheckInputs {
+        a: &inputs.a,
+        b: &inputs.b,
+        scales: &inputs.scales,
+        c: inputs.c.as_deref(),
+    };
+    let roundings = plan.schedule.roundings(plan.tp);
+    let report = match coverage {
+        None => None,
+        Some(Coverage::Full) => Some(check_scaled(
+            &problem,
+            roundings,
+            plan.tp,
+            check_inputs,
+            &d,
+        )?),
+        Some(Coverage::Sampled) => {
+            let indices = sample_indices(plan, RANDOM_SAMPLES, args.seed);
+            Some(check_scaled_sampled(
+                &problem,
+                roundings,
+                plan.tp,
+                check_inputs,
+                &d,
+                &indices,
+            )?)
+        }
+    };
+    print_report(args, plan, "cpu", (report, coverage), seconds_per_iter, out)
+}
+
+/// How much of D `--check` compares: all of it up to [`CPU_FLOP_CAP`], else a sample.
+fn coverage(args: &RunArgs, problem: &Problem) -> Option<Coverage> {
+    args.check.then_some(if problem.flops() <= CPU_FLOP_CAP {
+        Coverage::Full
+    } else {
+        Coverage::Sampled
+    })
 }
 
 /// `run --backend cpu --iters N --check`: every run gets new inputs (seeds `seed`, `seed + 1`,
@@ -365,11 +435,7 @@ fn report<T: Element>(
     out: &mut dyn Write,
 ) -> Result<(), CliError> {
     let problem = plan.problem;
-    let coverage = args.check.then_some(if problem.flops() <= CPU_FLOP_CAP {
-        Coverage::Full
-    } else {
-        Coverage::Sampled
-    });
+    let coverage = coverage(args, &problem);
     let check_inputs = CheckInputs {
         a: &inputs.a,
         b: &inputs.b,
@@ -391,6 +457,27 @@ fn report<T: Element>(
             )?)
         }
     };
+    print_report(
+        args,
+        plan,
+        backend,
+        (report, coverage),
+        seconds_per_iter,
+        out,
+    )
+}
+
+/// Prints the run's summary and its check (the bound's magnitude term names the scales of
+/// an FP8 problem), and turns a failed check into an error.
+fn print_report(
+    args: &RunArgs,
+    plan: &Plan,
+    backend: &'static str,
+    (report, coverage): (Option<CheckReport>, Option<Coverage>),
+    seconds_per_iter: f64,
+    out: &mut dyn Write,
+) -> Result<(), CliError> {
+    let problem = plan.problem;
     let summary = RunReport {
         schedule: plan.schedule.cli_name(),
         tp: plan.tp,
@@ -425,9 +512,13 @@ fn report<T: Element>(
                 ),
                 _ => format!("{} elements", r.elements),
             };
+            let scale = match problem.fp8 {
+                Some(_) => "|alpha·sa_i·sb_j|",
+                None => "|alpha|",
+            };
             writeln!(
                 out,
-                "check: {} — {compared}, |D − D_ref| ≤ {:.3e}·(|alpha|·Σ|a·b| + |beta·c|) + {:.1e}; worst {:.3} of the bound, max abs error {:.3e}",
+                "check: {} — {compared}, |D − D_ref| ≤ {:.3e}·({scale}·Σ|a·b| + |beta·c|) + {:.1e}; worst {:.3} of the bound, max abs error {:.3e}",
                 if r.passed() { "passed" } else { "FAILED" },
                 r.bound.relative,
                 r.bound.absolute,

@@ -11,7 +11,7 @@ use super::memory::{self, Executor};
 use super::run::CPU_FLOP_CAP;
 use crate::cpu::CpuExecutor;
 use crate::dtype::{Dtype, Element};
-use crate::plan::{GlobalInputs, Plan};
+use crate::plan::{Fp8Inputs, GlobalInputs, Plan};
 use crate::trace::{Summary, Trace};
 
 /// The files `trace` writes into `--out`.
@@ -67,12 +67,22 @@ pub(super) fn trace(args: &TraceArgs, out: &mut dyn Write) -> Result<(), CliErro
     Ok(())
 }
 
-/// `--iters` runs on the CPU executor on random inputs, traced.
+/// `--iters` runs on the CPU executor on random inputs (FP8 ones for an FP8 problem), traced.
 fn trace_cpu<T: Element>(args: &TraceArgs, plan: Plan) -> Result<Trace, CliError> {
-    let inputs = GlobalInputs::<T>::random(&plan.problem, args.seed);
-    let shards = plan.shard_inputs(&inputs)?;
-    let mut exec = CpuExecutor::new(plan)?.with_timeout(Duration::from_millis(args.timeout_ms));
-    exec.load_inputs(&shards)?;
+    let timeout = Duration::from_millis(args.timeout_ms);
+    let exec = if plan.problem.fp8.is_some() {
+        let inputs = Fp8Inputs::<T>::random(&plan.problem, args.seed);
+        let shards = plan.shard_fp8_inputs(&inputs)?;
+        let mut exec = CpuExecutor::new(plan)?.with_timeout(timeout);
+        exec.load_fp8_inputs(&shards)?;
+        exec
+    } else {
+        let inputs = GlobalInputs::<T>::random(&plan.problem, args.seed);
+        let shards = plan.shard_inputs(&inputs)?;
+        let mut exec = CpuExecutor::new(plan)?.with_timeout(timeout);
+        exec.load_inputs(&shards)?;
+        exec
+    };
     Ok(exec.run_traced(args.iters)?)
 }
 

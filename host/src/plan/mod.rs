@@ -131,8 +131,8 @@ pub enum PlanError {
     /// An FP8 problem for a GPU backend: the plans and the CPU executor run it, the e4m3
     /// stage kernel and its lowering do not exist yet (issue 24).
     #[error(
-        "{problem}: the FP8 kernel is not built yet (the CPU executor runs FP8 plans; the GPU \
-         backends run bf16 and f16)"
+        "{problem}: the FP8 kernel is not built yet; only the CPU executor runs FP8 plans (the \
+         GPU backends run bf16 and f16)"
     )]
     Fp8KernelNotBuilt {
         /// The problem.
