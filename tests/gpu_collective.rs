@@ -17,9 +17,7 @@ use distgemm::cuda::error::{decode_timeout, encode_timeout};
 use distgemm::cuda::{BarrierParams, TimeoutSite, WaitingNode};
 use distgemm::plan::ExclusiveLayout;
 use distgemm::runtime::caller_stream::upload_async;
-use distgemm::runtime::{
-    CudaStream, DeviceBuffer, Gpu, KernelArgs, LaunchConfig, Module, RawStream, launch,
-};
+use distgemm::runtime::{CudaStream, DeviceBuffer, Gpu, KernelArgs, LaunchConfig, Module, launch};
 use distgemm::schedule::FlagRef;
 use distgemm_tests::gpu::{self, visible_line};
 use kernels_gpu::collective_abi::WaitFlagsParams;
@@ -259,7 +257,7 @@ fn the_release_wait_passes_times_out_or_skips_when_poisoned() {
             &pair.gpu,
             wait.flags[0],
             &set,
-            RawStream::of(&pair.streams[1]),
+            gpu::raw_stream(&pair.streams[1]),
         )
     }
     .expect("set the release flag");
@@ -296,7 +294,7 @@ fn the_release_wait_passes_times_out_or_skips_when_poisoned() {
             &pair.gpu,
             wait.flags[0],
             &reset,
-            RawStream::of(&pair.streams[0]),
+            gpu::raw_stream(&pair.streams[0]),
         )
     }
     .expect("reset");

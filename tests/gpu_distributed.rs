@@ -30,7 +30,7 @@ use distgemm::problem::Problem;
 use distgemm::reference::{CheckInputs, check};
 use distgemm::runtime::caller_stream::copy_device_async;
 use distgemm::runtime::stream::DependencyKind;
-use distgemm::runtime::{CudaStream, DeviceBuffer, DeviceCopy, Gpu, Module, RawStream};
+use distgemm::runtime::{CudaStream, DeviceBuffer, DeviceCopy, Gpu, Module};
 use distgemm::schedule::{BufferKind, Collective, FlagRef, ScheduleKind};
 use distgemm_tests::gpu::{self, visible_line};
 use std::sync::Arc;
@@ -418,7 +418,7 @@ fn a_thousand_runs_of_one_graph() {
         let mut dist = s.dist();
         let streams = dist.streams();
         let copy = |rank: usize, dst: u64, src: u64, bytes: usize| {
-            let stream = RawStream::of(&streams[rank]);
+            let stream = gpu::raw_stream(&streams[rank]);
             // SAFETY: both buffers live until the end of this iteration, after `wait`; the
             // copy is ordered behind the rank's previous run on its own stream.
             unsafe { copy_device_async(&session.gpus[rank], dst, src, bytes, stream) }

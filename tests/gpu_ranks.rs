@@ -31,7 +31,7 @@ use distgemm::gemm::{GemmArgs, GemmKernel, MatrixView};
 use distgemm::plan::Plan;
 use distgemm::problem::{Preset, Problem};
 use distgemm::reference::ErrorBound;
-use distgemm::runtime::{CudaStream, DeviceBuffer, DeviceCopy, Gpu, Module, RawStream};
+use distgemm::runtime::{CudaStream, DeviceBuffer, DeviceCopy, Gpu, Module};
 use distgemm::schedule::{Block, BufferKind, Collective, RsPartials, ScheduleKind};
 use distgemm_tests::gpu::{self, visible_line};
 use half::{bf16, f16};
@@ -401,7 +401,7 @@ fn build_with(
 fn run_once(r: &Rank, dg: &mut RankGemm, args: RankArgs) {
     // SAFETY: the shards are live allocations of the plan's sizes on this GPU, and stay
     // untouched until the synchronisation below.
-    unsafe { dg.launch_raw(RawStream::of(&r.stream), args) }.expect("launch");
+    unsafe { dg.launch_raw(gpu::raw_stream(&r.stream), args) }.expect("launch");
     dg.synchronize().expect("run");
 }
 
@@ -496,7 +496,7 @@ fn repeat(r: &Rank) {
             shards[0].d.fill_bytes(&r.stream, 0xFF).expect("poison");
             // SAFETY: as in `run_once`; the overwrite below is ordered after the launch on the
             // same stream, which is what the contract allows.
-            unsafe { dg.launch_raw(RawStream::of(&r.stream), shards[0].args()) }.expect("launch");
+            unsafe { dg.launch_raw(gpu::raw_stream(&r.stream), shards[0].args()) }.expect("launch");
             shards[0]
                 .a
                 .fill_bytes(&r.stream, 0x3C)
@@ -517,7 +517,7 @@ fn repeat(r: &Rank) {
                         slot.ptr,
                         args.a,
                         slot.bytes,
-                        RawStream::of(&r.stream),
+                        gpu::raw_stream(&r.stream),
                     )
                 }
                 .expect("fill the slot");
@@ -525,7 +525,7 @@ fn repeat(r: &Rank) {
                 shards[0].d.fill_bytes(&r.stream, 0xFF).expect("poison");
                 // SAFETY: as above; the slot is overwritten only after the launch, in stream
                 // order, which the end-of-run release makes safe.
-                unsafe { dg.launch_raw(RawStream::of(&r.stream), args) }.expect("launch");
+                unsafe { dg.launch_raw(gpu::raw_stream(&r.stream), args) }.expect("launch");
                 // SAFETY: as above.
                 unsafe {
                     distgemm::runtime::caller_stream::copy_device_async(
@@ -533,7 +533,7 @@ fn repeat(r: &Rank) {
                         slot.ptr,
                         shards[1].a.device_ptr(),
                         slot.bytes,
-                        RawStream::of(&r.stream),
+                        gpu::raw_stream(&r.stream),
                     )
                 }
                 .expect("overwrite the slot");
@@ -557,7 +557,7 @@ fn killed(r: &Rank) {
     let shards = upload::<bf16>(r, &plan, 5);
     let start = Instant::now();
     // SAFETY: as in `run_once`.
-    unsafe { dg.launch_raw(RawStream::of(&r.stream), shards.args()) }.expect("launch");
+    unsafe { dg.launch_raw(gpu::raw_stream(&r.stream), shards.args()) }.expect("launch");
     let err = dg.synchronize().expect_err("the peer is gone");
     let elapsed = start.elapsed();
     let text = err.to_string();
@@ -568,7 +568,7 @@ fn killed(r: &Rank) {
     assert!(text.contains("barrier"), "{text}");
     assert!(elapsed < TIMEOUT * 3, "took {elapsed:?}");
     assert!(matches!(
-        unsafe { dg.launch_raw(RawStream::of(&r.stream), shards.args()) },
+        unsafe { dg.launch_raw(gpu::raw_stream(&r.stream), shards.args()) },
         Err(DistGemmError::Poisoned(_))
     ));
     let closed = dg.close();
@@ -636,7 +636,7 @@ fn host_cost(r: &Rank) {
         let build_ms = build_start.elapsed().as_secs_f64() * 1e3;
         let plan = dg.plan().clone();
         let sets: Vec<Shards<bf16>> = (0..2).map(|s| upload(r, &plan, 40 + s)).collect();
-        let stream = RawStream::of(&r.stream);
+        let stream = gpu::raw_stream(&r.stream);
         let slot = dg.input_slot();
         let mut median_us = |label: &str, args: &dyn Fn(usize) -> RankArgs| {
             let mut times = Vec::with_capacity(200);

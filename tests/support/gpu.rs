@@ -128,3 +128,12 @@ pub fn peer_hopper_gpus(test: &str, count: usize) -> Option<PeerGpuSession> {
     }
     Some(PeerGpuSession { gpus, _lock: lock })
 }
+
+/// The raw handle of a test's stream, for the APIs that take a caller's stream.
+///
+/// Sound as the tests use it: every caller keeps `stream` (an `Arc` it owns) alive until it
+/// has synchronised the work it enqueued through the handle.
+pub fn raw_stream(stream: &distgemm::runtime::CudaStream) -> distgemm::runtime::RawStream {
+    // SAFETY: a live stream of this process's primary context (the caller keeps it alive).
+    unsafe { distgemm::runtime::RawStream::from_raw(stream.cu_stream() as u64) }
+}

@@ -40,6 +40,7 @@ use crate::dtype::Dtype;
 use crate::gemm::check;
 use crate::plan::{Plan, PlanOptions, RsPartials};
 use crate::problem::Problem;
+#[cfg(feature = "testing")]
 use crate::runtime::stream::GraphTopology;
 use crate::runtime::{CudaStream, DeviceBuffer, Gpu, Module, RawStream, RuntimeError};
 #[cfg(feature = "testing")]
@@ -477,6 +478,7 @@ impl<'a> DistGemm<'a> {
         self.options.timeout
     }
 
+    #[cfg(feature = "testing")]
     fn graph(&self, rank: usize) -> Result<&DeviceGraph, DistGemmError> {
         self.graphs.get(rank).ok_or(DistGemmError::NoSuchDevice {
             device: rank,
@@ -484,13 +486,9 @@ impl<'a> DistGemm<'a> {
         })
     }
 
-    /// Device `rank`'s graph as lowered data (node i = plan node i).
-    pub fn lowered(&self, rank: usize) -> Result<&LoweredGraph, DistGemmError> {
-        Ok(self.graph(rank)?.lowered())
-    }
-
     /// Device `rank`'s graph as the driver sees it (node indices in creation order = plan
-    /// order).
+    /// order), for tests that compare it with the plan.
+    #[cfg(feature = "testing")]
     pub fn graph_topology(&self, rank: usize) -> Result<GraphTopology, DistGemmError> {
         Ok(self.graph(rank)?.graph().topology()?)
     }
@@ -518,9 +516,10 @@ impl<'a> DistGemm<'a> {
     }
 
     /// Launches one run on every device on the caller's streams (`streams[d]` for device d),
-    /// behind the caller's earlier work on them and with no host synchronisation;
-    /// [`DistGemm::wait`] then waits for those streams. Every later run and pointer update
-    /// waits for them too.
+    /// behind the caller's earlier work on them; [`DistGemm::wait`] then waits for those
+    /// streams. A device's runs stay in order: when its stream differs from its last run's,
+    /// the host first waits for the last run's stream (queue runs on one stream per device to
+    /// avoid that wait).
     ///
     /// # Safety
     /// Each stream must be a live stream of its device's GPU (primary context) or the legacy
@@ -586,10 +585,12 @@ impl<'a> DistGemm<'a> {
     /// [`DistGemmError::Timeout`] (the first device's, by rank), and poisons the instance.
     pub fn wait(&mut self) -> Result<(), DistGemmError> {
         let mut first: Option<DistGemmError> = None;
-        for (rank, stream) in self.ranks.iter().zip(&self.launch_streams) {
+        for (rank, stream) in self.ranks.iter().zip(&mut self.launch_streams) {
             if let Err(e) = stream.synchronize(&rank.kernels.gpu) {
                 first.get_or_insert(e.into());
             }
+            // A caller's stream is promised alive only until here (`run_on`).
+            *stream = RawStream::of(&rank.stream);
         }
         self.in_flight = false;
         if let Some(e) = first {

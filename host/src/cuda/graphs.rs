@@ -107,6 +107,8 @@ type KernelLaunch = (Kernel, LaunchConfig, KernelArgs, Option<PreparedGemm>);
 /// A device's instantiated graph and what its nodes were built from.
 pub(crate) struct DeviceGraph {
     exec: GraphExec,
+    /// The graph the instance came from, kept for tests that read its topology.
+    #[cfg(feature = "testing")]
     graph: Graph,
     nodes: Vec<GraphNode>,
     lowered: LoweredGraph,
@@ -246,6 +248,7 @@ impl DeviceGraph {
         crate::runtime::stream::synchronize(setup)?;
         Ok(DeviceGraph {
             exec,
+            #[cfg(feature = "testing")]
             graph,
             nodes,
             lowered,
@@ -254,12 +257,8 @@ impl DeviceGraph {
         })
     }
 
-    /// The graph as lowered data.
-    pub(crate) fn lowered(&self) -> &LoweredGraph {
-        &self.lowered
-    }
-
-    /// The graph as built.
+    /// The graph the instance came from.
+    #[cfg(feature = "testing")]
     pub(crate) fn graph(&self) -> &Graph {
         &self.graph
     }

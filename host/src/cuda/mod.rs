@@ -47,7 +47,6 @@ pub use kernels_gpu::collective_abi::BarrierParams;
 pub use kernels_gpu::collective_abi::{REDUCE_SMEM_BYTES, REDUCE_THREADS, ReduceParams};
 #[cfg(feature = "diagnostics")]
 pub use lower::TimingDiagnostics;
-pub use lower::{LoweredEdge, LoweredGraph, LoweredNode};
 pub use rank::{
     InputSlot, LocalRendezvous, RankArgs, RankGemm, RankGemmBuilder, Rendezvous, RendezvousError,
 };

@@ -31,9 +31,12 @@ impl RawStream {
         RawStream(handle as sys::CUstream)
     }
 
-    /// The handle of a cudarc stream (alive as long as `stream` is).
+    /// The handle of a cudarc stream. Crate-private: the value has no lifetime, so only code
+    /// that keeps `stream` alive while the value is used may make one (distgemm's own
+    /// streams, held in an `Arc` by the instance that uses the handle). Outside the crate,
+    /// [`RawStream::from_raw`] states that contract.
     #[must_use]
-    pub fn of(stream: &CudaStream) -> RawStream {
+    pub(crate) fn of(stream: &CudaStream) -> RawStream {
         RawStream(stream.cu_stream())
     }
 

@@ -67,7 +67,6 @@ const REQUIRED_DRIVER_SYMBOLS: &[&str] = &[
     "cuGraphKernelNodeSetAttribute",
     "cuGraphAddMemcpyNode",
     "cuGraphAddBatchMemOpNode",
-    "cuGraphExecBatchMemOpNodeSetParams",
     "cuGraphAddDependencies_v2",
     "cuGraphExecKernelNodeSetParams_v2",
     "cuGraphExecMemcpyNodeSetParams",

@@ -495,30 +495,6 @@ impl GraphExec {
     }
 }
 
-impl GraphExec {
-    /// Replaces the address and value of write-value node `node` (made by
-    /// [`Graph::add_write_value_node`]) in this instance (`cuGraphExecBatchMemOpNodeSetParams`);
-    /// the same timing rule as for kernel nodes.
-    ///
-    /// # Safety
-    /// As for [`Graph::add_write_value_node`].
-    pub unsafe fn set_write_value_node_params(
-        &mut self,
-        node: GraphNode,
-        dst: u64,
-        value: u32,
-    ) -> Result<()> {
-        let mut op = write_value_op(dst, value);
-        let params = batch_mem_op_params(&self.gpu, &mut op);
-        self.gpu.bind()?;
-        // SAFETY: `node` belongs to the graph this instance came from; `params` and the
-        // operation live across the call.
-        unsafe { sys::cuGraphExecBatchMemOpNodeSetParams(self.raw, node.0, &params) }
-            .result()
-            .map_err(RuntimeError::driver("cuGraphExecBatchMemOpNodeSetParams"))
-    }
-}
-
 impl Drop for GraphExec {
     /// `cuGraphExecDestroy`; errors are recorded in the cudarc context.
     fn drop(&mut self) {

@@ -189,12 +189,19 @@ impl RankGemmBuilder {
             Ok(()) => String::new(),
             Err(e) => e.to_string(),
         };
-        let statuses = rendezvous.all_gather(status.as_bytes())?;
+        // From here on peers may hold mappings of this rank's memory: a rendezvous that fails
+        // (it may have succeeded on other ranks, which then run) leaves it allocated.
+        let statuses = match rendezvous.all_gather(status.as_bytes()) {
+            Ok(statuses) => statuses,
+            Err(e) => return Err(local.abandon(e.into())),
+        };
         if let Some((r, why)) = statuses.iter().enumerate().find(|(_, s)| !s.is_empty()) {
             // Every rank unmaps its peers before anyone frees what was mapped.
             local.graph = None;
             local.peers.clear();
-            rendezvous.all_gather(b"unmapped")?;
+            if let Err(e) = rendezvous.all_gather(b"unmapped") {
+                return Err(local.abandon(e.into()));
+            }
             connected?;
             return Err(DistGemmError::Group(format!(
                 "rank {r} failed to connect: {}",
@@ -264,12 +271,15 @@ impl RankGemmBuilder {
                 .map(|d| gathered.map_or(0, |k| d.buffer_elements(k).saturating_mul(elem)))
                 .collect(),
         };
+        let (done, status) = (StreamEvent::new(&gpu)?, PinnedWord::new(&gpu)?);
         Ok(Local {
             gpu,
             rank,
             plan,
             kernels,
             setup,
+            done,
+            status,
             workspace,
             exclusive,
             input,
@@ -301,6 +311,9 @@ struct Local {
     plan: Plan,
     kernels: DeviceKernels,
     setup: Arc<CudaStream>,
+    /// Created before the exchange, so that nothing after it can fail on one rank alone.
+    done: StreamEvent,
+    status: PinnedWord,
     workspace: DeviceBuffer<u8>,
     exclusive: DeviceBuffer<u32>,
     input: Option<DeviceBuffer<u8>>,
@@ -465,13 +478,30 @@ impl Local {
         Ok(())
     }
 
+    /// Gives up after a failed rendezvous: unmaps the peers and leaks this rank's exported
+    /// memory (a peer may map it, or run on it), returning `e`.
+    fn abandon(self, e: DistGemmError) -> DistGemmError {
+        let Local {
+            graph,
+            peers,
+            workspace,
+            exclusive,
+            input,
+            ..
+        } = self;
+        drop(graph);
+        drop(peers);
+        std::mem::forget((workspace, exclusive, input));
+        e
+    }
+
     fn into_rank_gemm(self, rendezvous: Arc<dyn Rendezvous>) -> Result<RankGemm, DistGemmError> {
         let graph = self
             .graph
             .ok_or_else(|| DistGemmError::Internal("connected without a graph".into()))?;
         Ok(RankGemm {
-            done: StreamEvent::new(&self.gpu)?,
-            status: PinnedWord::new(&self.gpu)?,
+            done: self.done,
+            status: self.status,
             graph: Some(graph),
             peers: self.peers,
             ordinals: self.ordinals,
@@ -481,13 +511,11 @@ impl Local {
                 input: self.input,
             },
             kernels: self.kernels,
-            _setup: self.setup,
             gpu: self.gpu,
             rank: self.rank,
             plan: self.plan,
             options: self.options,
             launched_with: None,
-            last_stream: None,
             launches: 0,
             poisoned: Poison::default(),
             rendezvous: Some(rendezvous),

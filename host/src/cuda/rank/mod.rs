@@ -78,7 +78,7 @@ use super::graphs::{DeviceGraph, DeviceKernels, Poison};
 use super::lower::{LowerOptions, lower_device};
 use crate::plan::Plan;
 use crate::runtime::caller_stream::copy_device_async;
-use crate::runtime::{CudaStream, DeviceBuffer, Gpu, PinnedWord, RawStream, StreamEvent};
+use crate::runtime::{DeviceBuffer, Gpu, PinnedWord, RawStream, StreamEvent};
 use crate::schedule::{BufferKind, ScheduleKind};
 
 /// A distgemm-owned, peer-visible buffer of the operand an all-gather schedule gathers: write
@@ -136,14 +136,12 @@ pub struct RankGemm {
     done: StreamEvent,
     status: PinnedWord,
     kernels: DeviceKernels,
-    _setup: Arc<CudaStream>,
     gpu: Gpu,
     rank: usize,
     plan: Plan,
     options: LowerOptions,
     /// The arguments of the last launch (None before the first).
     launched_with: Option<RankArgs>,
-    last_stream: Option<RawStream>,
     launches: u64,
     poisoned: Poison,
     rendezvous: Option<Arc<dyn Rendezvous>>,
@@ -298,11 +296,13 @@ impl RankGemm {
     ) -> Result<(), DistGemmError> {
         self.check_errors()?;
         self.validate(&args)?;
-        if let Some(last) = self.last_stream
-            && last != stream
-        {
-            self.done.order_before(stream)?;
+        if self.graph.is_none() {
+            return Err(DistGemmError::Poisoned("the instance was closed".into()));
         }
+        // Everything below is ordered after the last launch, whatever stream that was on (a
+        // stream handle can be destroyed and handed out again, so handles are not compared);
+        // on the same stream this is a no-op for the GPU.
+        self.done.order_before(stream)?;
         let result = self.enqueue(stream, args);
         if let Err(e) = result {
             return Err(self.poisoned.record(e));
@@ -312,9 +312,6 @@ impl RankGemm {
     }
 
     fn enqueue(&mut self, stream: RawStream, args: RankArgs) -> Result<(), DistGemmError> {
-        if self.graph.is_none() {
-            return Err(DistGemmError::Poisoned("the instance was closed".into()));
-        }
         if let (Some(slot), Some(input)) = (self.input_slot(), &self.memory.input) {
             let src = match slot.kind {
                 BufferKind::A => args.a,
@@ -350,10 +347,11 @@ impl RankGemm {
         let error_word =
             self.memory.exclusive.device_ptr() + self.plan.exclusive.error_offset as u64;
         // SAFETY: the error word is ours; `status` lives as long as `done`, recorded below.
-        unsafe { self.status.copy_from_device_async(error_word, stream)? };
+        let copied = unsafe { self.status.copy_from_device_async(error_word, stream) };
+        // Recorded even if the copy failed: teardown waits on `done`, so it must cover every
+        // graph launch that reached the stream.
         self.done.record(stream)?;
-        self.last_stream = Some(stream);
-        Ok(())
+        Ok(copied?)
     }
 
     /// Collective teardown (what drop does), returning the rendezvous's error if a peer is

@@ -314,11 +314,12 @@ impl Rendezvous for LocalRendezvous {
     }
 
     fn all_gather(&self, mine: &[u8]) -> Result<Vec<Vec<u8>>, RendezvousError> {
-        let sequence = self.sequence.fetch_add(1, Ordering::SeqCst) + 1;
         let mut links = self
             .links
             .lock()
             .map_err(|_| RendezvousError::new("a previous exchange panicked"))?;
+        // Numbered under the lock, so concurrent callers send in the order they number.
+        let sequence = self.sequence.fetch_add(1, Ordering::SeqCst) + 1;
         match &mut *links {
             Links::Alone => Ok(vec![mine.to_vec()]),
             Links::Leaf(stream) => {
