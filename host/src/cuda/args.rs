@@ -151,14 +151,52 @@ pub(crate) fn validate_device_args(
                 dev.buffer_elements(kind)
             )));
         }
-        if b.ptr == 0 || !b.ptr.is_multiple_of(16) {
-            return Err(bad(format!(
-                "address {:#x} is not a 16-byte-aligned allocation",
-                b.ptr
-            )));
+        if let Some(why) = address_problem(b.ptr) {
+            return Err(bad(why));
         }
     }
+    let sized = |kind: BufferKind, b: &BufferRef<'_>| {
+        (
+            kind.name(),
+            b.ptr,
+            dev.buffer_elements(kind).saturating_mul(elem),
+        )
+    };
+    let d = sized(BufferKind::D, &args.d);
+    let mut inputs = vec![sized(BufferKind::A, &args.a), sized(BufferKind::B, &args.b)];
+    if let (true, Some(c)) = (needs_c, &args.c) {
+        inputs.push(sized(BufferKind::C, c));
+    }
+    if let Some(other) = output_overlap((d.1, d.2), &inputs) {
+        return Err(DistGemmError::BadBuffer {
+            device,
+            buffer: BufferKind::D,
+            reason: format!("it overlaps the {other} shard; D must be separate memory"),
+        });
+    }
     Ok(())
+}
+
+/// Why `ptr` cannot be an operand's device address, if it cannot: null, or not 16-byte aligned
+/// (TMA moves 16-byte units and its tensor maps need 16-byte-aligned bases).
+pub(crate) fn address_problem(ptr: u64) -> Option<String> {
+    (ptr == 0 || !ptr.is_multiple_of(16))
+        .then(|| format!("address {ptr:#x} is not a 16-byte-aligned device address"))
+}
+
+/// The name of the first of `inputs` (name, address, bytes) whose bytes overlap the output
+/// `d` (address, bytes): D is written while they are read, so they must be disjoint.
+pub(crate) fn output_overlap<'n>(
+    d: (u64, usize),
+    inputs: &[(&'n str, u64, usize)],
+) -> Option<&'n str> {
+    let end = |start: u64, bytes: usize| start.saturating_add(bytes as u64);
+    inputs
+        .iter()
+        .find(|(_, ptr, bytes)| {
+            *bytes > 0 && d.1 > 0 && *ptr < end(d.0, d.1) && d.0 < end(*ptr, *bytes)
+        })
+        .map(|(name, ..)| *name)
 }
 
 /// [`validate_device_args`] for every device (`ordinals[d]` = rank d's GPU).
@@ -177,4 +215,26 @@ pub(crate) fn validate_args(
         validate_device_args(plan, d, ordinal, a)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_must_be_non_null_and_16_byte_aligned() {
+        assert!(address_problem(0).is_some());
+        assert!(address_problem(0x1008).is_some());
+        assert!(address_problem(0x1010).is_none());
+    }
+
+    #[test]
+    fn an_output_may_touch_but_not_overlap_its_inputs() {
+        let inputs = [("A", 0x1000, 0x100), ("B", 0x2000, 0x100)];
+        assert_eq!(output_overlap((0x1100, 0x100), &inputs), None);
+        assert_eq!(output_overlap((0x0f00, 0x100), &inputs), None);
+        assert_eq!(output_overlap((0x10f0, 0x20), &inputs), Some("A"));
+        assert_eq!(output_overlap((0x1f00, 0x200), &inputs), Some("B"));
+        assert_eq!(output_overlap((0x1000, 0), &inputs), None);
+    }
 }

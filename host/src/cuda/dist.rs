@@ -42,7 +42,9 @@ use crate::plan::{Plan, PlanOptions, RsPartials};
 use crate::problem::Problem;
 #[cfg(feature = "testing")]
 use crate::runtime::stream::GraphTopology;
-use crate::runtime::{CudaStream, DeviceBuffer, Gpu, Module, RawStream, RuntimeError};
+use crate::runtime::{
+    CudaStream, DeviceBuffer, Gpu, Module, RawStream, RuntimeError, require_peer_link,
+};
 #[cfg(feature = "testing")]
 use crate::schedule::FlagRef;
 use crate::schedule::ScheduleKind;
@@ -400,20 +402,7 @@ fn validate_devices(gpus: &[Gpu], share: bool) -> Result<(), DistGemmError> {
                 continue;
             }
             for (from, to) in [(a, b), (b, a)] {
-                if !from.can_access_peer(to)? {
-                    return Err(RuntimeError::NoPeerAccess {
-                        from: from.ordinal(),
-                        to: to.ordinal(),
-                    }
-                    .into());
-                }
-                if !from.native_atomics_with(to)? {
-                    return Err(RuntimeError::NoPeerAtomics {
-                        from: from.ordinal(),
-                        to: to.ordinal(),
-                    }
-                    .into());
-                }
+                require_peer_link(from.ordinal(), to.ordinal())?;
             }
             crate::runtime::enable_peer_access_between(a, b)?;
         }

@@ -341,19 +341,6 @@ impl Gpu {
         Ok(can != 0)
     }
 
-    /// Whether this GPU's atomics on `peer`'s memory are performed natively over the link
-    /// (`CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED`, see [`peer_support`]); always true for
-    /// the same GPU. The cross-GPU flags and the barrier counter use system-scope atomics
-    /// (`red`, `atom`) on peers' memory: without native support they are not atomic (PCIe
-    /// peers, e.g. boards outside one NVLink bridge domain), so distributed runs refuse such
-    /// pairs ([`RuntimeError::NoPeerAtomics`]).
-    pub fn native_atomics_with(&self, peer: &Gpu) -> Result<bool> {
-        if self.ordinal() == peer.ordinal() {
-            return Ok(true);
-        }
-        Ok(peer_support(self.ordinal(), peer.ordinal())?.native_atomics)
-    }
-
     /// Lets kernels and copies in this GPU's context access `peer`'s `cuMemAlloc` memory
     /// (`cuCtxEnablePeerAccess(peer_ctx)` with this context current). One direction only; see
     /// [`enable_peer_access_between`]. Enabling twice is not an error. Peer access covers
@@ -440,6 +427,20 @@ pub fn peer_support(from: usize, to: usize) -> Result<PeerSupport> {
             sys::CUdevice_P2PAttribute::CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED,
         )?,
     })
+}
+
+/// Checks that GPU `from` can use GPU `to`'s memory the way distgemm's cross-GPU protocol
+/// does: loads, stores and copies ([`RuntimeError::NoPeerAccess`] otherwise) and native
+/// atomics for the flags and the barrier counter ([`RuntimeError::NoPeerAtomics`]).
+pub fn require_peer_link(from: usize, to: usize) -> Result<()> {
+    let support = peer_support(from, to)?;
+    if !support.access {
+        return Err(RuntimeError::NoPeerAccess { from, to });
+    }
+    if !support.native_atomics {
+        return Err(RuntimeError::NoPeerAtomics { from, to });
+    }
+    Ok(())
 }
 
 /// The driver's handle of GPU `ordinal`, after checking the driver and the ordinal.

@@ -36,7 +36,7 @@ pub use caller_stream::{PinnedWord, RawStream, StreamEvent};
 pub use cudarc::driver::{CudaContext, CudaEvent, CudaGraph, CudaStream};
 pub use device::{
     DriverVersion, Gpu, PeerSupport, device_uuid, driver_version, enable_peer_access_between,
-    hopper_gpus, peer_support,
+    hopper_gpus, peer_support, require_peer_link,
 };
 pub use error::{MIN_DRIVER_API_VERSION, Result, RuntimeError};
 pub use graph::{Graph, GraphExec, GraphNode};

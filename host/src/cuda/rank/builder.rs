@@ -18,7 +18,7 @@ use crate::plan::{Plan, PlanOptions, RsPartials};
 use crate::problem::Problem;
 use crate::runtime::{
     CudaStream, DeviceBuffer, Gpu, IpcHandle, IpcMapping, Module, PinnedWord, RuntimeError,
-    StreamEvent, device_uuid, peer_support,
+    StreamEvent, device_uuid, require_peer_link,
 };
 use crate::schedule::{BufferKind, ScheduleKind};
 
@@ -421,21 +421,7 @@ impl Local {
                         hello.gpu_uuid, self.rank
                     )));
                 };
-                let support = peer_support(self.gpu.ordinal(), ordinal)?;
-                if !support.access {
-                    return Err(RuntimeError::NoPeerAccess {
-                        from: self.gpu.ordinal(),
-                        to: ordinal,
-                    }
-                    .into());
-                }
-                if !support.native_atomics {
-                    return Err(RuntimeError::NoPeerAtomics {
-                        from: self.gpu.ordinal(),
-                        to: ordinal,
-                    }
-                    .into());
-                }
+                require_peer_link(self.gpu.ordinal(), ordinal)?;
                 self.ordinals.push(ordinal);
             }
             let Ok(exports) = &hello.exports else {

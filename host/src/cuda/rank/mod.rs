@@ -72,6 +72,7 @@ pub use rendezvous::{LocalRendezvous, MAX_FRAME_BYTES, Rendezvous, RendezvousErr
 use self::builder::{OwnAddresses, PeerMemory, rank_addresses};
 
 use self::handshake::gathered_operand;
+use super::args::{address_problem, output_overlap};
 use super::dist::{check_gemms, error_of};
 use super::error::DistGemmError;
 use super::graphs::{DeviceGraph, DeviceKernels, Poison};
@@ -258,21 +259,35 @@ impl RankGemm {
             rank: self.rank,
             reason,
         };
-        let mut operands = vec![("A", args.a), ("B", args.b), ("D", args.d)];
+        let bytes = |kind: BufferKind| {
+            let (rows, cols) = self.shard_shape(kind);
+            rows.saturating_mul(cols)
+                .saturating_mul(self.plan.problem.dtype.size_bytes())
+        };
+        let mut inputs = vec![
+            ("A", args.a, bytes(BufferKind::A)),
+            ("B", args.b, bytes(BufferKind::B)),
+        ];
         if self.plan.problem.has_c() {
-            operands.push(("C", args.c));
+            inputs.push(("C", args.c, bytes(BufferKind::C)));
         } else if args.c != 0 {
             return Err(bad(format!(
                 "a C operand was given but beta = {} (C is not read)",
                 self.plan.problem.beta
             )));
         }
-        for (name, ptr) in operands {
-            if ptr == 0 || !ptr.is_multiple_of(16) {
-                return Err(bad(format!(
-                    "operand {name} at {ptr:#x} is not a 16-byte-aligned device address"
-                )));
+        for (name, ptr, _) in inputs.iter().chain([&("D", args.d, 0)]) {
+            if let Some(why) = address_problem(*ptr) {
+                return Err(bad(format!("operand {name}: {why}")));
             }
+        }
+        if let Some(slot) = self.input_slot() {
+            inputs.push(("input slot", slot.ptr, slot.bytes));
+        }
+        if let Some(other) = output_overlap((args.d, bytes(BufferKind::D)), &inputs) {
+            return Err(bad(format!(
+                "operand D overlaps {other}; D must be separate memory"
+            )));
         }
         Ok(())
     }
