@@ -528,3 +528,69 @@ fn ptx_files_that_are_not_files_are_refused_without_reading_them() {
         );
     }
 }
+
+/// Edited FP8 plans (issue 24): a bf16 plan relabelled FP8 keeps its 2-byte copy and
+/// workspace sizes, an FP8 plan relabelled bf16 its 1-byte ones, a gathered copy that splits
+/// rows would leave row-wise scales behind, and an FP8 problem's K must be a multiple of 16:
+/// each refused with the reason. An FP8 plan's GEMM cannot run on bf16 shards either.
+#[test]
+fn edited_fp8_plans_are_refused_with_the_reason() {
+    use distgemm::fp8::ScaleMode;
+    let fp8 = cube(64).with_fp8(ScaleMode::Rowwise);
+    type Edit = Box<dyn FnOnce(&mut Plan)>;
+    let cases: Vec<(Problem, Edit, &str)> = vec![
+        (
+            cube(64),
+            Box::new(|p| p.problem = p.problem.with_fp8(ScaleMode::Tensorwise)),
+            "workspace_bytes is 4096 but 2048 elements take 2048 (1 per element)",
+        ),
+        (
+            fp8,
+            Box::new(|p| p.problem.fp8 = None),
+            "workspace_bytes is 2048 but 2048 elements take 4096 (2 per element)",
+        ),
+        (
+            fp8,
+            Box::new(|p| {
+                for node in &mut p.devices[0].nodes {
+                    if let Node::PeerCopy(c) = node {
+                        c.bytes *= 2;
+                    }
+                }
+            }),
+            "bytes = length × element size",
+        ),
+        (
+            fp8,
+            Box::new(|p| {
+                for node in &mut p.devices[1].nodes {
+                    if let Node::PeerCopy(c) = node {
+                        c.src.offset += 16;
+                        c.src.len -= 16;
+                        c.dst.len -= 16;
+                        c.bytes -= 16;
+                    }
+                }
+            }),
+            "not whole rows of 64 e4m3 elements",
+        ),
+        (
+            fp8,
+            Box::new(|p| p.problem.k = 40),
+            "K=40 is not a multiple of 16",
+        ),
+    ];
+    for (problem, edit, want) in cases {
+        let msg = edited(AG_A, problem, 2, edit);
+        assert!(msg.contains(want), "want {want:?} in {msg:?}");
+    }
+    let plan = Plan::build(AG_A, fp8, 2).unwrap_or_else(|e| panic!("{e}"));
+    let shards = plan
+        .shard_inputs(&GlobalInputs::<bf16>::random(&fp8, 1))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let mut exec = CpuExecutor::<bf16>::new(plan).unwrap_or_else(|e| panic!("{e}"));
+    assert!(matches!(
+        exec.load_inputs(&shards),
+        Err(ExecError::OperandMismatch { plan: "e4m3", .. })
+    ));
+}

@@ -20,6 +20,31 @@
 //! `[2^-18, 448²]`, so it is exact in f32; a sum of K of them is a multiple of 2^-18 below
 //! `K·448² < 2^35` for K ≤ 171 196, so it is exact in f64 (every preset has K ≤ 53 248).
 //!
+//! # What runs now (CPU), and what the kernel and the lowering plug into
+//!
+//! A problem with [`crate::problem::Problem::fp8`] is an FP8 GEMM: A and B e4m3, `dtype` the
+//! output type of C, D and the reduce-scatter partials. Every schedule plans it with the
+//! bf16 DAG; what changes is the element size per buffer ([`crate::plan::Plan::element_bytes`]:
+//! 1 byte for A, B and the all-gather workspace, 2 for C, D and partials), so copy `bytes`,
+//! `workspace_bytes`, the 16-byte alignment of every view (16 e4m3 elements, 8 output
+//! elements) and `can_implement`'s K and K/TP (multiples of 16) follow from it. Views and
+//! copies of e4m3 buffers cover whole rows ([`crate::plan::Plan::operand_row_elements`]), so
+//! a row-wise scale is found as `scales[offset / row]` and moves with its row. The CPU
+//! executor runs these plans ([`crate::cpu::CpuExecutor::load_fp8_inputs`]): the stage GEMM
+//! is [`crate::reference::gemm_scaled_f32`] on the views' rows and their scales, each
+//! reduce-scatter hop stores its partial in the output type (P roundings pipelined, 2
+//! single-stage, as for bf16: [`crate::reference::ErrorBound::scaled`] with those counts), and
+//! `tests/cpu_executor.rs` checks every element at TP 1–8. The CUDA builders refuse FP8
+//! ([`crate::plan::check_gpu_kernel`]).
+//!
+//! The lowering then needs: a per-buffer element size wherever it sizes allocations, tensor
+//! maps and copies (`Plan::buffer_bytes`, `PeerCopyNode::bytes` are already right); for
+//! row-wise scales, scale buffers beside A, B and the all-gather workspace (one f32 per row,
+//! `Plan::operand_row_elements`) and one extra copy of `len / row` floats beside every
+//! gathered copy (or the scales packed after the rows in one copy); the stage kernel's scale
+//! arguments (two scalars, or the two scale views of its A and B rows); and the check
+//! [`crate::plan::check_gpu_kernel`] removed once the kernel exists.
+//!
 //! # What the GPU kernel needs (not written yet)
 //!
 //! - **Layout.** `wgmma.mma_async.sync.aligned.m64nNk32.f32.e4m3.e4m3` (N = 8…256 in steps of

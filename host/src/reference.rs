@@ -539,9 +539,9 @@ impl<T: Element> ScaledCheckInputs<'_, T> {
 
 /// Compares `d` (global M×N, output type `T`) against `alpha·(sa ⊙ A)·(sb ⊙ B)ᵀ + beta·C`
 /// computed in f64, element by element, with the bound of [`ErrorBound::scaled`] for `T`
-/// (`problem.dtype` is not read: until problems carry an operand type, it names A's and B's
-/// type, which here is e4m3). Operands or scales of the wrong size, or no C while beta ≠ 0,
-/// are a [`SizeError`].
+/// (for an FP8 problem, [`Problem::fp8`] set, that is its `dtype`; `problem.dtype` and
+/// `problem.fp8` are not read here). Operands or scales of the wrong size, or no C while
+/// beta ≠ 0, are a [`SizeError`].
 pub fn check_scaled<T: Element>(
     problem: &Problem,
     roundings: usize,

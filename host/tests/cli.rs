@@ -840,6 +840,14 @@ fn fp8_plans_and_traces() {
     assert_eq!(copies, vec![(32 * 64, 32 * 64); 2]);
     let plain = succeeds("plan --schedule ag-b --tp 2 --m 64 --n 64 --k 64 --format json");
     assert!(!plain.contains("fp8"));
+    let table =
+        succeeds("plan --schedule ag-b --tp 2 --m 64 --n 64 --k 64 --dtype e4m3 --scales row");
+    assert!(
+        table.contains(
+            "FP8: A, B and ws hold e4m3 (1 byte per element), C and D bf16; one f32 scale per row"
+        ) && table.contains("dev1:B[0..2048] → dev0:ws[0..2048] (2.0 KiB)"),
+        "{table}"
+    );
 
     let dir = std::env::temp_dir().join(format!("distgemm-cli-fp8-trace-{}", std::process::id()));
     let dir_arg = dir.to_string_lossy().into_owned();

@@ -131,8 +131,8 @@ impl Plan {
         let bytes = elements * element_bytes;
         if dev.workspace_bytes != bytes {
             return Err(format!(
-                "workspace_bytes is {} but {elements} elements of {element_bytes} bytes take \
-                 {bytes}",
+                "workspace_bytes is {} but {elements} elements take {bytes} ({element_bytes} \
+                 per element)",
                 dev.workspace_bytes
             ));
         }

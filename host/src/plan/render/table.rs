@@ -12,8 +12,9 @@ use bytesize::ByteSize;
 use comfy_table::{LineStyle, Table, TableStyle};
 
 use super::{flags, opt, region, view};
+use crate::fp8::ScaleMode;
 use crate::plan::{DevicePlan, Node, Plan, RsPartials};
-use crate::schedule::{Block, CSource, Collective, CopyDirection, GemmStage};
+use crate::schedule::{Block, BufferKind, CSource, Collective, CopyDirection, GemmStage};
 
 /// Column headers of the per-device stage table.
 const STAGE_COLUMNS: [&str; 10] = [
@@ -104,6 +105,25 @@ impl Plan {
             dev0.workspace.slot_elements,
             bytes(dev0.workspace_bytes)
         );
+        if let Some(fp8) = self.problem.fp8 {
+            let (operands, outputs) = if BufferKind::Workspace.holds_operands(self.schedule) {
+                ("A, B and ws", "C and D")
+            } else {
+                ("A and B", "C, D and ws (partials)")
+            };
+            let scales = match fp8.scales {
+                ScaleMode::Tensorwise => "one scale per operand",
+                ScaleMode::Rowwise => {
+                    "one f32 scale per row of A and B (a copied row's scale is copied with it, \
+                     4 bytes beside the row's)"
+                }
+            };
+            let _ = writeln!(
+                out,
+                "FP8: {operands} hold e4m3 (1 byte per element), {outputs} {}; {scales}",
+                self.problem.dtype
+            );
+        }
         let _ = writeln!(
             out,
             "exclusive workspace per device: {} (u32 words: barrier counter @{}, error word @{}, \
