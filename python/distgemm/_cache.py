@@ -2,9 +2,11 @@
 
 Building is collective and costs milliseconds (handles exchanged, workspaces allocated, graphs
 instantiated); a repeated call with the same key pays only the launch. The cache is a
-least-recently-used map of bounded size: every rank makes the same calls in the same order
-(the ops are collective), so every rank evicts and closes the same instances in the same
-order, which closing (a collective teardown) needs.
+least-recently-used map of bounded size *per process group*: the members of a group make the
+same calls on that group in the same order (the ops are collective), so they evict and close
+the same instances of that group in the same order, which closing (a collective teardown over
+that group) needs. A call on one group never evicts another group's instance, whose other
+members would not be making the matching call.
 """
 
 from __future__ import annotations
@@ -38,7 +40,8 @@ class InstanceCache:
         if limit < 1:
             raise ValueError(f"cache limit {limit} must be at least 1")
         self.limit = limit
-        self._entries: OrderedDict[Hashable, object] = OrderedDict()
+        # key -> (group, instance), least recently used first.
+        self._entries: OrderedDict[Hashable, tuple] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -48,27 +51,36 @@ class InstanceCache:
 
     def values(self) -> list:
         """The instances, least recently used first."""
-        return list(self._entries.values())
+        return [inst for _, inst in self._entries.values()]
 
-    def get(self, key: Hashable, build: Callable[[], object]) -> object:
-        """The instance for ``key``, built by ``build()`` (collective) on a miss."""
-        inst = self._entries.get(key)
-        if inst is not None:
+    def get(self, key: Hashable, build: Callable[[], object], group: Hashable = None) -> object:
+        """The instance for ``key``, built by ``build()`` (collective) on a miss; at most
+        ``limit`` instances of ``group`` are kept, the least recently used of that group (and
+        only of that group) closed first."""
+        entry = self._entries.get(key)
+        if entry is not None:
             self._entries.move_to_end(key)
-            return inst
+            return entry[1]
         inst = build()
-        self._entries[key] = inst
-        while len(self._entries) > self.limit:
-            _, old = self._entries.popitem(last=False)
+        self._entries[key] = (group, inst)
+        same = [k for k, (g, _) in self._entries.items() if g == group]
+        for old_key in same[: max(0, len(same) - self.limit)]:
+            _, old = self._entries.pop(old_key)
             old.close()
         return inst
 
     def clear(self, close: Callable[[object], None] = lambda inst: inst.close()) -> None:
-        """Closes every instance, least recently used first; raises the first error after
-        trying them all."""
+        """Closes every instance, group by group; raises the first error after trying them
+        all."""
+        # Group by group (in an order every process agrees on), least recently used first
+        # within a group: a process in several groups then meets each group's other members
+        # in the same order, whatever else it ran.
+        order = sorted(
+            self._entries.items(), key=lambda item: repr(item[1][0])
+        )
+        self._entries.clear()
         first = None
-        while self._entries:
-            _, inst = self._entries.popitem(last=False)
+        for _, (_, inst) in order:
             try:
                 close(inst)
             except Exception as e:  # noqa: BLE001 - close the rest, then report

@@ -176,7 +176,7 @@ def _instance(
         return inst
 
     with _lock:
-        return CACHE.get(key, build)
+        return CACHE.get(key, build, group=ctx.group_key)
 
 
 def _output(torch, out, shape, like, name="out"):

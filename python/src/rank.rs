@@ -204,7 +204,15 @@ impl PyRankGemm {
     /// Enqueues one run on the CUDA stream `stream` (a `cudaStream_t` as int), reading A, B
     /// (and C when given) and writing D at the given device addresses. Returns at once.
     #[pyo3(signature = (stream, a, b, c, d))]
-    fn launch(&mut self, stream: u64, a: u64, b: u64, c: Option<u64>, d: u64) -> PyResult<()> {
+    fn launch(
+        &mut self,
+        py: Python<'_>,
+        stream: u64,
+        a: u64,
+        b: u64,
+        c: Option<u64>,
+        d: u64,
+    ) -> PyResult<()> {
         guard("launch", || {
             let dg = self.live()?;
             let args = RankArgs {
@@ -225,7 +233,10 @@ impl PyRankGemm {
             // they stay alive and unwritten by other streams until `stream` has passed this
             // launch; distgemm's end-of-run release covers the peers' reads of this rank's
             // shards. Every rank launches once per op call, the op being collective.
-            unsafe { dg.launch_raw(RawStream::from_raw(stream), args) }.map_err(to_py_err)
+            // The GIL is released: a launch with new addresses may wait while the driver
+            // stages the re-encoded tensor maps (pageable host memory).
+            py.detach(move || unsafe { dg.launch_raw(RawStream::from_raw(stream), args) })
+                .map_err(to_py_err)
         })
     }
 
@@ -277,5 +288,17 @@ impl PyRankGemm {
             "RankGemm(rank={}, tp={}, schedule={schedule})",
             self.rank, self.tp
         )
+    }
+}
+
+impl Drop for PyRankGemm {
+    /// An instance dropped without `close()` (garbage-collected) is abandoned, not torn down:
+    /// the teardown is collective, and a garbage collector runs at a different point on every
+    /// rank. Its GPU memory, mappings and handles stay until the process exits. The package's
+    /// cache always closes its instances explicitly.
+    fn drop(&mut self) {
+        if let Some(dg) = self.inner.take() {
+            std::mem::forget(dg);
+        }
     }
 }

@@ -85,3 +85,29 @@ def test_limit_from_env(monkeypatch):
         _cache._limit_from_env()
     monkeypatch.delenv("DISTGEMM_CACHE_SIZE")
     assert _cache._limit_from_env() == _cache.DEFAULT_LIMIT
+
+
+def test_a_group_never_evicts_another_groups_instance():
+    from distgemm._cache import InstanceCache
+
+    closed = []
+
+    class Inst:
+        def __init__(self, name):
+            self.name = name
+
+        def close(self):
+            closed.append(self.name)
+
+    cache = InstanceCache(limit=2)
+    cache.get(("g1", 1), lambda: Inst("g1-1"), group="g1")
+    cache.get(("g1", 2), lambda: Inst("g1-2"), group="g1")
+    for i in range(5):
+        cache.get(("g2", i), lambda i=i: Inst(f"g2-{i}"), group="g2")
+    assert closed == ["g2-0", "g2-1", "g2-2"]
+    assert ("g1", 1) in cache and ("g1", 2) in cache
+    cache.get(("g1", 3), lambda: Inst("g1-3"), group="g1")
+    assert closed[-1] == "g1-1"
+    cache.clear()
+    # Group by group (g1 before g2), least recently used first within a group.
+    assert closed[-4:] == ["g1-2", "g1-3", "g2-3", "g2-4"]
