@@ -222,10 +222,11 @@ impl PyRankGemm {
                 d,
             };
             // SAFETY: this module is private to the `distgemm` package, whose `_ops` layer
-            // calls it only with `torch.cuda.current_stream(device).cuda_stream` — a live
-            // stream of this rank's GPU in its primary context, which PyTorch uses too, and
-            // which PyTorch never destroys (pool streams) or the driver drains before
-            // destroying (user streams) — and with the `data_ptr()` of torch tensors it has
+            // calls it only with `torch.cuda.current_stream(device).cuda_stream` — a stream of
+            // this rank's GPU in its primary context, which PyTorch uses too, live during
+            // this call (RankGemm keeps no stream handle after it returns: later launches
+            // order themselves after this one with an event) — and with the `data_ptr()` of
+            // torch tensors it has
             // checked to be on this rank's GPU, contiguous, 16-byte aligned and exactly the
             // shard shapes (`shard_shape`), with an output that does not overlap the inputs.
             // The tensors come from PyTorch's caching allocator, which hands their memory out
@@ -233,6 +234,7 @@ impl PyRankGemm {
             // they stay alive and unwritten by other streams until `stream` has passed this
             // launch; distgemm's end-of-run release covers the peers' reads of this rank's
             // shards. Every rank launches once per op call, the op being collective.
+            //
             // The GIL is released: a launch with new addresses may wait while the driver
             // stages the re-encoded tensor maps (pageable host memory).
             py.detach(move || unsafe { dg.launch_raw(RawStream::from_raw(stream), args) })
