@@ -594,3 +594,36 @@ fn edited_fp8_plans_are_refused_with_the_reason() {
         Err(ExecError::OperandMismatch { plan: "e4m3", .. })
     ));
 }
+
+/// Both CUDA builders refuse an FP8 problem while planning, before any GPU is needed: the
+/// FP8 kernel does not exist yet.
+#[test]
+fn the_cuda_builders_refuse_fp8_before_planning() {
+    use distgemm::cuda::{DistGemm, DistGemmError, rank::RankGemm};
+    let fp8 = cube(64).with_fp8(distgemm::fp8::ScaleMode::Tensorwise);
+    let not_built = |e: Result<Plan, DistGemmError>| {
+        matches!(
+            e,
+            Err(DistGemmError::Plan(PlanError::Fp8KernelNotBuilt { .. }))
+        )
+    };
+    let dist = DistGemm::builder().tp(2).schedule(AG_A).problem(fp8);
+    assert!(not_built(dist.plan()));
+    assert!(
+        DistGemm::builder()
+            .tp(2)
+            .schedule(AG_A)
+            .problem(cube(64))
+            .plan()
+            .is_ok()
+    );
+    let rank = RankGemm::builder().schedule(AG_A).problem(fp8);
+    assert!(not_built(rank.plan(2)));
+    assert!(
+        RankGemm::builder()
+            .schedule(AG_A)
+            .problem(cube(64))
+            .plan(2)
+            .is_ok()
+    );
+}
