@@ -270,7 +270,7 @@ impl DeviceGraph {
 
     /// Rewrites the nodes whose lowered form differs from `lowered` (same plan, new
     /// addresses); see the module documentation. Tensor maps are re-encoded in stream order
-    /// on `stream`; no host synchronisation.
+    /// on `stream` (from pageable host memory: the driver may wait for `stream` to stage them).
     ///
     /// # Safety
     /// As for [`DeviceGraph::build`] for the new addresses, and every launch of this graph

@@ -282,9 +282,10 @@ impl PreparedGemm {
     /// Points this GEMM at operands at new addresses with the same shapes, leading
     /// dimensions, type and scalars (`args` must differ from the prepared ones in addresses
     /// only): re-encodes the tensor maps in place, in stream order on `stream`, so the
-    /// parameter block keeps its map addresses and only its D and C pointers change. No host
-    /// synchronisation. Returns an error, and changes nothing, if anything but an address
-    /// differs.
+    /// parameter block keeps its map addresses and only its D and C pointers change (the
+    /// maps travel from pageable host memory: see
+    /// [`crate::runtime::caller_stream::upload_async`]). Returns an error, and changes
+    /// nothing, if anything but an address differs.
     ///
     /// # Safety
     /// Every launch that uses this GEMM's tensor maps must be enqueued on `stream`, and the

@@ -177,7 +177,8 @@ pub unsafe fn copy_device_async(
 
 /// Copies host `data` to device address `dst` in stream order (`cuMemcpyHtoDAsync` from
 /// pageable memory: the driver stages the bytes before returning, so `data` may be dropped
-/// at once; no device synchronisation).
+/// at once; the CUDA documentation allows it to synchronise with the stream to do so, so the
+/// host may wait for earlier work on `stream`).
 ///
 /// # Safety
 /// `dst..dst + data.len()` must be device memory of `gpu` that stays valid until `stream` has

@@ -321,8 +321,9 @@ impl TensorMap2d {
     }
 
     /// Re-encodes the map for the same matrix shape at a new `base` and overwrites the device
-    /// copy in stream order on `stream` (no host wait; the device address stays the same, so
-    /// parameter blocks that point to it stay valid).
+    /// copy in stream order on `stream` ([`upload_async`]: the host waits only if the driver
+    /// stages the copy synchronously; the device address stays the same, so parameter blocks
+    /// that point to it stay valid).
     ///
     /// # Safety
     /// Every kernel that reads this map must be enqueued on `stream` (so it runs before or

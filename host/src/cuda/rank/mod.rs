@@ -47,15 +47,21 @@
 //!   result of mapping and building. A failure on one rank is an error on all.
 //! - **Runs** go on the caller's stream: the input shard is copied into the input slot, the
 //!   graph is launched, and the error word is copied into pinned host memory, all in stream
-//!   order; no host synchronisation. A run on another stream than the last one is ordered
-//!   after the last one (`cuStreamWaitEvent`).
+//!   order, and every launch is ordered after the previous one (`cuStreamWaitEvent` on its
+//!   completion event), whatever stream that was on. The host does not wait for the GPU,
+//!   with one exception: a launch at new addresses re-encodes tensor maps and copies them
+//!   from pageable host memory, which the driver may stage synchronously.
 //! - **Errors.** A wait that times out leaves a code in the rank's error word (and the
 //!   kernels push it to the peers' error words); [`RankGemm::check_errors`] reads the copy of
-//!   a finished run without waiting, and the next launch refuses. The instance is then
+//!   a finished run without waiting, so the first launch after the failed run has finished
+//!   refuses (and [`RankGemm::synchronize`] waits and reports it). The instance is then
 //!   poisoned; recovery is a rebuild on every rank.
-//! - **Teardown** (drop) is collective too: wait for this rank's last run, a rendezvous, and
-//!   only then unmap and free, so no peer's late write lands in freed memory. If the
-//!   rendezvous fails (a peer died), this rank's shared memory is leaked rather than freed.
+//! - **Teardown** (drop) is collective too: wait for this rank's last run; a rendezvous (every
+//!   rank has stopped); unmap the peers; a second rendezvous (every rank has unmapped); only
+//!   then free — legacy IPC forbids freeing what an importer still maps, and no peer's late
+//!   write may land in freed memory. If a rendezvous fails (a peer died), this rank's shared
+//!   memory is leaked rather than freed. The rendezvous's own timeout should exceed the GPU
+//!   wait bound, or a slow but healthy peer's teardown counts as dead.
 //! - **Shared GPU** (tests, MPS): ranks that all allow it may share a GPU; each rank's kernels
 //!   then get an equal share of the SMs, so every rank's kernels fit on the GPU together.
 
@@ -292,8 +298,9 @@ impl RankGemm {
         Ok(())
     }
 
-    /// Enqueues one run on `stream`, behind the caller's earlier work on it and with no host
-    /// synchronisation: copy the gathered operand into the input slot (unless it is already
+    /// Enqueues one run on `stream`, behind the caller's earlier work on it and this
+    /// instance's previous launch, without waiting for the GPU (see the module documentation
+    /// for the one exception): copy the gathered operand into the input slot (unless it is already
     /// there), update the graph if addresses changed, launch it, and copy the error word to
     /// the host. An error of an earlier launch that has finished is returned instead (and
     /// poisons the instance).
