@@ -14,9 +14,12 @@
 //!   PyTorch package runs): all-gather D bit-identical to distgemm's single-GPU kernel on the
 //!   gathered operand; reduce-scatter within the f64 bound of `distgemm::reference`
 //!   (every element of ragged shapes, edges + 4,096 samples of presets);
-//! - `repeat`: 1,000 queued runs alternating two input sets at new addresses (D checked
-//!   after each; all-gather A, reduce-scatter A with read and with pushed partials), then the same with the caller's shard overwritten on its stream right after
-//!   each launch, and with the zero-copy input slot;
+//! - `repeat` (all-gather A; reduce-scatter A with read and with pushed partials): 1,000
+//!   runs alternating two input sets at new addresses, D checked after each; 64 runs queued
+//!   with no host synchronisation, each into its own D, all checked; then the caller's shard
+//!   overwritten on its stream right after each launch, and the zero-copy input slot;
+//! - `host-cost`: the host time of a launch (same addresses, new addresses, zero-copy) and of
+//!   a build at 256 tokens, printed;
 //! - `killed`: rank 1 exits after building; rank 0 gets a named timeout within the bound;
 //! - `cycles`: 1,000 build/run/drop cycles; open file descriptors and free device memory do
 //!   not drift.
@@ -489,6 +492,31 @@ fn repeat(r: &Rank) {
             assert_bit_identical(&format!("{what} run {i}"), &d, &expected[set]);
         }
         visible_line(&format!("{what}: 1000 runs at alternating addresses ok"));
+        // Queued: 64 launches alternating the input sets, each into its own poisoned D, with
+        // no host synchronisation between them (pointer updates and tensor-map re-encoding
+        // while earlier runs are still in flight), then every D checked.
+        let plan_d = plan.devices[r.rank].shards.d.elements();
+        let mut outputs: Vec<DeviceBuffer<bf16>> = (0..64)
+            .map(|_| DeviceBuffer::alloc(&r.gpu, plan_d).expect("D"))
+            .collect();
+        for d in &mut outputs {
+            d.fill_bytes(&r.stream, 0xFF).expect("poison");
+        }
+        for (i, d) in outputs.iter().enumerate() {
+            let mut args = shards[i % 2].args();
+            args.d = d.device_ptr();
+            // SAFETY: both input sets and every D are live buffers of the plan's sizes, kept
+            // until the synchronisation below.
+            unsafe { dg.launch_raw(gpu::raw_stream(&r.stream), args) }.expect("launch");
+        }
+        dg.synchronize().expect("queued runs");
+        for (i, d) in outputs.iter().enumerate() {
+            let got = d.download(&r.stream).expect("D");
+            assert_bit_identical(&format!("{what} queued run {i}"), &got, &expected[i % 2]);
+        }
+        visible_line(&format!(
+            "{what}: 64 queued runs at alternating addresses ok"
+        ));
         // The caller's shard overwritten on its stream right after the launch (as a caching
         // allocator reuses memory): peers must never see the new bytes.
         let original = shards[0].a.download(&r.stream).expect("A");
