@@ -37,10 +37,23 @@
 //!
 //! Ties go to the single-stage variant, so a small problem never runs slower than the plain
 //! "collective then GEMM" approach by the model's account.
+//!
+//! **Measured choices first.** [`choose_schedule_tuned`] takes a tuning table
+//! ([`super::tuning`], written by `distgemm tune`): when an entry matches the GPU, TP, problem
+//! kind, family, N and K (the problem's token bucket, else the nearest one), its measured
+//! choice runs; otherwise the rule does. [`Resolution::source`] says which decided. Both are
+//! pure functions of the table's contents, so ranks reading the same table agree.
 
+use std::fmt;
+
+use super::tuning::{LoadedTable, TuningKey};
 use crate::gemm::{choose_variant, estimated_cost};
 use crate::problem::Problem;
 use crate::schedule::{Collective, ScheduleKind, can_implement};
+
+/// The GPU `Auto` assumes when it is given none (planning without a GPU): the one its model
+/// was measured on, by the name the driver gives it.
+pub const ASSUMED_GPU_NAME: &str = "NVIDIA H200";
 
 /// The machine constants of the model.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -207,6 +220,83 @@ pub fn choose_schedule(
         pipelined_seconds,
         single_stage_seconds,
     }
+}
+
+/// Who decided the schedule that runs.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ScheduleSource {
+    /// A fixed schedule: no `Auto`.
+    Fixed,
+    /// `Auto`'s rule: no tuning table, or no entry of it matches.
+    Rule,
+    /// An entry of a tuning table.
+    Tuned {
+        /// The table's identity ([`LoadedTable::identity`]: path and content hash).
+        table: String,
+        /// The entry's key.
+        key: TuningKey,
+        /// Whether the entry's token bucket is the problem's (else it is the nearest one).
+        exact: bool,
+    },
+}
+
+impl fmt::Display for ScheduleSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ScheduleSource::Fixed => f.write_str("fixed"),
+            ScheduleSource::Rule => f.write_str("rule"),
+            ScheduleSource::Tuned { table, key, exact } => {
+                let nearest = if *exact { "" } else { ", nearest token bucket" };
+                write!(f, "tuned (table {table}: {key}{nearest})")
+            }
+        }
+    }
+}
+
+/// A resolved schedule, who decided it and what the rule says.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Resolution {
+    /// The schedule that runs.
+    pub schedule: ScheduleKind,
+    /// Who decided it.
+    pub source: ScheduleSource,
+    /// The rule's choice and estimates (`None` for a fixed schedule).
+    pub rule: Option<AutoChoice>,
+}
+
+/// [`choose_schedule`], unless `table` has an entry for the problem ([`LoadedTable`]'s
+/// lookup on `gpu`, the driver's name of the GPU) whose choice can run it: then that choice.
+/// Pure and deterministic in the table's contents.
+#[must_use]
+pub fn choose_schedule_tuned(
+    kind: ScheduleKind,
+    problem: &Problem,
+    tp: usize,
+    gpu: &str,
+    model: &MachineModel,
+    table: Option<&LoadedTable>,
+) -> Resolution {
+    let rule = choose_schedule(kind, problem, tp, model);
+    let tuned = table.and_then(|t| {
+        let found = t.table.lookup(gpu, tp, kind, problem)?;
+        let choice = found.entry.choice;
+        (choice.pipelined() == kind.pipelined() && can_implement(choice, problem, tp).is_ok()).then(
+            || Resolution {
+                schedule: choice,
+                source: ScheduleSource::Tuned {
+                    table: t.identity(),
+                    key: found.entry.key.clone(),
+                    exact: found.exact,
+                },
+                rule: Some(rule),
+            },
+        )
+    });
+    tuned.unwrap_or(Resolution {
+        schedule: rule.schedule,
+        source: ScheduleSource::Rule,
+        rule: Some(rule),
+    })
 }
 
 #[cfg(test)]
@@ -398,5 +488,167 @@ mod tests {
         };
         let t = ridge.gemm_seconds(128, n, k, 2);
         assert!((t / m.gemm_compute_seconds(128, n, k) - 2f64.powf(0.25)).abs() < 1e-9);
+    }
+
+    /// The token counts of the measured sweeps.
+    const SWEEP_TOKENS: [usize; 7] = [256, 512, 1024, 2048, 4096, 8192, 16384];
+
+    fn loaded(entries: Vec<crate::cuda::tuning::TuningEntry>) -> LoadedTable {
+        let mut table = crate::cuda::tuning::TuningTable::default();
+        for e in entries {
+            table.insert(e);
+        }
+        LoadedTable {
+            table,
+            path: "tuned.json".into(),
+            digest: 0xd15c,
+        }
+    }
+
+    /// Every preset, schedule, TP and sweep token count: what `table` makes `Auto` run and
+    /// who decided.
+    fn resolutions(table: Option<&LoadedTable>) -> Vec<(String, Resolution)> {
+        let mut all = Vec::new();
+        for preset in Preset::ALL {
+            for kind in ScheduleKind::ALL {
+                for tp in [1, 2, 4, 8] {
+                    for tokens in SWEEP_TOKENS {
+                        let problem = preset.problem(tokens);
+                        let r = choose_schedule_tuned(
+                            kind,
+                            &problem,
+                            tp,
+                            ASSUMED_GPU_NAME,
+                            &MachineModel::H200,
+                            table,
+                        );
+                        all.push((
+                            format!("{preset} {} TP={tp} M={tokens}", kind.cli_name()),
+                            r,
+                        ));
+                    }
+                }
+            }
+        }
+        all
+    }
+
+    #[test]
+    fn without_a_matching_table_the_rule_decides_everywhere() {
+        // An entry for another GPU matches nothing.
+        let h100 = {
+            let mut e = crate::cuda::tuning::tests::fc2_entry(1024, 0.1, 0.2);
+            e.key.gpu = "NVIDIA H100 80GB HBM3".into();
+            loaded(vec![e])
+        };
+        for table in [None, Some(&h100)] {
+            for (what, r) in resolutions(table) {
+                let (preset, kind, tp, tokens) = r_parts(&what);
+                let rule = choose_schedule(kind, &preset.problem(tokens), tp, &MachineModel::H200);
+                assert_eq!(r.schedule, rule.schedule, "{what}");
+                assert_eq!(r.source, ScheduleSource::Rule, "{what}");
+                assert_eq!(r.rule, Some(rule), "{what}");
+            }
+        }
+    }
+
+    /// The preset, schedule, TP and tokens of a [`resolutions`] label.
+    fn r_parts(what: &str) -> (Preset, ScheduleKind, usize, usize) {
+        let words: Vec<&str> = what.split(' ').collect();
+        let preset = Preset::ALL
+            .into_iter()
+            .find(|p| p.name() == words[0])
+            .unwrap();
+        let kind = ScheduleKind::ALL
+            .into_iter()
+            .find(|k| k.cli_name() == words[1])
+            .unwrap();
+        let tp = words[2].trim_start_matches("TP=").parse().unwrap();
+        let tokens = words[3].trim_start_matches("M=").parse().unwrap();
+        (preset, kind, tp, tokens)
+    }
+
+    #[test]
+    fn a_table_that_flips_one_bucket_changes_exactly_that_bucket() {
+        // 70B fc2, rs-a family, TP 2: an entry per sweep bucket agreeing with the rule (which
+        // pipelines from 2048 tokens on), except at 1024 tokens, measured pipelined-faster.
+        let entries = SWEEP_TOKENS
+            .into_iter()
+            .map(|t| {
+                let fast_pipe = t >= 1024;
+                let (p, s) = if fast_pipe { (0.9, 1.0) } else { (1.0, 0.9) };
+                crate::cuda::tuning::tests::fc2_entry(t, p, s)
+            })
+            .collect();
+        let table = loaded(entries);
+        let before = resolutions(None);
+        let after = resolutions(Some(&table));
+        let mut changed = Vec::new();
+        for ((what, b), (_, a)) in before.iter().zip(&after) {
+            if a.schedule != b.schedule {
+                changed.push(what.clone());
+            }
+            let in_table = what.starts_with("llama3-70b-fc2 rs-a") && what.contains(" TP=2 ");
+            assert_eq!(
+                matches!(a.source, ScheduleSource::Tuned { exact: true, .. }),
+                in_table,
+                "{what}: {}",
+                a.source
+            );
+        }
+        assert_eq!(
+            changed,
+            vec![
+                "llama3-70b-fc2 rs-a TP=2 M=1024".to_owned(),
+                "llama3-70b-fc2 rs-a-single TP=2 M=1024".to_owned()
+            ]
+        );
+        let flipped = &after
+            .iter()
+            .find(|(w, _)| w == "llama3-70b-fc2 rs-a-single TP=2 M=1024")
+            .unwrap()
+            .1;
+        assert_eq!(flipped.schedule, ScheduleKind::ReduceScatterTilingA);
+        assert_eq!(
+            flipped.source.to_string(),
+            "tuned (table tuned.json#000000000000d15c: NVIDIA H200 TP=2 bf16 rs-a M≈1024 \
+             N=8192 K=28672)"
+        );
+        assert_eq!(
+            flipped.rule.unwrap().schedule,
+            ScheduleKind::ReduceScatterSingleStageA
+        );
+    }
+
+    #[test]
+    fn the_nearest_bucket_applies_and_a_choice_that_cannot_run_falls_back_to_the_rule() {
+        let table = loaded(vec![crate::cuda::tuning::tests::fc2_entry(16384, 0.9, 1.0)]);
+        let fc2 = Preset::Llama3_70bFc2.problem(256);
+        let r = choose_schedule_tuned(
+            ScheduleKind::ReduceScatterTilingA,
+            &fc2,
+            2,
+            ASSUMED_GPU_NAME,
+            &MachineModel::H200,
+            Some(&table),
+        );
+        assert_eq!(r.schedule, ScheduleKind::ReduceScatterTilingA);
+        assert!(
+            r.source.to_string().ends_with(", nearest token bucket)"),
+            "{}",
+            r.source
+        );
+        // 201 tokens do not split over 2 devices, so no rs-a schedule runs them; the rule's
+        // answer stands (and the plan reports why).
+        let odd = Preset::Llama3_70bFc2.problem(201);
+        let r = choose_schedule_tuned(
+            ScheduleKind::ReduceScatterTilingA,
+            &odd,
+            2,
+            ASSUMED_GPU_NAME,
+            &MachineModel::H200,
+            Some(&table),
+        );
+        assert_eq!(r.source, ScheduleSource::Rule);
     }
 }

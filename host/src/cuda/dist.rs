@@ -30,12 +30,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::args::{DeviceArgs, validate_args};
-use super::auto::{MachineModel, choose_schedule};
+use super::auto::{
+    ASSUMED_GPU_NAME, MachineModel, Resolution, ScheduleSource, choose_schedule_tuned,
+};
 use super::error::{DistGemmError, decode_timeout};
 use super::graphs::{DeviceGraph, DeviceKernels, GridShare, Poison};
 #[cfg(feature = "diagnostics")]
 use super::lower::TimingDiagnostics;
 use super::lower::{DeviceAddresses, LowerOptions, LoweredGraph, lower_device};
+use super::tuning::LoadedTable;
 use crate::dtype::Dtype;
 use crate::gemm::check;
 use crate::plan::{Plan, PlanOptions, RsPartials};
@@ -57,25 +60,61 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 pub enum ScheduleChoice {
     /// Exactly this schedule.
     Fixed(ScheduleKind),
-    /// The pipelined or single-stage schedule of this schedule's family, by
-    /// [`choose_schedule`].
+    /// The pipelined or single-stage schedule of this schedule's family, by a tuning table's
+    /// measured choice or the rule ([`choose_schedule_tuned`]).
     Auto(ScheduleKind),
 }
 
 impl ScheduleChoice {
-    /// The schedule that runs `problem` at `tp` on GPUs with `sm_count` SMs.
+    /// The schedule that runs `problem` at `tp` on GPUs with `sm_count` SMs, by the rule
+    /// alone (no tuning table; the builders use [`ScheduleChoice::resolve_with`]).
     #[must_use]
     pub fn resolve(self, problem: &Problem, tp: usize, sm_count: u32) -> ScheduleKind {
+        self.resolve_with(problem, tp, ASSUMED_GPU_NAME, sm_count, None)
+            .schedule
+    }
+
+    /// The schedule that runs `problem` at `tp` on GPUs named `gpu` with `sm_count` SMs, and
+    /// who decided it: a fixed schedule, or `Auto` with `table`'s measured choice where an
+    /// entry matches, else the rule ([`choose_schedule_tuned`]).
+    #[must_use]
+    pub fn resolve_with(
+        self,
+        problem: &Problem,
+        tp: usize,
+        gpu: &str,
+        sm_count: u32,
+        table: Option<&LoadedTable>,
+    ) -> Resolution {
         match self {
-            ScheduleChoice::Fixed(kind) => kind,
+            ScheduleChoice::Fixed(kind) => Resolution {
+                schedule: kind,
+                source: ScheduleSource::Fixed,
+                rule: None,
+            },
             ScheduleChoice::Auto(family) => {
                 let model = MachineModel {
                     sm_count,
                     ..MachineModel::H200
                 };
-                choose_schedule(family, problem, tp, &model).schedule
+                choose_schedule_tuned(family, problem, tp, gpu, &model, table)
             }
         }
+    }
+
+    /// The tuning table `Auto` reads: `given`, else the file [`TUNING_ENV_VAR`] names (none
+    /// for a fixed schedule: it is not read).
+    ///
+    /// [`TUNING_ENV_VAR`]: super::tuning::TUNING_ENV_VAR
+    pub(crate) fn table(
+        self,
+        given: Option<&Arc<LoadedTable>>,
+    ) -> Result<Option<Arc<LoadedTable>>, DistGemmError> {
+        Ok(match (self, given) {
+            (ScheduleChoice::Fixed(_), _) => None,
+            (ScheduleChoice::Auto(_), Some(t)) => Some(Arc::clone(t)),
+            (ScheduleChoice::Auto(_), None) => LoadedTable::from_env()?.map(Arc::new),
+        })
     }
 }
 
@@ -93,6 +132,7 @@ pub struct DistGemmBuilder<'a> {
     modules: Vec<Arc<Module>>,
     share_gpus: bool,
     rs_partials: RsPartials,
+    tuning: Option<Arc<LoadedTable>>,
     #[cfg(feature = "testing")]
     missing_signals: Vec<FlagRef>,
 }
@@ -141,6 +181,15 @@ impl<'a> DistGemmBuilder<'a> {
     pub fn rs_partials(self, rs_partials: RsPartials) -> Self {
         DistGemmBuilder {
             rs_partials,
+            ..self
+        }
+    }
+
+    /// The tuning table `Auto` reads (default: the file `DISTGEMM_TUNING` names, if set; see
+    /// [`super::tuning`]). Ignored by a fixed schedule.
+    pub fn tuning_table(self, table: Arc<LoadedTable>) -> Self {
+        DistGemmBuilder {
+            tuning: Some(table),
             ..self
         }
     }
@@ -213,13 +262,29 @@ impl<'a> DistGemmBuilder<'a> {
 
     /// The schedule that will run (resolving `Auto`).
     pub fn resolved_schedule(&self) -> Result<ScheduleKind, DistGemmError> {
+        Ok(self.resolution()?.schedule)
+    }
+
+    /// The schedule that will run and who decided it: `Auto` reads the tuning table (given, or
+    /// named by `DISTGEMM_TUNING`; an unusable one is [`DistGemmError::Tuning`]) for the first
+    /// device's GPU, or [`ASSUMED_GPU_NAME`] without devices.
+    pub fn resolution(&self) -> Result<Resolution, DistGemmError> {
         let problem = self.resolved_problem()?;
-        let sm_count = self
+        let (gpu, sm_count) = self
             .devices
             .first()
-            .map_or(MachineModel::H200.sm_count, Gpu::sm_count);
+            .map_or((ASSUMED_GPU_NAME, MachineModel::H200.sm_count), |g| {
+                (g.name(), g.sm_count())
+            });
         let choice = self.schedule.ok_or(DistGemmError::Missing("a schedule"))?;
-        Ok(choice.resolve(&problem, self.resolved_tp(), sm_count))
+        let table = choice.table(self.tuning.as_ref())?;
+        Ok(choice.resolve_with(
+            &problem,
+            self.resolved_tp(),
+            gpu,
+            sm_count,
+            table.as_deref(),
+        ))
     }
 
     /// The plan that will run, without touching a GPU: use it to size the shard buffers.

@@ -157,6 +157,9 @@ pub enum DistGemmError {
     /// The problem does not fit the schedule.
     #[error(transparent)]
     Plan(#[from] PlanError),
+    /// The tuning table `Auto` was to read is unusable ([`super::tuning`]).
+    #[error(transparent)]
+    Tuning(#[from] super::tuning::TuningError),
     /// A stage GEMM the kernel cannot run.
     #[error("device {device}, stage {stage}: {source}")]
     Gemm {

@@ -13,7 +13,8 @@
 //!   over CUDA IPC, a rendezvous the caller supplies, runs on the caller's stream.
 //! - `graphs` (private): one device's graph, built and updated in place — the code both modes
 //!   share; `args`: the user's buffers ([`BufferRef`] borrows them).
-//! - [`auto`]: the deterministic `Auto` schedule rule.
+//! - [`auto`]: the deterministic `Auto` schedule rule; [`tuning`]: the measured choices
+//!   (`distgemm tune`'s tables) it prefers where it has them.
 //! - [`error`]: [`DistGemmError`] and the timeout codes the kernels write.
 //!
 //! Cross-GPU protocol (kernels in `kernels_gpu::kernels::collective` and the GEMM's prologue
@@ -34,9 +35,13 @@ pub mod error;
 mod graphs;
 mod lower;
 pub mod rank;
+pub mod tuning;
 
 pub use args::{BufferRef, DeviceArgs};
-pub use auto::{AutoChoice, MachineModel, choose_schedule};
+pub use auto::{
+    ASSUMED_GPU_NAME, AutoChoice, MachineModel, Resolution, ScheduleSource, choose_schedule,
+    choose_schedule_tuned,
+};
 pub use dist::{DEFAULT_TIMEOUT, DistGemm, DistGemmBuilder, ScheduleChoice};
 pub use error::{DistGemmError, TimeoutSite, WaitingNode};
 /// The barrier kernel's parameter block (in [`LoweredNode::Barrier`]).
@@ -50,3 +55,4 @@ pub use lower::TimingDiagnostics;
 pub use rank::{
     InputSlot, LocalRendezvous, RankArgs, RankGemm, RankGemmBuilder, Rendezvous, RendezvousError,
 };
+pub use tuning::{LoadedTable, TUNING_ENV_VAR, TuningError, TuningTable};

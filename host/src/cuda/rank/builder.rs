@@ -10,10 +10,12 @@ use super::handshake::{
     gathered_operand,
 };
 use super::{OwnMemory, RankArgs, RankGemm, Rendezvous};
+use crate::cuda::auto::{ASSUMED_GPU_NAME, MachineModel, Resolution};
 use crate::cuda::dist::{DEFAULT_TIMEOUT, ScheduleChoice, check_gemms};
 use crate::cuda::error::DistGemmError;
 use crate::cuda::graphs::{DeviceGraph, DeviceKernels, GridShare, Poison};
 use crate::cuda::lower::{DeviceAddresses, LowerOptions, lower_device};
+use crate::cuda::tuning::LoadedTable;
 use crate::plan::{Plan, PlanOptions, RsPartials};
 use crate::problem::Problem;
 use crate::runtime::{
@@ -33,6 +35,7 @@ pub struct RankGemmBuilder {
     allow_shared_gpu: bool,
     module: Option<Arc<Module>>,
     rs_partials: RsPartials,
+    tuning: Option<Arc<LoadedTable>>,
 }
 
 impl RankGemmBuilder {
@@ -67,6 +70,16 @@ impl RankGemmBuilder {
     pub fn rs_partials(self, rs_partials: RsPartials) -> Self {
         RankGemmBuilder {
             rs_partials,
+            ..self
+        }
+    }
+
+    /// The tuning table `Auto` reads (default: the file `DISTGEMM_TUNING` names, if set; see
+    /// [`crate::cuda::tuning`]). Every rank must resolve `Auto` alike: the handshake compares
+    /// the schedules and names each rank's table when they differ.
+    pub fn tuning_table(self, table: Arc<LoadedTable>) -> Self {
+        RankGemmBuilder {
+            tuning: Some(table),
             ..self
         }
     }
@@ -114,19 +127,29 @@ impl RankGemmBuilder {
     pub fn plan(&self, tp: usize) -> Result<Plan, DistGemmError> {
         let problem = self.problem.ok_or(DistGemmError::Missing("a problem"))?;
         crate::plan::check_gpu_kernel(&problem)?;
-        let choice = self.schedule.ok_or(DistGemmError::Missing("a schedule"))?;
-        if tp == 0 {
-            return Err(DistGemmError::Missing("at least one rank"));
-        }
-        let sm_count = self.gpu.as_ref().map_or(
-            crate::cuda::auto::MachineModel::H200.sm_count,
-            Gpu::sm_count,
-        );
-        let schedule = choice.resolve(&problem, tp, sm_count);
+        let schedule = self.resolution(tp)?.schedule;
         let options = PlanOptions {
             rs_partials: self.rs_partials,
         };
         Ok(Plan::build_with(schedule, problem, tp, options)?)
+    }
+
+    /// The schedule a group of `tp` ranks would run and who decided it (`Auto` reads the
+    /// tuning table for this rank's GPU, or [`ASSUMED_GPU_NAME`] without one).
+    pub fn resolution(&self, tp: usize) -> Result<Resolution, DistGemmError> {
+        let problem = self.problem.ok_or(DistGemmError::Missing("a problem"))?;
+        let choice = self.schedule.ok_or(DistGemmError::Missing("a schedule"))?;
+        if tp == 0 {
+            return Err(DistGemmError::Missing("at least one rank"));
+        }
+        let (gpu, sm_count) = self
+            .gpu
+            .as_ref()
+            .map_or((ASSUMED_GPU_NAME, MachineModel::H200.sm_count), |g| {
+                (g.name(), g.sm_count())
+            });
+        let table = choice.table(self.tuning.as_ref())?;
+        Ok(choice.resolve_with(&problem, tp, gpu, sm_count, table.as_deref()))
     }
 
     /// Builds this rank's part of the group: collective over `rendezvous` (every rank calls
@@ -158,6 +181,9 @@ impl RankGemmBuilder {
                 .unwrap_or_default(),
             allow_shared_gpu: self.allow_shared_gpu,
             schedule: plan_schedule,
+            schedule_source: self
+                .resolution(world)
+                .map_or_else(|e| e.to_string(), |r| r.source.to_string()),
             rs_partials,
             problem,
             timeout_ns: u64::try_from(self.timeout_or_default().as_nanos()).unwrap_or(u64::MAX),

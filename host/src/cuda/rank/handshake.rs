@@ -66,6 +66,11 @@ pub(crate) struct Hello {
     /// Whether the rank accepts sharing its GPU with other ranks.
     pub(crate) allow_shared_gpu: bool,
     pub(crate) schedule: ScheduleKind,
+    /// Who decided the schedule ([`crate::cuda::ScheduleSource`]'s text: "fixed", "rule" or
+    /// "tuned (table …)"), named when ranks disagree on the schedule (empty from a rank that
+    /// predates tuning tables).
+    #[serde(default)]
+    pub(crate) schedule_source: String,
     /// How partials move, as the rank's plan says (`Read` from a rank that predates pushes).
     #[serde(default)]
     pub(crate) rs_partials: RsPartials,
@@ -155,10 +160,16 @@ pub(crate) fn check_group(
             return disagree("group size", h.world.to_string(), mine.world.to_string());
         }
         if h.schedule != mine.schedule {
+            // `Auto` resolves on every rank: say who decided, so that a rank reading another
+            // tuning table (or none) is found.
+            let decided = |h: &Hello| match h.schedule_source.as_str() {
+                "" => String::new(),
+                source => format!(" (decided by: {source})"),
+            };
             return disagree(
                 "schedule",
-                h.schedule.cli_name().to_string(),
-                mine.schedule.cli_name().to_string(),
+                format!("{}{}", h.schedule.cli_name(), decided(h)),
+                format!("{}{}", mine.schedule.cli_name(), decided(mine)),
             );
         }
         if h.rs_partials != mine.rs_partials {
@@ -274,6 +285,7 @@ mod tests {
             gpu_uuid: format!("GPU-{rank}"),
             allow_shared_gpu: false,
             schedule: ScheduleKind::AllGatherRotatingA,
+            schedule_source: "rule".into(),
             rs_partials: RsPartials::Read,
             problem: Problem::new(256, 512, 128),
             timeout_ns: 1_000_000_000,
@@ -345,6 +357,31 @@ mod tests {
             assert!(err.contains(needle), "{needle:?} not in {err:?}");
             assert!(err.contains("rank"), "{err}");
         }
+    }
+
+    /// A rank whose tuning table chose another schedule: the error names both schedules and
+    /// who decided each, the table included.
+    #[test]
+    fn a_rank_with_another_tuning_table_is_named_with_its_table() {
+        let mut hellos = group(2);
+        hellos[1].schedule = ScheduleKind::AllGatherSingleStageA;
+        hellos[1].schedule_source = "tuned (table /data/tuning.json#00000000deadbeef: \
+                                     NVIDIA H200 TP=2 bf16 ag-a M≈256 N=512 K=128)"
+            .into();
+        let err = check_group(&hellos, 0, &sizes(2)).unwrap_err();
+        assert_eq!(
+            err,
+            "rank 1 has schedule ag-a-single (decided by: tuned (table \
+             /data/tuning.json#00000000deadbeef: NVIDIA H200 TP=2 bf16 ag-a M≈256 N=512 \
+             K=128)), rank 0 has ag-a (decided by: rule): every rank must build the same \
+             distributed GEMM"
+        );
+        // A hello without the field (an older rank) still reads, and the message is as before.
+        let mut json: serde_json::Value = serde_json::to_value(&hellos[1]).unwrap();
+        json.as_object_mut().unwrap().remove("schedule_source");
+        hellos[1] = serde_json::from_value(json).unwrap();
+        let err = check_group(&hellos, 0, &sizes(2)).unwrap_err();
+        assert!(err.starts_with("rank 1 has schedule ag-a-single, rank 0 has ag-a (decided"));
     }
 
     #[test]
