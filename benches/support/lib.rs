@@ -3,7 +3,8 @@
 //! Method: random inputs, warm-up launches, then at least
 //! [`MIN_TIMED_REPS`] repetitions each timed with a pair of CUDA events on the benchmark's
 //! stream(s); the median is reported with min and max. The timing core ([`Timing`], the event
-//! loop behind [`time_on_streams`], [`max_over_devices`]) is `distgemm::timing`, shared with
+//! loop behind [`time_on_streams`], [`max_over_devices`], the [`interleaved`] rounds) is
+//! `distgemm::timing`, shared with
 //! the `distgemm bench` command; this crate adds the repetition minimum. Inputs rotate
 //! through enough distinct sets that together exceed three times the L2 cache
 //! ([`RotatingInputs`]), so no repetition finds its operands in L2 from the previous one. Every record carries the GPU, driver,
@@ -19,7 +20,7 @@ use distgemm::runtime::{
     CudaStream, DeviceBuffer, DeviceCopy, Gpu, Module, RuntimeError, driver_version,
 };
 use distgemm::testdata::fill_normal;
-pub use distgemm::timing::{Timing, TimingConfig, TimingError, max_over_devices};
+pub use distgemm::timing::{Timing, TimingConfig, TimingError, interleaved, max_over_devices};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -186,45 +187,6 @@ where
 
 /// Interleaved timing rounds per comparison.
 pub const ROUNDS: usize = 3;
-
-/// Times `contenders` contenders in `rounds` interleaved rounds: `block(c, round)` times one
-/// block of contender `c` and returns its samples per device (`Timing::per_device_ms`). The
-/// order is reversed every round (A B C, C B A, …), so that drift over the measurement — the
-/// GPU heating up and settling at its power cap, neighbours coming and going — hits every
-/// contender alike instead of favouring whoever runs first. Returns every contender's samples
-/// of all rounds, per device, or its first error (a contender that failed sits out the later
-/// rounds).
-pub fn interleaved<E>(
-    contenders: usize,
-    rounds: usize,
-    mut block: impl FnMut(usize, usize) -> Result<Vec<Vec<f64>>, E>,
-) -> Vec<Result<Vec<Vec<f64>>, E>> {
-    let mut out: Vec<Result<Vec<Vec<f64>>, E>> = (0..contenders).map(|_| Ok(Vec::new())).collect();
-    for round in 0..rounds {
-        for j in 0..contenders {
-            let c = if round % 2 == 0 {
-                j
-            } else {
-                contenders - 1 - j
-            };
-            if out[c].is_err() {
-                continue;
-            }
-            match block(c, round) {
-                Ok(samples) => {
-                    if let Ok(all) = &mut out[c] {
-                        all.resize_with(all.len().max(samples.len()), Vec::new);
-                        for (device, s) in all.iter_mut().zip(samples) {
-                            device.extend(s);
-                        }
-                    }
-                }
-                Err(e) => out[c] = Err(e),
-            }
-        }
-    }
-    out
-}
 
 /// Achieved TFLOP/s of a GEMM `m × n × k` (2·M·N·K flops) taking `ms` milliseconds.
 pub fn gemm_tflops(m: u64, n: u64, k: u64, ms: f64) -> f64 {
@@ -492,32 +454,6 @@ pub fn write_results(
 
 #[cfg(test)]
 mod tests {
-    #[test]
-    fn interleaved_rounds_alternate_the_order_and_drop_failed_contenders() {
-        let mut order = Vec::new();
-        let out = interleaved(3, 3, |c, round| {
-            order.push(c);
-            if c == 1 && round == 1 {
-                Err(format!("contender {c} failed"))
-            } else {
-                // Two devices, the second 0.5 ms slower.
-                let t = (10 * round + c) as f64;
-                Ok(vec![vec![t], vec![t + 0.5]])
-            }
-        });
-        // Round 0 forward, round 1 reversed (1 fails there), round 2 forward without 1.
-        assert_eq!(order, [0, 1, 2, 2, 1, 0, 0, 2]);
-        assert_eq!(
-            out[0],
-            Ok(vec![vec![0.0, 10.0, 20.0], vec![0.5, 10.5, 20.5]])
-        );
-        assert_eq!(out[1], Err("contender 1 failed".to_owned()));
-        assert_eq!(
-            out[2],
-            Ok(vec![vec![2.0, 12.0, 22.0], vec![2.5, 12.5, 22.5]])
-        );
-    }
-
     use super::*;
 
     #[test]
