@@ -859,3 +859,169 @@ fn fp8_plans_and_traces() {
     assert!(text(&out.stdout).contains("device 1: wall"));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Runs distgemm with `DISTGEMM_TUNING` set to `table` (or unset).
+fn distgemm_with_table(args: &[&str], table: Option<&std::path::Path>) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_distgemm"));
+    cmd.args(args)
+        .env_remove("DISTGEMM_PTX")
+        .env_remove("DISTGEMM_TUNING");
+    if let Some(table) = table {
+        cmd.env("DISTGEMM_TUNING", table);
+    }
+    cmd.output()
+        .unwrap_or_else(|e| panic!("cannot start distgemm: {e}"))
+}
+
+/// A tuning table with one entry: ag-a at TP 2 on an H200, 256 tokens, N = K = 512, where the
+/// pipelined schedule was measured faster (the rule picks the single-stage one: the problem
+/// is tiny).
+const PIPELINED_AT_256: &str = r#"{"version": 1, "entries": [{
+  "key": {"gpu": "NVIDIA H200", "tp": 2, "dtype": "bf16", "family": "ag-a",
+          "tokens": 256, "n": 512, "k": 512},
+  "choice": "ag-a",
+  "candidates": [
+    {"schedule": "ag-a", "median_ms": 0.01, "min_ms": 0.009, "max_ms": 0.02, "reps": 60},
+    {"schedule": "ag-a-single", "median_ms": 0.02, "min_ms": 0.019, "max_ms": 0.03, "reps": 60}
+  ],
+  "provenance": {"unix_seconds": 0, "commit": "test", "machine": "test: 2× NVIDIA H200", "m": 256}
+}]}"#;
+
+/// `plan --auto` says which schedule `Auto` runs and who decided: the rule without a table,
+/// the table's entry when `DISTGEMM_TUNING` names one that matches (the nearest token bucket
+/// too), the rule again for a shape the table does not have; an unusable table is a one-line
+/// refusal, and a fixed schedule never reads it.
+#[test]
+fn plan_auto_reports_the_tuned_source_when_a_table_matches() {
+    let dir = std::env::temp_dir().join(format!("distgemm-cli-tuning-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let table = dir.join("tuning.json");
+    std::fs::write(&table, PIPELINED_AT_256).unwrap();
+    let schedule_of = |out: &Output| -> String {
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["schedule"].as_str().unwrap().to_owned()
+    };
+    let line = |m: usize| {
+        format!("plan --schedule ag-a-single --tp 2 --m {m} --n 512 --k 512 --auto --format json")
+    };
+
+    let l = line(256);
+    let rule = distgemm_with_table(&words(&l), None);
+    assert_eq!(schedule_of(&rule), "ag-a-single");
+    assert_eq!(
+        text(&rule.stderr),
+        "note: --auto runs ag-a-single (family ag-a, for an NVIDIA H200): rule\n"
+    );
+
+    let tuned = distgemm_with_table(&words(&l), Some(&table));
+    assert_eq!(schedule_of(&tuned), "ag-a");
+    let note = text(&tuned.stderr);
+    assert!(
+        note.starts_with(&format!(
+            "note: --auto runs ag-a (family ag-a, for an NVIDIA H200): tuned (table {}#",
+            table.display()
+        )) && note.ends_with(
+            ": NVIDIA H200 TP=2 bf16 ag-a M≈256 N=512 K=512); the rule picks ag-a-single\n"
+        ),
+        "{note}"
+    );
+    // 192 tokens are in bucket 256; 1024 tokens take the nearest bucket, 256.
+    let l = line(192);
+    let near = distgemm_with_table(&words(&l), Some(&table));
+    assert_eq!(schedule_of(&near), "ag-a");
+    let l = line(1024);
+    let far = distgemm_with_table(&words(&l), Some(&table));
+    assert_eq!(schedule_of(&far), "ag-a");
+    assert!(text(&far.stderr).contains("nearest token bucket"));
+    // Another N: no entry, the rule.
+    let l = "plan --schedule ag-a --tp 2 --m 256 --n 1024 --k 512 --auto --format json";
+    let other = distgemm_with_table(&words(l), Some(&table));
+    assert_eq!(schedule_of(&other), "ag-a-single");
+    assert!(text(&other.stderr).ends_with(": rule\n"));
+
+    // Unusable tables: one line, exit 2, naming the file and why.
+    let bad = dir.join("bad.json");
+    std::fs::write(
+        &bad,
+        PIPELINED_AT_256.replace("\"version\": 1", "\"version\": 7"),
+    )
+    .unwrap();
+    let l = line(256);
+    let args = words(&l);
+    let out = distgemm_with_table(&args, Some(&bad));
+    assert_one_line_exit_2(&args, &out, "version 7, this distgemm reads version 1");
+    let out = distgemm_with_table(&args, Some(std::path::Path::new("/dev/zero")));
+    assert_one_line_exit_2(&args, &out, "tuning table /dev/zero: not a regular file");
+    // A fixed schedule does not read the table.
+    let fixed = distgemm_with_table(
+        &words("plan --schedule ag-a-single --tp 2 --m 256 --n 512 --k 512 --format json"),
+        Some(std::path::Path::new("/dev/zero")),
+    );
+    assert_eq!(schedule_of(&fixed), "ag-a-single");
+    assert!(fixed.stderr.is_empty());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `distgemm tune` without GPUs is a one-line refusal naming the CUDA backend (exit 2) that
+/// leaves the table alone; an unusable table at `--out`, an FP8 problem and bad counts are
+/// refused first, on every machine. On a machine with two Hopper GPUs it tunes the small
+/// problem and writes the table.
+#[test]
+fn tune_without_gpus_exits_2_and_bad_tables_are_refused_first() {
+    let dir = std::env::temp_dir().join(format!("distgemm-cli-tune-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let table = dir.join("tuning.json");
+    let table_arg = table.to_string_lossy().into_owned();
+    let base = "tune --schedule ag-a --tp 2 --m 256 --n 512 --k 512 --reps 3 --rounds 1 \
+                --settle-ms 0 --timeout-ms 2000 --out";
+    let mut args = words(base);
+    args.push(&table_arg);
+    let out = distgemm_with_table(&args, None);
+    let (stdout, err) = (text(&out.stdout), text(&out.stderr));
+    match out.status.code() {
+        Some(2) => {
+            assert_one_line_exit_2(&args, &out, "error: CUDA backend unavailable: ");
+            assert!(
+                err.contains("distgemm tune times the candidates on the GPUs"),
+                "{err}"
+            );
+            assert!(stdout.is_empty(), "{stdout}");
+            assert!(!table.exists(), "nothing written without a measurement");
+        }
+        Some(0) => {
+            eprintln!(
+                "cli::tune_without_gpus: this machine has 2 Hopper GPUs with peer access, so \
+                 `distgemm tune` ran; checking the table it wrote"
+            );
+            assert!(stdout.contains("chosen: ag-a"), "{stdout}");
+            let v: serde_json::Value =
+                serde_json::from_str(&std::fs::read_to_string(&table).unwrap()).unwrap();
+            assert_eq!(v["entries"].as_array().unwrap().len(), 1, "{v}");
+        }
+        other => panic!("{args:?} exited with {other:?}: {err}"),
+    }
+
+    std::fs::write(&table, "{\"version\": 1, \"entries\": [").unwrap();
+    let out = distgemm_with_table(&args, None);
+    assert_one_line_exit_2(&args, &out, "malformed");
+    assert_eq!(
+        std::fs::read_to_string(&table).unwrap(),
+        "{\"version\": 1, \"entries\": [",
+        "an unusable table is never overwritten"
+    );
+    let cases = [
+        ("--reps 0", "--reps must be between 1 and"),
+        ("--rounds 0", "--rounds must be between 1 and"),
+        ("--rs-partials push", "drop --rs-partials"),
+        ("--dtype e4m3", "FP8"),
+    ];
+    for (extra, want) in cases {
+        let line = format!(
+            "tune --schedule rs-a --tp 2 --m 256 --n 512 --k 512 --out {table_arg} {extra}"
+        );
+        let args = words(&line);
+        assert_one_line_exit_2(&args, &distgemm_with_table(&args, None), want);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -21,6 +21,7 @@ Examples:
   distgemm run  --schedule rs-a --tp 2 --m 256 --n 512 --k 384 --ranks 2 --check
   distgemm bench --schedule ag-a --tp 2 --preset llama3-70b-fc1 --auto --format json
   distgemm trace --schedule ag-a --tp 4 --m 256 --n 256 --k 256 --backend cpu --out trace
+  distgemm tune --schedule rs-a --tp 2 --preset llama3-70b-fc2 --tokens 1024 --out tuning.json
 
 Exit status:
   0  success
@@ -67,6 +68,16 @@ pub(crate) enum Command {
     /// summary.json (per device and stage: compute, copy, wait and exposed communication);
     /// prints the summary. Only the CPU executor can be traced so far (--backend cpu).
     Trace(TraceArgs),
+    /// Measure which schedule of --schedule's family is faster and record it in a tuning table.
+    ///
+    /// Builds the family's pipelined and single-stage schedules on the GPUs and times them in
+    /// interleaved rounds (order reversed each round; every block starts with --settle-ms of
+    /// untimed runs), --reps timed runs each in all. Writes the fastest, with every
+    /// candidate's times, into the table --out (merged: the entry of the same GPU, TP, dtype,
+    /// family, token bucket, N and K is replaced), which Auto reads when DISTGEMM_TUNING names
+    /// it. Prints each candidate's median, the choice and the rule's.
+    /// Needs TP Hopper GPUs with peer access; there is no CPU fallback (exit status 2).
+    Tune(TuneArgs),
 }
 
 /// The problem: a schedule, a TP and either explicit sizes or a preset.
@@ -139,6 +150,11 @@ pub(crate) enum Format {
 pub(crate) struct PlanArgs {
     #[command(flatten)]
     pub(crate) problem: ProblemArgs,
+    /// Let Auto choose between --schedule's pipelined and single-stage variants, as on an
+    /// NVIDIA H200 (a tuning table's measured choice when DISTGEMM_TUNING names one and an
+    /// entry matches, else the rule); a note on stderr says which ran and who decided.
+    #[arg(long)]
+    pub(crate) auto: bool,
     /// Output format.
     #[arg(long, value_enum, default_value = "table")]
     pub(crate) format: Format,
@@ -250,6 +266,35 @@ impl BenchArgs {
     }
 }
 
+/// Default total of timed runs per candidate of `tune`, over all rounds.
+pub(crate) const DEFAULT_TUNE_REPS: usize = 60;
+/// Most interleaved rounds `tune` runs.
+pub(crate) const MAX_TUNE_ROUNDS: usize = 100;
+
+#[derive(Debug, Args)]
+pub(crate) struct TuneArgs {
+    #[command(flatten)]
+    pub(crate) problem: ProblemArgs,
+    /// The tuning table to update (created if missing) [default: $DISTGEMM_TUNING, else
+    /// distgemm-tuning.json].
+    #[arg(long)]
+    pub(crate) out: Option<std::path::PathBuf>,
+    /// Timed runs per candidate, over all rounds (1..=10000).
+    #[arg(long, default_value_t = DEFAULT_TUNE_REPS)]
+    pub(crate) reps: usize,
+    /// Interleaved rounds (1..=100); each times every candidate once, in reversed order
+    /// every other round.
+    #[arg(long, default_value_t = 3)]
+    pub(crate) rounds: usize,
+    /// Untimed work at the start of every timed block, in milliseconds (the GPUs are
+    /// power-capped; the limiter takes up to a second to settle on a new load).
+    #[arg(long, default_value_t = 1000)]
+    pub(crate) settle_ms: u64,
+    /// Bound of every GPU wait, in milliseconds (a stuck peer becomes an error, not a hang).
+    #[arg(long, default_value_t = 10_000)]
+    pub(crate) timeout_ms: u64,
+}
+
 impl Command {
     /// The problem arguments every subcommand has.
     pub(crate) fn problem(&self) -> &ProblemArgs {
@@ -258,6 +303,7 @@ impl Command {
             Command::Run(a) => &a.problem,
             Command::Bench(a) => &a.problem,
             Command::Trace(a) => &a.problem,
+            Command::Tune(a) => &a.problem,
         }
     }
 }

@@ -1,5 +1,7 @@
 //! The `distgemm` command line: `plan` prints a plan, `run` executes it, `bench` times it on
-//! the GPUs, `trace` records a timeline of it (see [`crate::trace`]).
+//! the GPUs, `trace` records a timeline of it (see [`crate::trace`]), `tune` measures which
+//! schedule of a family is faster and records it in a tuning table
+//! ([`crate::cuda::tuning`]) that `Auto` reads (`plan --auto` shows what it decides).
 //!
 //! `distgemm bench` (CUDA backend only) takes the same problem arguments as `run`
 //! (`--schedule`, `--tp`, `--m/--n/--k` or `--preset [--tokens]`, `--dtype`) plus `--auto` (the
@@ -29,6 +31,7 @@ mod ranks;
 mod run;
 mod sample;
 mod trace;
+mod tune;
 
 use std::ffi::OsString;
 use std::io::Write;
@@ -39,9 +42,11 @@ use thiserror::Error;
 
 use self::args::{Cli, Command, Format, PlanArgs};
 use crate::cpu::ExecError;
+use crate::cuda::{ASSUMED_GPU_NAME, DistGemm, DistGemmError, Resolution, ScheduleSource};
 use crate::plan::{Plan, PlanError, SizeError};
 use crate::runtime::module::{PTX_ENV_VAR, PtxSource, read_ptx};
 use crate::runtime::{Gpu, RuntimeError, hopper_gpus};
+use crate::schedule::ScheduleKind;
 
 /// Exit status of a successful command.
 pub const EXIT_OK: u8 = 0;
@@ -116,6 +121,9 @@ pub enum CliError {
     /// Serialising JSON failed.
     #[error("cannot serialise JSON: {0}")]
     Json(#[from] serde_json::Error),
+    /// A tuning table (`DISTGEMM_TUNING`, or `tune --out`) is unusable.
+    #[error(transparent)]
+    Tuning(#[from] crate::cuda::TuningError),
 }
 
 impl CliError {
@@ -129,6 +137,8 @@ impl CliError {
                 ..
             }))
             | CliError::CudaUnavailable(_)
+            | CliError::Tuning(_)
+            | CliError::Cuda(crate::cuda::DistGemmError::Tuning(_))
             | CliError::TooLarge(_) => EXIT_BAD_INPUT,
             CliError::Runtime(e) | CliError::Cuda(crate::cuda::DistGemmError::Runtime(e))
                 if is_ptx_error(e) =>
@@ -223,10 +233,11 @@ where
         let _ = writeln!(err, "note: {note}");
     }
     let result = match cli.command {
-        Command::Plan(args) => plan(&args, &mut out),
+        Command::Plan(args) => plan(&args, &mut out, err),
         Command::Run(args) => run::run(&args, &mut out, err),
         Command::Bench(args) => bench::bench(&args, &mut out),
         Command::Trace(args) => trace::trace(&args, &mut out),
+        Command::Tune(args) => tune::tune(&args, &mut out),
     }
     .and_then(|()| Ok(out.flush()?));
     match result {
@@ -300,10 +311,31 @@ fn cuda_devices(tp: usize) -> Result<Vec<Gpu>, String> {
     Ok(gpus)
 }
 
-fn plan(args: &PlanArgs, out: &mut dyn Write) -> Result<(), CliError> {
+fn plan(args: &PlanArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), CliError> {
+    let problem = args.problem.problem()?;
+    let schedule = if args.auto {
+        let resolution = DistGemm::builder()
+            .tp(args.problem.tp)
+            .auto_schedule(args.problem.schedule)
+            .problem(problem)
+            .rs_partials(args.problem.rs_partials)
+            .resolution()
+            .map_err(|e| match e {
+                DistGemmError::Tuning(e) => CliError::Tuning(e),
+                e => CliError::Cuda(e),
+            })?;
+        writeln!(
+            err,
+            "note: {}",
+            auto_note(args.problem.schedule, &resolution)
+        )?;
+        resolution.schedule
+    } else {
+        args.problem.schedule
+    };
     let plan = Plan::build_with(
-        args.problem.schedule,
-        args.problem.problem()?,
+        schedule,
+        problem,
         args.problem.tp,
         args.problem.plan_options(),
     )?;
@@ -313,6 +345,23 @@ fn plan(args: &PlanArgs, out: &mut dyn Write) -> Result<(), CliError> {
         Format::Dot => write!(out, "{}", plan.render_dot())?,
     }
     Ok(())
+}
+
+/// What `--auto` decided, in one line: the schedule, the family, the GPU assumed and who
+/// decided (with the rule's choice when a table overrode it).
+fn auto_note(requested: ScheduleKind, resolution: &Resolution) -> String {
+    let rule = match (&resolution.source, resolution.rule) {
+        (ScheduleSource::Tuned { .. }, Some(rule)) => {
+            format!("; the rule picks {}", rule.schedule.cli_name())
+        }
+        _ => String::new(),
+    };
+    format!(
+        "--auto runs {} (family {}, for an {ASSUMED_GPU_NAME}): {}{rule}",
+        resolution.schedule.cli_name(),
+        requested.pipelined().cli_name(),
+        resolution.source,
+    )
 }
 
 #[cfg(test)]
