@@ -40,9 +40,12 @@ struct ReadmeCommand {
 }
 
 impl ReadmeCommand {
-    /// Whether it needs GPUs: `bench`, `--backend cuda`, or `--ranks` (one process per GPU).
+    /// Whether it needs GPUs: `bench`, `tune`, `--backend cuda`, or `--ranks` (one process
+    /// per GPU).
     fn needs_gpu(&self) -> bool {
-        self.args.first().is_some_and(|sub| sub == "bench")
+        self.args
+            .first()
+            .is_some_and(|sub| sub == "bench" || sub == "tune")
             || self.args.iter().any(|a| a == "--ranks")
             || self
                 .args
