@@ -534,3 +534,86 @@ impl Local {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cuda::auto::ScheduleSource;
+    use crate::cuda::tuning::{Candidate, Provenance, TuningEntry, TuningKey, TuningTable};
+    use crate::cuda::{DistGemm, ScheduleChoice};
+
+    /// A table in which ag-a at TP 2 was measured faster for 256×512×512 (the rule picks
+    /// ag-a-single: the problem is tiny).
+    fn pipelined_faster(problem: &Problem) -> Arc<LoadedTable> {
+        let candidate = |schedule, median_ms| Candidate {
+            schedule,
+            median_ms,
+            min_ms: median_ms,
+            max_ms: median_ms,
+            reps: 1,
+        };
+        let entry = TuningEntry::from_measurements(
+            TuningKey::of(
+                ASSUMED_GPU_NAME,
+                2,
+                ScheduleKind::AllGatherRotatingA,
+                problem,
+            ),
+            vec![
+                candidate(ScheduleKind::AllGatherRotatingA, 0.01),
+                candidate(ScheduleKind::AllGatherSingleStageA, 0.02),
+            ],
+            Provenance {
+                unix_seconds: 0,
+                commit: "test".into(),
+                machine: "test".into(),
+                m: problem.m,
+            },
+        );
+        let mut table = TuningTable::default();
+        table.insert(entry.expect("two candidates"));
+        Arc::new(LoadedTable {
+            table,
+            path: "t.json".into(),
+            digest: 1,
+        })
+    }
+
+    /// Both builders plan the table's choice for `Auto` (without a GPU), the rule's without
+    /// a table, and a fixed schedule whatever the table says.
+    #[test]
+    fn both_builders_plan_the_tuned_choice() -> Result<(), DistGemmError> {
+        let problem = Problem::new(256, 512, 512);
+        let table = pipelined_faster(&problem);
+        let rank = RankGemmBuilder::default()
+            .auto_schedule(ScheduleKind::AllGatherSingleStageA)
+            .problem(problem);
+        assert_eq!(rank.plan(2)?.schedule, ScheduleKind::AllGatherSingleStageA);
+        let rank = rank.tuning_table(Arc::clone(&table));
+        assert_eq!(rank.plan(2)?.schedule, ScheduleKind::AllGatherRotatingA);
+        let resolution = rank.resolution(2)?;
+        assert!(
+            matches!(resolution.source, ScheduleSource::Tuned { exact: true, .. }),
+            "{}",
+            resolution.source
+        );
+        let dist = DistGemm::builder()
+            .tp(2)
+            .auto_schedule(ScheduleKind::AllGatherRotatingA)
+            .problem(problem)
+            .tuning_table(Arc::clone(&table));
+        assert_eq!(dist.plan()?.schedule, ScheduleKind::AllGatherRotatingA);
+        let fixed = RankGemmBuilder::default()
+            .schedule(ScheduleKind::AllGatherSingleStageA)
+            .problem(problem)
+            .tuning_table(table);
+        assert_eq!(fixed.resolution(2)?.source, ScheduleSource::Fixed);
+        assert_eq!(fixed.plan(2)?.schedule, ScheduleKind::AllGatherSingleStageA);
+        // The rule alone, as before tuning tables.
+        assert_eq!(
+            ScheduleChoice::Auto(ScheduleKind::AllGatherRotatingA).resolve(&problem, 2, 132),
+            ScheduleKind::AllGatherSingleStageA
+        );
+        Ok(())
+    }
+}
