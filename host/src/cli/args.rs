@@ -6,7 +6,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use super::CliError;
 use crate::dtype::Dtype;
 use crate::fp8::ScaleMode;
-use crate::plan::{PlanOptions, RsPartials};
+use crate::plan::{Plan, PlanOptions, RsPartials};
 use crate::problem::{DEFAULT_TOKENS, Preset, Problem};
 use crate::schedule::ScheduleKind;
 
@@ -309,6 +309,16 @@ impl Command {
 }
 
 impl ProblemArgs {
+    /// The plan of the arguments' schedule, problem, TP and options.
+    pub(crate) fn plan(&self, problem: Problem) -> Result<Plan, CliError> {
+        Ok(Plan::build_with(
+            self.schedule,
+            problem,
+            self.tp,
+            self.plan_options(),
+        )?)
+    }
+
     /// The plan options the arguments give.
     pub(crate) fn plan_options(&self) -> PlanOptions {
         PlanOptions {

@@ -18,7 +18,6 @@ use super::args::{BenchArgs, MAX_BENCH_REPS, MIN_BENCH_REPS};
 use super::{CliError, check_ptx_file, cuda_devices, memory};
 use crate::cuda::{DistGemm, DistGemmError};
 use crate::dtype::{Dtype, Element};
-use crate::plan::Plan;
 use crate::problem::Problem;
 use crate::runtime::{DeviceCopy, Gpu, Module};
 use crate::testdata::{RandomShard, random_shards};
@@ -60,12 +59,7 @@ pub(super) fn bench(args: &BenchArgs, out: &mut dyn Write) -> Result<(), CliErro
     check_counts(args)?;
     crate::plan::check_gpu_kernel(&problem)?;
     // The shapes are checked without a GPU, so bad input is exit 2 everywhere.
-    let plan = Plan::build_with(
-        args.problem.schedule,
-        problem,
-        args.problem.tp,
-        args.problem.plan_options(),
-    )?;
+    let plan = args.problem.plan(problem)?;
     // The PTX file too: an unusable DISTGEMM_PTX is bad input on every machine.
     check_ptx_file()?;
     let gpus = cuda_devices(plan.tp).map_err(|reason| {

@@ -59,12 +59,7 @@ pub(super) fn run(
 ) -> Result<(), CliError> {
     let problem = args.problem.problem()?;
     check_counts(args)?;
-    let plan = Plan::build_with(
-        args.problem.schedule,
-        problem,
-        args.problem.tp,
-        args.problem.plan_options(),
-    )?;
+    let plan = args.problem.plan(problem)?;
     // FP8 runs on the CPU executor only: the GPU paths refuse it before touching a GPU, and
     // `auto` falls back to the CPU with a notice, as it does without GPUs.
     if args.ranks.is_some() || args.backend == Backend::Cuda {

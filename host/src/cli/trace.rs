@@ -30,12 +30,7 @@ pub(super) fn trace(args: &TraceArgs, out: &mut dyn Write) -> Result<(), CliErro
             "--timeout-ms must be at least 1 (it bounds every wait)".into(),
         ));
     }
-    let plan = Plan::build_with(
-        args.problem.schedule,
-        problem,
-        args.problem.tp,
-        args.problem.plan_options(),
-    )?;
+    let plan = args.problem.plan(problem)?;
     if args.backend == TraceBackend::Cuda {
         return Err(CliError::CudaUnavailable(
             "the GPU trace source is not built yet; use --backend cpu".into(),
