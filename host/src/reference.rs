@@ -269,6 +269,28 @@ impl CheckReport {
     }
 }
 
+/// The operand lengths of a check (elements of A, B, optional C, D) against `problem`: A is
+/// M×K, B N×K, C and D M×N, and C is required when beta ≠ 0.
+fn check_operand_sizes(
+    problem: &Problem,
+    a: usize,
+    b: usize,
+    c: Option<usize>,
+    d: usize,
+) -> Result<(), SizeError> {
+    let (m, n, k) = (problem.m, problem.n, problem.k);
+    SizeError::check("A", a, m * k)?;
+    SizeError::check("B", b, n * k)?;
+    match c {
+        Some(c) => SizeError::check("C", c, m * n)?,
+        None if problem.beta != 0.0 => {
+            return Err(SizeError::MissingC { beta: problem.beta });
+        }
+        None => {}
+    }
+    SizeError::check("D", d, m * n)
+}
+
 /// Global operands of a check: A (M×K), B (N×K), optional C (M×N), all packed row-major.
 #[derive(Clone, Copy, Debug)]
 pub struct CheckInputs<'a, T> {
@@ -283,17 +305,13 @@ pub struct CheckInputs<'a, T> {
 impl<T: Element> CheckInputs<'_, T> {
     /// A, B, C (required when beta ≠ 0) and `d` have the sizes of `problem`.
     fn check_sizes(&self, problem: &Problem, d: &[T]) -> Result<(), SizeError> {
-        let (m, n, k) = (problem.m, problem.n, problem.k);
-        SizeError::check("A", self.a.len(), m * k)?;
-        SizeError::check("B", self.b.len(), n * k)?;
-        match self.c {
-            Some(c) => SizeError::check("C", c.len(), m * n)?,
-            None if problem.beta != 0.0 => {
-                return Err(SizeError::MissingC { beta: problem.beta });
-            }
-            None => {}
-        }
-        SizeError::check("D", d.len(), m * n)
+        check_operand_sizes(
+            problem,
+            self.a.len(),
+            self.b.len(),
+            self.c.map(<[T]>::len),
+            d.len(),
+        )
     }
 
     /// `c_ij` as f64 (0 without C).
@@ -498,18 +516,14 @@ pub struct ScaledCheckInputs<'a, T> {
 impl<T: Element> ScaledCheckInputs<'_, T> {
     /// A, B, the scales, C (required when beta ≠ 0) and `d` have the sizes of `problem`.
     fn check_sizes(&self, problem: &Problem, d: &[T]) -> Result<(), SizeError> {
-        let (m, n, k) = (problem.m, problem.n, problem.k);
-        SizeError::check("A", self.a.len(), m * k)?;
-        SizeError::check("B", self.b.len(), n * k)?;
-        self.scales.validate(m, n)?;
-        match self.c {
-            Some(c) => SizeError::check("C", c.len(), m * n)?,
-            None if problem.beta != 0.0 => {
-                return Err(SizeError::MissingC { beta: problem.beta });
-            }
-            None => {}
-        }
-        SizeError::check("D", d.len(), m * n)
+        self.scales.validate(problem.m, problem.n)?;
+        check_operand_sizes(
+            problem,
+            self.a.len(),
+            self.b.len(),
+            self.c.map(<[T]>::len),
+            d.len(),
+        )
     }
 
     /// Compares the elements `indices` (flat, each below M·N, sizes checked) of `d`.
