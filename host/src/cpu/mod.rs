@@ -539,15 +539,20 @@ impl<T: Element> CpuExecutor<T> {
                 let flag_wait = ctx
                     .run(d, &dev.nodes[n])
                     .inspect_err(|_| ctx.waiter.abort.store(true, Ordering::Relaxed))?;
-                // A deferred predecessor is waited for at the end, as the kernel does.
+                // A deferred predecessor is waited for at the end, as the kernel does; the
+                // trace keeps that wait apart from the node's own work.
+                let mut deferred_wait = None;
                 for (pred, _) in dev.predecessors(n).filter(|(_, k)| deferred(k)) {
+                    let from = ctx.trace.map(|_| Instant::now());
                     wait_for(n, pred)?;
+                    let first = deferred_wait.map_or(from, |(s, _)| Some(s));
+                    deferred_wait = first.map(|s| (s, Instant::now()));
                 }
                 // The end is stamped before a successor may start.
                 let span = start.map(|start| (start, Instant::now()));
                 done[n].store(true, Ordering::Release);
                 if let (Some(recorder), Some(span)) = (ctx.trace, span) {
-                    recorder.record(d, iteration, n, span, flag_wait);
+                    recorder.record(d, iteration, n, span, flag_wait, deferred_wait);
                 }
             }
             Ok(())
@@ -752,6 +757,40 @@ mod tests {
         };
         assert!(written(0));
         assert!(!written(1));
+    }
+
+    /// A traced pipelined all-gather whose device 1 reaches the barrier 50 ms late: device
+    /// 0's stage 0 runs beside the barrier and then waits for it at its end. That wait is a
+    /// wait, not compute: the summary's compute is the GEMMs' own few milliseconds at most,
+    /// and compute, exposed communication and idle time add up to the wall time.
+    #[cfg(feature = "testing")]
+    #[test]
+    fn a_deferred_wait_is_traced_as_a_wait_not_as_compute() {
+        let (exec, _) = executor(ScheduleKind::AllGatherRotatingA, 2);
+        let late = Duration::from_millis(50);
+        let exec = exec.with_delays(vec![InjectedDelay {
+            device: 1,
+            node: Some(0),
+            delay: late,
+        }]);
+        let trace = exec.run_traced(1).unwrap_or_else(|e| panic!("{e}"));
+        let dev0 = &trace.devices[0];
+        let deferred: Vec<_> = dev0.events.iter().filter_map(|e| e.deferred_wait).collect();
+        assert_eq!(deferred.len(), 1, "{:?}", dev0.events);
+        let summary = crate::trace::DeviceSummary::of(dev0);
+        let late_ns = u64::try_from(late.as_nanos()).unwrap_or(u64::MAX);
+        assert!(
+            summary.compute_ns < late_ns / 2,
+            "compute {} ns counts the barrier wait",
+            summary.compute_ns
+        );
+        assert!(deferred[0].len_ns() > late_ns / 2, "{deferred:?}");
+        assert!(summary.wait_ns >= summary.barrier_ns, "{summary:?}");
+        assert_eq!(
+            summary.compute_ns + summary.exposed_ns + summary.idle_ns,
+            summary.wall_ns,
+            "{summary:?}"
+        );
     }
 
     #[test]

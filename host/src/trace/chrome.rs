@@ -108,6 +108,9 @@ fn args(e: &Event) -> Value {
     if let Some(w) = e.flag_wait {
         args["flag_wait_ns"] = json!(w.len_ns());
     }
+    if let Some(w) = e.deferred_wait {
+        args["deferred_wait_ns"] = json!(w.len_ns());
+    }
     args
 }
 
@@ -153,6 +156,12 @@ impl Trace {
                         .collect();
                     events.push(json!({"ph": "X", "pid": pid, "tid": tid,
                         "name": format!("wait {}", flags.join(", ")), "cat": "wait",
+                        "ts": us(w.start_ns), "dur": us(w.len_ns()),
+                        "args": {"iteration": e.iteration, "node": e.node}}));
+                }
+                if let Some(w) = e.deferred_wait {
+                    events.push(json!({"ph": "X", "pid": pid, "tid": tid,
+                        "name": "wait deferred predecessor", "cat": "wait",
                         "ts": us(w.start_ns), "dur": us(w.len_ns()),
                         "args": {"iteration": e.iteration, "node": e.node}}));
                 }
@@ -281,6 +290,7 @@ mod tests {
                 start_ns: s,
                 end_ns: e,
                 flag_wait: None,
+                deferred_wait: None,
             })
             .collect();
         let spans = vec![spans; 3];
@@ -342,7 +352,7 @@ mod tests {
                 .devices
                 .iter()
                 .flat_map(|d| &d.events)
-                .filter(|e| e.flag_wait.is_some())
+                .flat_map(Event::waits)
                 .count();
             assert_eq!(phase("X").count() - slices, waits, "{kind}");
             // One process per device, three named threads each.
@@ -362,7 +372,7 @@ mod tests {
                         .iter()
                         .zip(&tracks)
                         .filter(|(_, t)| t.tid() == tid)
-                        .flat_map(|(e, _)| [Some(e.span), e.flag_wait])
+                        .flat_map(|(e, _)| [Some(e.span), e.flag_wait, e.deferred_wait])
                         .flatten()
                         .map(|i| (i.start_ns, i.end_ns))
                         .collect();

@@ -2,8 +2,9 @@
 //! and what that says about where the time went (issue 25).
 //!
 //! A [`Trace`] is built from a [`Plan`](crate::plan::Plan) and, per device, one [`NodeSpan`]
-//! per executed node and run: start, end and, for a kernel that waits on a flag, when its
-//! prologue waited. Each span becomes an [`Event`] named after its node (`stage 2 gemm`,
+//! per executed node and run: start, end, for a kernel that waits on a flag, when its
+//! prologue waited, and for a kernel with a deferred predecessor (the pipelined all-gather's
+//! stage 0 after the barrier), when it waited for it after its own work. Each span becomes an [`Event`] named after its node (`stage 2 gemm`,
 //! `copy from device 3`, `push to device 1`, `flag 2`, `release to device 1`, `barrier`,
 //! `reduce`, `release wait`) on one of three [`Lane`]s of its device: the 1-thread collective kernels
 //! (barrier, release wait), the stage kernels (GEMMs, reduction) and the copy engine (copies
@@ -20,26 +21,29 @@
 //!
 //! - **wall**: from the device's first event's start to its last event's end;
 //! - **compute**: `|GEMM main loops|`, a main loop being a stage GEMM's span after its flag
-//!   wait;
-//! - **copy**: `|copies|`; **wait**: `|barriers ∪ flag waits ∪ release waits|`;
-//! - **communication**: every event's span except the GEMMs', plus the GEMMs' flag waits
-//!   (copies, flag sets, the barrier, the reduction, which reads the peers' partial sums, the
-//!   release wait);
+//!   wait and before its deferred wait;
+//! - **copy**: `|copies|`; **wait**: `|barriers ∪ flag waits ∪ deferred waits ∪ release
+//!   waits|`;
+//! - **communication**: every event's span except the GEMMs', plus the GEMMs' flag and
+//!   deferred waits (copies, flag sets, the barrier, the reduction, which reads the peers'
+//!   partial sums, the release wait);
 //! - **exposed communication**: `|communication \ compute|`, the time in which the device
 //!   communicated or waited and no GEMM computed;
 //! - **idle**: `wall − compute − exposed`, the time in which nothing of the plan ran (on the
 //!   CPU executor: thread scheduling between nodes).
 //!
 //! So `compute + exposed + idle = wall`. Per stage: its GEMM's main loop, its flag wait, the
-//! copies that feed it (bytes too) and its exposed communication (the stage's copies, flag
-//! sets, waits and reduction outside every GEMM main loop of the device). The barrier and the
+//! device's copies tagged with the stage (bytes too: an all-gather's pulls, which feed this
+//! device's stage GEMM, or a reduce-scatter's pushes, which feed the receiving neighbour's
+//! stage) and its exposed communication (the stage's copies, flag sets, waits and reduction
+//! outside every GEMM main loop of the device). The barrier, a deferred wait for it and the
 //! release wait belong to the run, not to a stage.
 //!
 //! # Sources
 //!
 //! **The CPU executor** ([`CpuExecutor::run_traced`](crate::cpu::CpuExecutor::run_traced)):
 //! every node's thread stamps `Instant`s around the node (one host clock for every device);
-//! a kernel node also stamps its prologue's flag wait. Untraced runs check one `Option` per
+//! a kernel node also stamps its prologue's flag wait and its wait for a deferred predecessor. Untraced runs check one `Option` per
 //! node and read no clock. Its times are the CPU's, useful to check the plan's shape and the
 //! outputs, not the GPU's speed.
 //!

@@ -89,6 +89,11 @@ pub struct NodeSpan {
     /// For a kernel with a flag to wait on: when its prologue waited for the flag (inside the
     /// span).
     pub flag_wait: Option<Interval>,
+    /// For a kernel with a deferred predecessor (the pipelined all-gather's stage 0 and the
+    /// barrier): when it waited for that predecessor after its own work (inside the span, at
+    /// its end).
+    #[serde(default)]
+    pub deferred_wait: Option<Interval>,
 }
 
 /// What an event is: the plan node's kind with what its name and lane need.
@@ -164,6 +169,10 @@ pub struct Event {
     pub span: Interval,
     /// A kernel's flag wait (inside `span`).
     pub flag_wait: Option<Interval>,
+    /// A kernel's wait for a deferred predecessor after its own work (inside `span`, at its
+    /// end).
+    #[serde(default)]
+    pub deferred_wait: Option<Interval>,
     /// Flags the node stores into ([`Node::flags_set`]).
     pub sets: Vec<FlagRef>,
     /// Flags the node waits on ([`Node::flags_awaited`]).
@@ -215,13 +224,20 @@ impl Event {
         }
     }
 
-    /// A GEMM's main loop: its span after the flag wait (None for other events).
+    /// A GEMM's main loop: its span after the flag wait and before the deferred wait (None
+    /// for other events).
     #[must_use]
     pub fn gemm_compute(&self) -> Option<Interval> {
         (self.kind == EventKind::Gemm).then(|| {
             let start = self.flag_wait.map_or(self.span.start_ns, |w| w.end_ns);
-            Interval::new(start, self.span.end_ns)
+            let end = self.deferred_wait.map_or(self.span.end_ns, |w| w.start_ns);
+            Interval::new(start, end.max(start))
         })
+    }
+
+    /// The waits inside the event: its flag wait, then its deferred wait.
+    pub fn waits(&self) -> impl Iterator<Item = Interval> + use<> {
+        self.flag_wait.into_iter().chain(self.deferred_wait)
     }
 }
 
@@ -255,7 +271,8 @@ pub struct Trace {
 impl Trace {
     /// The trace of `plan` from `spans[d]`, device d's spans on a clock shared by every device:
     /// exactly one span per node of every iteration `0..n` (n = the largest iteration + 1),
-    /// each ending no earlier than it starts, flag waits inside their spans. Times are shifted
+    /// each ending no earlier than it starts, flag waits inside their spans, deferred waits
+    /// inside them after the flag waits. Times are shifted
     /// so that the earliest start is 0.
     pub fn new(
         plan: &Plan,
@@ -349,6 +366,15 @@ fn check_device(
         {
             return Err(malformed("its flag wait lies outside it"));
         }
+        if let Some(w) = s.deferred_wait
+            && (w.end_ns < w.start_ns
+                || !Interval::new(s.start_ns, s.end_ns).contains(&w)
+                || s.flag_wait.is_some_and(|f| w.start_ns < f.end_ns))
+        {
+            return Err(malformed(
+                "its deferred wait lies outside it or before its flag wait",
+            ));
+        }
         counts[s.iteration * nodes.len() + s.node] += 1;
     }
     match counts.iter().position(|&c| c != 1) {
@@ -387,6 +413,7 @@ fn event(node: &Node, span: &NodeSpan, origin: u64, plan: &Plan) -> Event {
         stage: node.stage(),
         span: shift(Interval::new(span.start_ns, span.end_ns)),
         flag_wait: span.flag_wait.map(shift),
+        deferred_wait: span.deferred_wait.map(shift),
         sets: node.flags_set(),
         awaits: node.flags_awaited(),
     }
@@ -490,6 +517,7 @@ mod tests {
             start_ns: start,
             end_ns: end,
             flag_wait: None,
+            deferred_wait: None,
         };
         let full: Vec<NodeSpan> = (0..plan.devices[0].nodes.len())
             .map(|n| span(n, 10 * n as u64, 10 * n as u64 + 5))

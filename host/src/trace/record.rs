@@ -31,7 +31,9 @@ impl Recorder {
     }
 
     /// Node `node` of `device` ran from `start` to `end` in run `iteration`; a kernel's prologue
-    /// waited for its flags from `flag_wait.0` to `flag_wait.1`.
+    /// waited for its flags from `flag_wait.0` to `flag_wait.1`; a node with a deferred
+    /// predecessor waited for it, after its own work, from `deferred_wait.0` to
+    /// `deferred_wait.1`.
     pub(crate) fn record(
         &self,
         device: usize,
@@ -39,13 +41,16 @@ impl Recorder {
         node: usize,
         (start, end): (Instant, Instant),
         flag_wait: Option<(Instant, Instant)>,
+        deferred_wait: Option<(Instant, Instant)>,
     ) {
+        let interval = |(s, e)| Interval::new(self.ns(s), self.ns(e));
         let span = NodeSpan {
             iteration,
             node,
             start_ns: self.ns(start),
             end_ns: self.ns(end),
-            flag_wait: flag_wait.map(|(s, e)| Interval::new(self.ns(s), self.ns(e))),
+            flag_wait: flag_wait.map(interval),
+            deferred_wait: deferred_wait.map(interval),
         };
         if let Some(list) = self.devices.get(device) {
             list.lock()

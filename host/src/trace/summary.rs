@@ -63,7 +63,9 @@ pub struct StageSummary {
     pub gemm_ns: u64,
     /// The stage GEMM's flag wait (and the reduction's, for the single-stage reduce-scatter).
     pub flag_wait_ns: u64,
-    /// The copies that feed the stage.
+    /// The device's copies tagged with the stage: an all-gather's pulls feed this device's
+    /// stage GEMM; a reduce-scatter's pushes (device d's stage-t partial sum into its right
+    /// neighbour's workspace) feed the neighbour's stage t.
     pub copy_ns: u64,
     /// Their bytes.
     pub copy_bytes: usize,
@@ -93,10 +95,16 @@ impl DeviceSummary {
                 .collect::<Vec<_>>()
         };
         let compute: Vec<Interval> = events.iter().filter_map(Event::gemm_compute).collect();
-        let comm: Vec<Interval> = events.iter().filter_map(communication).collect();
+        // A deferred wait (stage 0 waiting for the barrier) belongs to the run, like the
+        // barrier: it counts here, not in its stage.
+        let comm: Vec<Interval> = events
+            .iter()
+            .filter_map(communication)
+            .chain(events.iter().filter_map(|e| e.deferred_wait))
+            .collect();
         let waits = spans(|e| matches!(e.kind, EventKind::Barrier | EventKind::ReleaseWait))
             .into_iter()
-            .chain(events.iter().filter_map(|e| e.flag_wait));
+            .chain(events.iter().flat_map(Event::waits));
         let wall = match (events.first(), events.iter().map(|e| e.span.end_ns).max()) {
             (Some(first), Some(end)) => end - first.span.start_ns,
             _ => 0,
@@ -246,6 +254,7 @@ mod tests {
             start_ns: s,
             end_ns: e,
             flag_wait: wait.map(|(a, b)| Interval::new(a, b)),
+            deferred_wait: None,
         };
         // barrier [0,10); copy [10,50); flags [50,51), [51,52); gemm 0 [5,40) (beside the
         // barrier); gemm 1 [40,100) waiting [40,52); release wait [100,110).

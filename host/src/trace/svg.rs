@@ -133,8 +133,8 @@ fn draw<'a>(
     }
     let sync = events().filter(|(_, e)| e.lane() == Lane::Sync);
     chart.draw_series(sync.map(|(d, e)| rect(d, e, SYNC_GREY)))?;
-    let waits = events().filter_map(|(d, e)| {
-        e.flag_wait.map(|w| {
+    let waits = events().flat_map(|(d, e)| {
+        e.waits().map(move |w| {
             Rectangle::new(
                 bar(tp, d, e.lane(), w.start_ns, w.end_ns),
                 WAIT_TINT.filled(),
