@@ -888,9 +888,9 @@ const PIPELINED_AT_256: &str = r#"{"version": 1, "entries": [{
 }]}"#;
 
 /// `plan --auto` says which schedule `Auto` runs and who decided: the rule without a table,
-/// the table's entry when `DISTGEMM_TUNING` names one that matches (the nearest token bucket
-/// too), the rule again for a shape the table does not have; an unusable table is a one-line
-/// refusal, and a fixed schedule never reads it.
+/// the table's entry when `DISTGEMM_TUNING` names one that matches (a token bucket one
+/// octave away too), the rule again for a shape or a bucket the table does not have; an
+/// unusable table is a one-line refusal, and a fixed schedule never reads it.
 #[test]
 fn plan_auto_reports_the_tuned_source_when_a_table_matches() {
     let dir = std::env::temp_dir().join(format!("distgemm-cli-tuning-{}", std::process::id()));
@@ -926,14 +926,22 @@ fn plan_auto_reports_the_tuned_source_when_a_table_matches() {
         ),
         "{note}"
     );
-    // 192 tokens are in bucket 256; 1024 tokens take the nearest bucket, 256.
+    // 192 tokens are in bucket 256; 512 tokens take the neighbouring bucket, 256; 1024
+    // tokens are two octaves away: the rule.
     let l = line(192);
     let near = distgemm_with_table(&words(&l), Some(&table));
     assert_eq!(schedule_of(&near), "ag-a");
+    let l = line(512);
+    let next = distgemm_with_table(&words(&l), Some(&table));
+    assert_eq!(schedule_of(&next), "ag-a");
+    assert!(text(&next.stderr).contains("nearest token bucket"));
     let l = line(1024);
     let far = distgemm_with_table(&words(&l), Some(&table));
-    assert_eq!(schedule_of(&far), "ag-a");
-    assert!(text(&far.stderr).contains("nearest token bucket"));
+    assert!(
+        text(&far.stderr).ends_with(": rule\n"),
+        "{}",
+        text(&far.stderr)
+    );
     // Another N: no entry, the rule.
     let l = "plan --schedule ag-a --tp 2 --m 256 --n 1024 --k 512 --auto --format json";
     let other = distgemm_with_table(&words(l), Some(&table));

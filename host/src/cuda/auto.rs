@@ -40,7 +40,7 @@
 //!
 //! **Measured choices first.** [`choose_schedule_tuned`] takes a tuning table
 //! ([`super::tuning`], written by `distgemm tune`): when an entry matches the GPU, TP, problem
-//! kind, family, N and K (the problem's token bucket, else the nearest one), its measured
+//! kind, family, N and K (the problem's token bucket, else one an octave away), its measured
 //! choice runs; otherwise the rule does. [`Resolution::source`] says which decided. Both are
 //! pure functions of the table's contents, so ranks reading the same table agree.
 
@@ -235,7 +235,8 @@ pub enum ScheduleSource {
         table: String,
         /// The entry's key.
         key: TuningKey,
-        /// Whether the entry's token bucket is the problem's (else it is the nearest one).
+        /// Whether the entry's token bucket is the problem's (else it is a neighbouring one, a
+        /// factor of 2 away).
         exact: bool,
     },
 }
@@ -621,9 +622,22 @@ mod tests {
     }
 
     #[test]
-    fn the_nearest_bucket_applies_and_a_choice_that_cannot_run_falls_back_to_the_rule() {
-        let table = loaded(vec![crate::cuda::tuning::tests::fc2_entry(16384, 0.9, 1.0)]);
+    fn a_neighbouring_bucket_applies_a_far_one_does_not_and_a_choice_that_cannot_run_falls_back_to_the_rule()
+     {
+        let table = loaded(vec![crate::cuda::tuning::tests::fc2_entry(512, 0.9, 1.0)]);
+        // A table with only a 16384-token entry says nothing about 256 tokens: the rule.
+        let far = loaded(vec![crate::cuda::tuning::tests::fc2_entry(16384, 0.9, 1.0)]);
         let fc2 = Preset::Llama3_70bFc2.problem(256);
+        let r = choose_schedule_tuned(
+            ScheduleKind::ReduceScatterTilingA,
+            &fc2,
+            2,
+            ASSUMED_GPU_NAME,
+            &MachineModel::H200,
+            Some(&far),
+        );
+        assert_eq!(r.source, ScheduleSource::Rule);
+        assert_eq!(r.schedule, ScheduleKind::ReduceScatterSingleStageA);
         let r = choose_schedule_tuned(
             ScheduleKind::ReduceScatterTilingA,
             &fc2,

@@ -4,8 +4,9 @@
 //! `distgemm tune` times the two schedules of a family (pipelined and single-stage) on the
 //! GPUs in interleaved rounds and records, for one shape bucket, which was faster and every
 //! candidate's times. `Auto` then looks the problem up: an entry of the same GPU, TP, problem
-//! kind, family, N and K, with the problem's token bucket if there is one, else the nearest
-//! token bucket; without a matching entry it uses the rule. The table is a file named by
+//! kind, family, N and K, with the problem's token bucket if there is one, else a neighbouring
+//! token bucket (one octave, a factor of 2 in tokens, away; a farther entry says nothing about
+//! this M); without a matching entry it uses the rule. The table is a file named by
 //! [`TUNING_ENV_VAR`] (or given to a builder), read once per resolution, so every rank that
 //! reads the same file makes the same choice.
 //!
@@ -57,6 +58,9 @@ use crate::schedule::ScheduleKind;
 pub const TUNING_ENV_VAR: &str = "DISTGEMM_TUNING";
 /// Largest tuning table file read, in bytes (16 MiB: about 40,000 entries).
 pub const MAX_TABLE_BYTES: u64 = 16 << 20;
+/// How many octaves (factors of 2 in tokens) a table entry's bucket may lie from the
+/// problem's for [`TuningTable::lookup`] to use it.
+pub const MAX_BUCKET_OCTAVES: u32 = 1;
 /// The format version this crate reads and writes.
 pub const TABLE_VERSION: u32 = 1;
 /// Largest tensor-parallel degree an entry may have (as the schedules).
@@ -367,7 +371,8 @@ impl TuningEntry {
 pub struct TableMatch<'t> {
     /// The entry.
     pub entry: &'t TuningEntry,
-    /// Whether its token bucket is the problem's (else it is the nearest one).
+    /// Whether its token bucket is the problem's (else it is a neighbouring one, a factor of
+    /// 2 away).
     pub exact: bool,
 }
 
@@ -437,8 +442,9 @@ impl TuningTable {
     }
 
     /// The entry for `problem` in `family` at `tp` on a `gpu`: the one of its token bucket,
-    /// else the one of the nearest token bucket (by ratio; on a tie the smaller) of the same
-    /// GPU, TP, problem kind, family, N and K, else none.
+    /// else the one of a neighbouring token bucket (half or twice it; with both, the smaller)
+    /// of the same GPU, TP, problem kind, family, N and K, else none: a measurement further
+    /// than one octave away in M is no evidence for this problem, so the rule decides.
     #[must_use]
     pub fn lookup(
         &self,
@@ -452,6 +458,7 @@ impl TuningTable {
         self.entries
             .iter()
             .filter(|e| e.key.same_shape_family(&key))
+            .filter(|e| log2(e.key.tokens).abs_diff(log2(key.tokens)) <= MAX_BUCKET_OCTAVES)
             .min_by_key(|e| (log2(e.key.tokens).abs_diff(log2(key.tokens)), e.key.tokens))
             .map(|entry| TableMatch {
                 entry,
@@ -732,7 +739,7 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn lookup_takes_the_exact_bucket_else_the_nearest_of_the_same_shape() {
+    fn lookup_takes_the_exact_bucket_else_a_neighbouring_one_of_the_same_shape() {
         let t = table(vec![
             fc2_entry(256, 0.194, 0.120),
             fc2_entry(4096, 1.484, 1.547),
@@ -751,17 +758,37 @@ pub(crate) mod tests {
             look("NVIDIA H200", 2, ReduceScatterSingleStageA, fc2(300)),
             Some((256, true))
         );
+        // 16384 is two octaves from 4096: too far, no entry (the rule decides).
         assert_eq!(
             look("NVIDIA H200", 2, ReduceScatterTilingA, fc2(16384)),
+            None
+        );
+        assert_eq!(
+            look("NVIDIA H200", 2, ReduceScatterTilingA, fc2(8192)),
             Some((4096, false))
         );
+        assert_eq!(
+            look("NVIDIA H200", 2, ReduceScatterTilingA, fc2(128)),
+            Some((256, false))
+        );
+        assert_eq!(look("NVIDIA H200", 2, ReduceScatterTilingA, fc2(64)), None);
         assert_eq!(
             look("NVIDIA H200", 2, ReduceScatterTilingA, fc2(512)),
             Some((256, false))
         );
-        // 1024 is two octaves from both: the smaller bucket.
+        // 1024 is two octaves from both: neither.
         assert_eq!(
             look("NVIDIA H200", 2, ReduceScatterTilingA, fc2(1024)),
+            None
+        );
+        // One octave from both (a table of 256 and 1024, at 512): the smaller bucket.
+        let both = table(vec![
+            fc2_entry(256, 0.194, 0.120),
+            fc2_entry(1024, 0.5, 0.6),
+        ]);
+        assert_eq!(
+            both.lookup("NVIDIA H200", 2, ReduceScatterTilingA, &fc2(512))
+                .map(|m| (m.entry.key.tokens, m.exact)),
             Some((256, false))
         );
         assert_eq!(
