@@ -627,3 +627,92 @@ fn the_cuda_builders_refuse_fp8_before_planning() {
             .is_ok()
     );
 }
+
+/// In an FP8 plan a GEMM reads A and B as 1-byte e4m3 and writes D (and reads C) in the
+/// output type, and a reduction sums output-typed partials: an edited view pointing at a
+/// buffer of the other element type is refused by `validate` and `from_json` with
+/// [`PlanError::ElementType`] (it used to pass both and panic a CPU device thread).
+#[test]
+fn fp8_views_of_the_wrong_element_type_are_refused() {
+    use distgemm::fp8::ScaleMode;
+    let fp8 = cube(64).with_fp8(ScaleMode::Rowwise);
+    /// Applies `edit` to device 0's stage-0 GEMM and its reduction (if any).
+    fn on_device_0(plan: &mut Plan, edit: fn(&mut Node)) {
+        for node in &mut plan.devices[0].nodes {
+            if matches!(node, Node::Gemm(g) if g.stage == 0) || matches!(node, Node::Reduce(_)) {
+                edit(node);
+            }
+        }
+    }
+    type Edit = fn(&mut Node);
+    // (schedule, edit, role, element bytes of the buffer, element bytes the role needs)
+    let cases: [(ScheduleKind, Edit, &str, usize, usize); 4] = [
+        (
+            AG_A,
+            |n| {
+                if let Node::Gemm(g) = n {
+                    g.a.buffer = BufferKind::D;
+                }
+            },
+            "A",
+            2,
+            1,
+        ),
+        (
+            ScheduleKind::AllGatherRotatingB,
+            |n| {
+                if let Node::Gemm(g) = n {
+                    g.b.buffer = BufferKind::D;
+                }
+            },
+            "B",
+            2,
+            1,
+        ),
+        (
+            AG_A,
+            |n| {
+                if let Node::Gemm(g) = n {
+                    g.d.buffer = BufferKind::A;
+                }
+            },
+            "D",
+            1,
+            2,
+        ),
+        (
+            ScheduleKind::ReduceScatterSingleStageA,
+            |n| {
+                if let Node::Reduce(r) = n {
+                    r.dst.buffer = BufferKind::B;
+                }
+            },
+            "reduction destination",
+            1,
+            2,
+        ),
+    ];
+    for (kind, edit, role, got, expected) in cases {
+        let mut plan = Plan::build(kind, fp8, 2).unwrap_or_else(|e| panic!("{e}"));
+        on_device_0(&mut plan, edit);
+        let err = plan.validate().err();
+        assert!(
+            matches!(
+                &err,
+                Some(PlanError::ElementType { device: 0, view_device: 0, role: r, got: g, expected: e, .. })
+                    if *r == role && (*g, *e) == (got, expected)
+            ),
+            "{kind} {role}: {err:?}"
+        );
+        let msg = edited(kind, fp8, 2, |p| on_device_0(p, edit));
+        let want = format!(
+            "its {role} view points at device 0's {} buffer of {got}-byte elements; {role} views \
+             need {expected}-byte elements",
+            match err {
+                Some(PlanError::ElementType { buffer, .. }) => buffer.name(),
+                _ => "",
+            }
+        );
+        assert!(msg.contains(&want), "want {want:?} in {msg:?}");
+    }
+}

@@ -128,6 +128,33 @@ pub enum PlanError {
     /// plan; see [`Plan::validate`]).
     #[error("invalid plan: {0}")]
     Inconsistent(String),
+    /// A node's view points at a buffer of the wrong element type: a GEMM's A and B read
+    /// operands ([`Problem::operand_bytes`]: 1-byte e4m3 in an FP8 plan), its C and D and a
+    /// reduction's views hold outputs ([`Problem::output_bytes`]). Only an edited FP8 plan can
+    /// mix them up; bf16 and f16 plans have one element size.
+    #[error(
+        "invalid plan: device {device}, {node} node: its {role} view points at device \
+         {view_device}'s {buffer_name} buffer of {got}-byte elements; {role} views need \
+         {expected}-byte elements",
+        buffer_name = .buffer.name()
+    )]
+    ElementType {
+        /// The device whose node it is.
+        device: usize,
+        /// The node name.
+        node: &'static str,
+        /// The view's role in the node: `A`, `B`, `C`, `D`, `reduction source` or
+        /// `reduction destination`.
+        role: &'static str,
+        /// The device the view points at.
+        view_device: usize,
+        /// The buffer the view points at.
+        buffer: BufferKind,
+        /// Bytes of one element of that buffer ([`Plan::element_bytes`]).
+        got: usize,
+        /// Bytes of one element the role needs.
+        expected: usize,
+    },
     /// An FP8 problem for a GPU backend: the plans and the CPU executor run it, the e4m3
     /// stage kernel and its lowering do not exist yet (issue 24).
     #[error(

@@ -25,9 +25,11 @@ impl Plan {
     ///    pushed partials) from its own workspace into a peer's; in a plan of pushed partials
     ///    no GEMM reads a peer's C; a reduction's sources have its destination's shape;
     ///    a barrier arrives only at peers, and every device waits for exactly the arrivals the
-    ///    other barriers send it; in an FP8 plan, views and regions of operand buffers cover
-    ///    whole rows ([`Plan::operand_row_elements`]), which is how row-wise scales find and
-    ///    follow their rows, and a copy moves elements of one type.
+    ///    other barriers send it; in an FP8 plan, a GEMM's A and B views point at e4m3
+    ///    buffers and its C and D views and a reduction's views at output-typed ones
+    ///    ([`PlanError::ElementType`]), views and regions of operand buffers cover whole rows
+    ///    ([`Plan::operand_row_elements`]), which is how row-wise scales find and follow their
+    ///    rows, and a copy moves elements of one type.
     pub fn validate(&self) -> Result<(), PlanError> {
         can_implement(self.schedule, &self.problem, self.tp)?;
         let inconsistent = |what: String| Err(PlanError::Inconsistent(what));
@@ -79,6 +81,7 @@ impl Plan {
                 }
             }
             for node in &dev.nodes {
+                self.check_element_types(dev.device, node)?;
                 self.check_node(dev.device, node)
                     .map_err(|what| PlanError::InvalidView {
                         device: dev.device,
@@ -284,6 +287,51 @@ impl Plan {
                 && i >= self.tp
             {
                 return Err(format!("{what} {i} does not exist at TP={}", self.tp));
+            }
+        }
+        Ok(())
+    }
+
+    /// A GEMM's A and B views point at operand buffers
+    /// ([`crate::problem::Problem::operand_bytes`] per element: 1 in an FP8 plan), its C and D
+    /// views and a reduction's views at output buffers
+    /// ([`crate::problem::Problem::output_bytes`]); a copy's two buffers are compared by [`Plan::check_copy`].
+    /// The executors read each view with its role's element type, so a mismatch would read
+    /// the wrong bytes or none.
+    fn check_element_types(&self, device: usize, node: &Node) -> Result<(), PlanError> {
+        let (operand, output) = (self.problem.operand_bytes(), self.problem.output_bytes());
+        let roles: Vec<(&'static str, &View, usize)> = match node {
+            Node::Gemm(g) => [
+                Some(("A", &g.a, operand)),
+                Some(("B", &g.b, operand)),
+                g.epilogue.source.view().map(|c| ("C", c, output)),
+                Some(("D", &g.d, output)),
+            ]
+            .into_iter()
+            .flatten()
+            .collect(),
+            Node::Reduce(r) => r
+                .sources
+                .iter()
+                .map(|s| ("reduction source", s, output))
+                .chain([("reduction destination", &r.dst, output)])
+                .collect(),
+            Node::Barrier(_) | Node::PeerCopy(_) | Node::FlagSet(_) | Node::AwaitRelease(_) => {
+                Vec::new()
+            }
+        };
+        for (role, view, expected) in roles {
+            let got = self.element_bytes(view.buffer);
+            if got != expected {
+                return Err(PlanError::ElementType {
+                    device,
+                    node: node.name(),
+                    role,
+                    view_device: view.device,
+                    buffer: view.buffer,
+                    got,
+                    expected,
+                });
             }
         }
         Ok(())
