@@ -127,7 +127,13 @@ impl RankGemmBuilder {
     pub fn plan(&self, tp: usize) -> Result<Plan, DistGemmError> {
         let problem = self.problem.ok_or(DistGemmError::Missing("a problem"))?;
         crate::plan::check_gpu_kernel(&problem)?;
-        let schedule = self.resolution(tp)?.schedule;
+        self.plan_of(tp, self.resolution(tp)?.schedule)
+    }
+
+    /// The plan of `schedule` for a group of `tp` ranks.
+    fn plan_of(&self, tp: usize, schedule: ScheduleKind) -> Result<Plan, DistGemmError> {
+        let problem = self.problem.ok_or(DistGemmError::Missing("a problem"))?;
+        crate::plan::check_gpu_kernel(&problem)?;
         let options = PlanOptions {
             rs_partials: self.rs_partials,
         };
@@ -158,14 +164,25 @@ impl RankGemmBuilder {
     pub fn build(self, rendezvous: Arc<dyn Rendezvous>) -> Result<RankGemm, DistGemmError> {
         let rank = rendezvous.rank();
         let world = rendezvous.world_size();
-        let local = self.prepare(rank, world);
+        // Resolved once: the plan and the handshake's schedule and source come from the same
+        // reading of the tuning table (a table file may change between two readings).
+        let resolution = self.resolution(world);
+        let schedule_source = resolution
+            .as_ref()
+            .map_or_else(ToString::to_string, |r| r.source.to_string());
+        let resolved = resolution.as_ref().ok().map(|r| r.schedule);
+        let local = resolution.and_then(|r| self.prepare(rank, world, r.schedule));
         let (plan_schedule, problem, rs_partials) = match &local {
             Ok(l) => (l.plan.schedule, l.plan.problem, l.plan.rs_partials),
+            // Without a plan, the schedule resolved (so that it agrees with the source), else
+            // the one asked for.
             Err(_) => (
-                self.schedule
-                    .map_or(ScheduleKind::AllGatherRotatingA, |c| match c {
-                        ScheduleChoice::Fixed(k) | ScheduleChoice::Auto(k) => k,
-                    }),
+                resolved.unwrap_or_else(|| {
+                    self.schedule
+                        .map_or(ScheduleKind::AllGatherRotatingA, |c| match c {
+                            ScheduleChoice::Fixed(k) | ScheduleChoice::Auto(k) => k,
+                        })
+                }),
                 self.problem.unwrap_or(Problem::new(0, 0, 0)),
                 self.rs_partials,
             ),
@@ -181,9 +198,7 @@ impl RankGemmBuilder {
                 .unwrap_or_default(),
             allow_shared_gpu: self.allow_shared_gpu,
             schedule: plan_schedule,
-            schedule_source: self
-                .resolution(world)
-                .map_or_else(|e| e.to_string(), |r| r.source.to_string()),
+            schedule_source,
             rs_partials,
             problem,
             timeout_ns: u64::try_from(self.timeout_or_default().as_nanos()).unwrap_or(u64::MAX),
@@ -239,8 +254,13 @@ impl RankGemmBuilder {
 
     /// Everything this rank can do alone: plan, kernels, memory (exclusive workspace zeroed
     /// and synchronised), exports.
-    fn prepare(&self, rank: usize, world: usize) -> Result<Local, DistGemmError> {
-        let plan = self.plan(world)?;
+    fn prepare(
+        &self,
+        rank: usize,
+        world: usize,
+        schedule: ScheduleKind,
+    ) -> Result<Local, DistGemmError> {
+        let plan = self.plan_of(world, schedule)?;
         let gpu = self.gpu.clone().ok_or(DistGemmError::Missing("a GPU"))?;
         if rank >= world {
             return Err(DistGemmError::Group(format!(
@@ -577,6 +597,55 @@ mod tests {
             path: "t.json".into(),
             digest: 1,
         })
+    }
+
+    /// Rank 0 of a group of two whose peer echoes it: records what rank 0 sends.
+    #[derive(Default)]
+    struct Recording(std::sync::Mutex<Vec<Vec<u8>>>);
+
+    impl Rendezvous for Recording {
+        fn rank(&self) -> usize {
+            0
+        }
+        fn world_size(&self) -> usize {
+            2
+        }
+        fn all_gather(
+            &self,
+            mine: &[u8],
+        ) -> Result<Vec<Vec<u8>>, crate::cuda::rank::RendezvousError> {
+            self.0.lock().unwrap().push(mine.to_vec());
+            Ok(vec![mine.to_vec(), mine.to_vec()])
+        }
+    }
+
+    /// The handshake's schedule and its source come from one resolution: with a table that
+    /// picks ag-a for `Auto(ag-a-single)`, a rank that cannot build (no GPU here) still says
+    /// it would run ag-a, decided by the table, never the rule's schedule beside the table's
+    /// source.
+    #[test]
+    fn the_hello_names_the_resolved_schedule_and_its_source() {
+        let problem = Problem::new(256, 512, 512);
+        let rendezvous = Arc::new(Recording::default());
+        let err = RankGemmBuilder::default()
+            .auto_schedule(ScheduleKind::AllGatherSingleStageA)
+            .problem(problem)
+            .tuning_table(pipelined_faster(&problem))
+            .build(Arc::clone(&rendezvous) as Arc<dyn Rendezvous>)
+            .err();
+        assert!(
+            matches!(err, Some(DistGemmError::Missing("a GPU"))),
+            "{err:?}"
+        );
+        let sent = rendezvous.0.lock().unwrap();
+        assert_eq!(sent.len(), 1);
+        let hello: Hello = serde_json::from_slice(&sent[0]).unwrap();
+        assert_eq!(hello.schedule, ScheduleKind::AllGatherRotatingA);
+        assert!(
+            hello.schedule_source.starts_with("tuned (table t.json#"),
+            "{}",
+            hello.schedule_source
+        );
     }
 
     /// Both builders plan the table's choice for `Auto` (without a GPU), the rule's without
