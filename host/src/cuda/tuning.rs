@@ -483,16 +483,27 @@ impl LoadedTable {
     /// Reads and validates the table at `path`: a regular file of at most
     /// [`MAX_TABLE_BYTES`] (the read is bounded too, so a file that grows after the check
     /// cannot make it unbounded).
+    ///
+    /// The file that is read is the one checked: the checks are made on the opened file's
+    /// metadata, not on the path again. The path is checked once before opening as well, so
+    /// that a FIFO (whose opening blocks until a writer comes) is refused without opening it;
+    /// only a file swapped for a FIFO between that check and the opening could still block
+    /// (opening without blocking needs `O_NONBLOCK`, which would take a `libc` dependency).
     pub fn load(path: &Path) -> Result<LoadedTable, TuningError> {
         let unreadable = |source| TuningError::Unreadable {
             path: path.to_owned(),
             source,
         };
-        let meta = std::fs::metadata(path).map_err(unreadable)?;
+        let not_a_file = || TuningError::NotAFile {
+            path: path.to_owned(),
+        };
+        if !std::fs::metadata(path).map_err(unreadable)?.is_file() {
+            return Err(not_a_file());
+        }
+        let file = std::fs::File::open(path).map_err(unreadable)?;
+        let meta = file.metadata().map_err(unreadable)?;
         if !meta.is_file() {
-            return Err(TuningError::NotAFile {
-                path: path.to_owned(),
-            });
+            return Err(not_a_file());
         }
         let too_large = |bytes| TuningError::TooLarge {
             path: path.to_owned(),
@@ -502,8 +513,8 @@ impl LoadedTable {
             return Err(too_large(meta.len()));
         }
         let mut bytes = Vec::new();
-        std::fs::File::open(path)
-            .and_then(|f| f.take(MAX_TABLE_BYTES + 1).read_to_end(&mut bytes))
+        file.take(MAX_TABLE_BYTES + 1)
+            .read_to_end(&mut bytes)
             .map_err(unreadable)?;
         if bytes.len() as u64 > MAX_TABLE_BYTES {
             return Err(too_large(bytes.len() as u64));
@@ -920,6 +931,15 @@ pub(crate) mod tests {
         if Path::new("/dev/zero").exists() {
             assert!(matches!(
                 LoadedTable::load(Path::new("/dev/zero")).unwrap_err(),
+                TuningError::NotAFile { .. }
+            ));
+        }
+        // A FIFO is refused without being opened (opening one blocks until a writer comes).
+        let fifo = dir.join("fifo.json");
+        let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+        if made.is_ok_and(|s| s.success()) {
+            assert!(matches!(
+                LoadedTable::load(&fifo).unwrap_err(),
                 TuningError::NotAFile { .. }
             ));
         }
