@@ -2,7 +2,9 @@
 //!
 //! The scaled GEMM is `D = alpha·(sa ⊙ A)·(sb ⊙ B)ᵀ + beta·C`: A (M×K) and B (N×K) hold
 //! [`E4m3`] codes, [`Scales`] hold f32 factors (one per operand, or one per row of A and one per
-//! row of B, i.e. per output row and per output column), and C and D are bf16 or f16. The f64
+//! row of B, i.e. per output row and per output column), and C and D are bf16 or f16. Every
+//! scale is finite and at least [`MIN_SCALE`] = 2^-63 ([`Scales::validate`], which every
+//! entry point calls), so every product `sa·sb` is at least 2^-126, a normal f32. The f64
 //! reference, the kernel's arithmetic and the error bound are in [`crate::reference`]
 //! (`gemm_scaled_f64`, `gemm_scaled_f32`, `ErrorBound::scaled`, `check_scaled`).
 //!
@@ -73,6 +75,7 @@
 //!   scales of A move with A's rows wherever A is gathered.
 
 use serde::{Deserialize, Serialize};
+use thiserror::Error;
 
 use crate::plan::SizeError;
 
@@ -198,8 +201,50 @@ impl ScaleMode {
     }
 }
 
+/// The smallest scale [`Scales::validate`] accepts, 2^-63: every product `sa·sb` of two
+/// accepted scales is then at least 2^-126, the smallest normal f32, so the kernel's
+/// `s = sa·sb` is rounded with a relative error (an underflow there would be multiplied by
+/// the accumulator and alpha, beyond any absolute term of the error bound).
+pub const MIN_SCALE: f32 = f32::from_bits(64 << 23);
+
+/// A scale that [`Scales::validate`] refuses: not finite, not positive, or below
+/// [`MIN_SCALE`].
+#[derive(Clone, Copy, Debug, PartialEq, Error)]
+#[error(
+    "{} is {value:e}: FP8 scales must be finite and at least 2^-63 (so that every product \
+     sa·sb is a normal f32)",
+    match .index {
+        Some(i) => format!("the row-wise scale {i} of {}", .operand),
+        None => format!("the tensor-wise scale of {}", .operand),
+    }
+)]
+pub struct ScaleValueError {
+    /// Whose scale: `"A"` or `"B"`.
+    pub operand: &'static str,
+    /// The row of a row-wise scale; `None` for a tensor-wise one.
+    pub index: Option<usize>,
+    /// The refused value.
+    pub value: f32,
+}
+
+/// `Ok` when `value` is finite and at least [`MIN_SCALE`] (which refuses NaN, zero, negative
+/// and subnormal values too).
+fn check_scale(operand: &'static str, index: Option<usize>, value: f32) -> Result<(), SizeError> {
+    if value.is_finite() && value >= MIN_SCALE {
+        Ok(())
+    } else {
+        Err(ScaleValueError {
+            operand,
+            index,
+            value,
+        }
+        .into())
+    }
+}
+
 /// The dequantization factors of a scaled GEMM: element `(i, j)` of the product is
-/// `sa_i·sb_j·Σ_k a_ik·b_jk`.
+/// `sa_i·sb_j·Σ_k a_ik·b_jk`. Every scale is finite and at least [`MIN_SCALE`] = 2^-63
+/// ([`Scales::validate`]), so every `sa_i·sb_j` is a normal f32.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Scales {
     /// `sa_i = a`, `sb_j = b` for every row and column.
@@ -228,13 +273,26 @@ impl Scales {
         }
     }
 
-    /// `Ok` when the scales fit an M×N output: row-wise, A has M scales and B has N.
+    /// `Ok` when the scales fit an M×N output (row-wise, A has M scales and B has N) and
+    /// every scale is finite and at least [`MIN_SCALE`] = 2^-63, so that every product
+    /// `sa_i·sb_j` is at least 2^-126, a normal f32 (the hypothesis of
+    /// [`crate::reference::ErrorBound::scaled`]); a refused value is a
+    /// [`SizeError::ScaleValue`] naming the operand, the row and the value.
     pub fn validate(&self, m: usize, n: usize) -> Result<(), SizeError> {
         match self {
-            Scales::Tensorwise { .. } => Ok(()),
+            Scales::Tensorwise { a, b } => {
+                check_scale("A", None, *a)?;
+                check_scale("B", None, *b)
+            }
             Scales::Rowwise { a, b } => {
                 SizeError::check("the row-wise scales of A", a.len(), m)?;
-                SizeError::check("the row-wise scales of B", b.len(), n)
+                SizeError::check("the row-wise scales of B", b.len(), n)?;
+                for (operand, scales) in [("A", a), ("B", b)] {
+                    for (i, &value) in scales.iter().enumerate() {
+                        check_scale(operand, Some(i), value)?;
+                    }
+                }
+                Ok(())
             }
         }
     }
@@ -474,5 +532,68 @@ mod tests {
             })
         ));
         assert_eq!(ScaleMode::ALL.map(ScaleMode::name), ["tensor", "row"]);
+    }
+
+    #[test]
+    fn scales_must_be_finite_and_at_least_2_pow_minus_63() {
+        let min = MIN_SCALE;
+        assert_eq!(f64::from(min), 2f64.powi(-63));
+        assert!(Scales::Tensorwise { a: min, b: min }.validate(1, 1).is_ok());
+        let below = f32::from_bits(min.to_bits() - 1);
+        for bad in [
+            f32::NAN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            0.0,
+            -0.0,
+            -1.0,
+            f32::from_bits(1),
+            below,
+            1.5 * 2f32.powi(-75),
+        ] {
+            let refused = |operand, index| {
+                Err(SizeError::ScaleValue(ScaleValueError {
+                    operand,
+                    index,
+                    value: bad,
+                }))
+            };
+            // NaN ≠ NaN: compare the error's text for it.
+            let same = |got: Result<(), SizeError>, want: Result<(), SizeError>| {
+                format!("{got:?}") == format!("{want:?}")
+            };
+            let tensor = Scales::Tensorwise { a: 1.0, b: bad };
+            assert!(same(tensor.validate(1, 1), refused("B", None)), "{bad:e}");
+            let row = Scales::Rowwise {
+                a: vec![1.0, 2.0, bad],
+                b: vec![bad],
+            };
+            assert!(same(row.validate(3, 1), refused("A", Some(2))), "{bad:e}");
+        }
+        let row = Scales::Rowwise {
+            a: vec![1.0],
+            b: vec![0.5, -0.0],
+        };
+        assert_eq!(
+            row.validate(1, 2).map_err(|e| e.to_string()),
+            Err(
+                "the row-wise scale 1 of B is -0e0: FP8 scales must be finite and at least \
+                 2^-63 (so that every product sa·sb is a normal f32)"
+                    .into()
+            )
+        );
+        assert_eq!(
+            Scales::Tensorwise {
+                a: f32::NAN,
+                b: 1.0
+            }
+            .validate(1, 1)
+            .map_err(|e| e.to_string()),
+            Err(
+                "the tensor-wise scale of A is NaN: FP8 scales must be finite and at least \
+                 2^-63 (so that every product sa·sb is a normal f32)"
+                    .into()
+            )
+        );
     }
 }

@@ -193,8 +193,18 @@ impl ErrorBound {
     /// of the accumulation are rounded as in [`ErrorBound::new`]; the epilogue
     /// `alpha·((sa_i·sb_j)·acc) + beta·c` rounds five times in f32 where the unscaled one
     /// rounds three times (`alpha·acc`, `beta·c`, the sum), hence K + P + 4 instead of
-    /// K + P + 2. Each of the five may underflow to an f32 subnormal (tiny scales), with an
-    /// absolute error of at most 2^-150 instead of a relative one.
+    /// K + P + 2.
+    ///
+    /// Hypothesis: every scale is finite and at least [`crate::fp8::MIN_SCALE`] = 2^-63
+    /// ([`Scales::validate`], called by [`check_scaled`] and [`gemm_scaled_f32`]), so
+    /// `s = sa_i·sb_j ≥ 2^-126` is a normal f32 and its rounding is relative. (An underflow
+    /// there would be multiplied by `acc·alpha`: with K = 16, every code 448 and
+    /// `sa = sb = 1.5·2^-75`, the error is 8.4 times this bound.) The four other operations
+    /// may underflow to an f32 subnormal, each with an absolute error of at most 2^-150
+    /// instead of a relative one; that of `s·acc` is then multiplied by `|alpha|`, so the
+    /// `5·2^-150` covers them for `|alpha| ≤ 2`. (Beyond, an underflowed `s·acc` may exceed
+    /// it by up to `(|alpha| − 2)·2^-150`, less than a bf16 subnormal ulp for
+    /// `|alpha| < 2^17`; the bound does not count that.)
     #[must_use]
     pub fn scaled(out: Dtype, roundings: usize, k: usize, p: usize) -> Self {
         let r = roundings as f64;
@@ -829,12 +839,7 @@ mod tests {
     /// A scale of magnitude 2^-6…1 (the outputs stay within f16's range), negative one time
     /// in four.
     fn random_scale(rng: &mut StdRng) -> f32 {
-        let magnitude = 2f32.powf(rng.random_range(-6.0f32..0.0));
-        if rng.random_range(0..4) == 0 {
-            -magnitude
-        } else {
-            magnitude
-        }
+        2f32.powf(rng.random_range(-6.0f32..0.0))
     }
 
     /// The f32 path of the kernel ([`gemm_scaled_f32`]) on random e4m3 inputs stays within
@@ -1005,5 +1010,70 @@ mod tests {
             c: Some((&c32[..3], 2)),
         };
         assert!(gemm_scaled_f32::<bf16>(2, 2, 2, &a, 2, &b, 2, &row, epilogue).is_err());
+    }
+
+    /// Scales below 2^-63 are refused: their product would underflow in f32, and the error
+    /// of `s = sa·sb`, multiplied by `acc·alpha`, would exceed the bound (the reviewer's
+    /// repro: K = 16, every code 448, `sa = sb = 1.5·2^-75`, worst ratio 8.43). Scales of
+    /// exactly 2^-63 give `s = 2^-126`, a normal f32, and pass the check.
+    #[test]
+    fn scales_whose_product_would_underflow_are_refused_and_2_pow_minus_63_passes() {
+        let k = 16;
+        let (a, b) = (vec![E4m3::MAX; 2 * k], vec![E4m3::MAX; 3 * k]);
+        let problem = Problem::new(2, 3, k);
+        let run = |scales: &Scales| -> Result<CheckReport, SizeError> {
+            let epilogue = EpilogueInput {
+                alpha: 1.0,
+                beta: 0.0,
+                c: None,
+            };
+            let d = gemm_scaled_f32::<bf16>(2, 3, k, &a, k, &b, k, scales, epilogue)?;
+            let inputs = ScaledCheckInputs {
+                a: &a,
+                b: &b,
+                scales,
+                c: None,
+            };
+            check_scaled(&problem, 1, 1, inputs, &d)
+        };
+        let tiny = 1.5 * 2f32.powi(-75);
+        let refused = crate::fp8::ScaleValueError {
+            operand: "A",
+            index: None,
+            value: tiny,
+        };
+        assert_eq!(
+            run(&Scales::Tensorwise { a: tiny, b: tiny }).err(),
+            Some(SizeError::ScaleValue(refused))
+        );
+        assert_eq!(
+            gemm_scaled_f64(
+                2,
+                3,
+                k,
+                &a,
+                k,
+                &b,
+                k,
+                &Scales::Tensorwise { a: 1.0, b: tiny }
+            )
+            .err(),
+            Some(SizeError::ScaleValue(crate::fp8::ScaleValueError {
+                operand: "B",
+                ..refused
+            }))
+        );
+        let min = crate::fp8::MIN_SCALE;
+        assert_eq!(min, 2f32.powi(-63));
+        for scales in [
+            Scales::Tensorwise { a: min, b: min },
+            Scales::Rowwise {
+                a: vec![min, 1.0],
+                b: vec![min, 0.5, min],
+            },
+        ] {
+            let report = run(&scales).unwrap_or_else(|e| panic!("{e}"));
+            assert!(report.passed(), "{scales:?}: {report:?}");
+        }
     }
 }

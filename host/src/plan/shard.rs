@@ -40,6 +40,9 @@ pub enum SizeError {
         /// The problem's beta.
         beta: f32,
     },
+    /// An FP8 scale that is not finite or is below [`crate::fp8::MIN_SCALE`].
+    #[error(transparent)]
+    ScaleValue(#[from] crate::fp8::ScaleValueError),
     /// FP8 scales of the other mode than the problem's.
     #[error("the scales are {} but the problem's are {}", got.name(), expected.name())]
     ScaleMode {
