@@ -512,8 +512,10 @@ impl DeviceLowering<'_> {
 
 /// A stage that waits for its programmatic predecessor only at its end
 /// ([`HOOK_DEFER_GRID_WAIT`]) may touch nothing that predecessor (the start-of-run barrier)
-/// guards: no flag to wait on or signal, and only its own device's memory. The plan's
-/// construction guarantees it; this keeps an edited or future plan from breaking it silently.
+/// guards: no flag to wait on or signal, only its own device's memory, and it writes only its
+/// own D (a workspace slot may still be read by a peer's previous run until the barrier, as a
+/// reduce-scatter stage 0's is). The plan's construction guarantees it; this keeps an edited
+/// or future plan from breaking it silently.
 fn check_deferrable(device: usize, g: &GemmStage) -> Result<(), DistGemmError> {
     let views = [Some(&g.a), Some(&g.b), Some(&g.d), g.epilogue.source.view()];
     let peer_view = views.into_iter().flatten().find(|v| v.device != device);
@@ -522,6 +524,14 @@ fn check_deferrable(device: usize, g: &GemmStage) -> Result<(), DistGemmError> {
             "device {device}'s stage {} waits for the barrier only at its end, but it waits on \
              {:?}, signals {:?} or reads a peer's view ({peer_view:?})",
             g.stage, g.waits, g.signals
+        )));
+    }
+    if g.d.buffer != BufferKind::D {
+        return Err(DistGemmError::Internal(format!(
+            "device {device}'s stage {} waits for the barrier only at its end, but it writes \
+             its {} buffer, not its D",
+            g.stage,
+            g.d.buffer.name()
         )));
     }
     Ok(())
@@ -876,6 +886,55 @@ mod tests {
             ));
         }
         assert!(lower_device(&plan, 0, &addresses(2), &options()).is_ok());
+    }
+
+    /// A reduce-scatter stage 0 reads only its own device's memory and uses no flag, but it
+    /// writes a workspace slot that the right neighbour's previous run may still read: behind
+    /// a deferred edge (an edited plan) it is refused, as is an all-gather stage 0 whose D view
+    /// is moved into the workspace.
+    #[test]
+    fn a_deferred_stage_writes_only_its_own_d() {
+        let problem = Problem::new(128, 128, 128);
+        let defer_first_gemm = |plan: &mut Plan| {
+            let dev = &mut plan.devices[0];
+            let first = dev
+                .nodes
+                .iter()
+                .position(|n| matches!(n, Node::Gemm(_)))
+                .unwrap_or_else(|| panic!("no gemm"));
+            for e in dev.edges.iter_mut().filter(|e| e.to == first) {
+                e.kind = EdgeKind::ProgrammaticDeferred;
+            }
+            first
+        };
+        let refused = |plan: &Plan| {
+            matches!(
+                lower_device(plan, 0, &addresses(2), &options()),
+                Err(DistGemmError::Internal(what)) if what.contains("not its D")
+            )
+        };
+        for partials in crate::plan::RsPartials::ALL {
+            let plan_options = crate::plan::PlanOptions {
+                rs_partials: partials,
+            };
+            let mut plan =
+                Plan::build_with(ScheduleKind::ReduceScatterTilingA, problem, 2, plan_options)
+                    .unwrap_or_else(|e| panic!("{e}"));
+            let first = defer_first_gemm(&mut plan);
+            assert!(
+                matches!(&plan.devices[0].nodes[first], Node::Gemm(g) if g.stage == 0
+                    && g.d.buffer == BufferKind::Workspace)
+            );
+            assert!(refused(&plan), "{}", partials.cli_name());
+        }
+        let mut plan = Plan::build(ScheduleKind::AllGatherRotatingA, problem, 2)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let first = defer_first_gemm(&mut plan);
+        assert!(lower_device(&plan, 0, &addresses(2), &options()).is_ok());
+        if let Node::Gemm(g) = &mut plan.devices[0].nodes[first] {
+            g.d.buffer = BufferKind::Workspace;
+        }
+        assert!(refused(&plan));
     }
 
     #[test]

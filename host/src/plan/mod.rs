@@ -76,9 +76,15 @@
 //!
 //! Hence no slot is written while a reader may still read it, at any delay of any device;
 //! the CPU executor checks this with devices delayed on purpose (`tests/cpu_executor.rs`).
-//! A deferred first stage ([`EdgeKind::ProgrammaticDeferred`]) would break the first point
-//! and is never used for reduce-scatter (the lowering refuses one that signals, waits or
-//! reads a peer anyway).
+//! No reduce-scatter stage is deferred ([`EdgeKind::ProgrammaticDeferred`]): stage 0 writes a
+//! workspace slot, and a deferred stage runs before its device's barrier, i.e. before every
+//! peer has finished the previous run. Partials that are read (not pushed) make that a race:
+//! the right neighbour's stage 1 of the previous run may still read the slot over NVLink.
+//! Pushed partials would not race (stage 0 writes `S_0`, never an `R_t`, and only the
+//! device's own push 1 reads it, which the previous graph's end orders), but the rule is one
+//! for every schedule: a deferred stage writes only its own D. [`Plan::validate`] allows a deferred
+//! edge only into a pipelined all-gather's stage 0, and the lowering refuses a deferred stage
+//! that signals, waits, reads a peer or writes anything but its own D.
 //!
 //! **Failures.** A GPU wait that times out records its code in every device's error word, and
 //! a barrier that finds its own word set arrives nowhere (sticky poison: no device runs on one
@@ -154,6 +160,25 @@ pub enum PlanError {
         got: usize,
         /// Bytes of one element the role needs.
         expected: usize,
+    },
+    /// A [`EdgeKind::ProgrammaticDeferred`] edge into anything but stage 0's GEMM of a
+    /// pipelined all-gather (the only stage that reads and writes nothing the start-of-run
+    /// barrier guards; see the module documentation).
+    #[error(
+        "invalid plan: device {device}: edge {edge} into its {node} node (stage {stage}) of \
+         {schedule} is deferred; only a pipelined all-gather's stage-0 GEMM may be deferred"
+    )]
+    DeferredEdge {
+        /// The device.
+        device: usize,
+        /// The edge's index in the device's edge list.
+        edge: usize,
+        /// The name of the node the edge enters.
+        node: &'static str,
+        /// That node's stage.
+        stage: usize,
+        /// The plan's schedule.
+        schedule: ScheduleKind,
     },
     /// An FP8 problem for a GPU backend: the plans and the CPU executor run it, the e4m3
     /// stage kernel and its lowering do not exist yet (issue 24).

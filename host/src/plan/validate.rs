@@ -2,10 +2,10 @@
 //! from JSON (possibly edited) is refused with an error instead of panicking a device thread,
 //! reading wrong rows or asking for terabytes. The checks are listed at [`Plan::validate`].
 
-use super::{ExclusiveLayout, Node, PeerCopyNode, Plan, PlanError, RsPartials};
+use super::{EdgeKind, ExclusiveLayout, Node, PeerCopyNode, Plan, PlanError, RsPartials};
 use crate::schedule::{
-    Block, BufferKind, CSource, CopyDirection, GemmStage, MAX_ELEMENTS, ReduceStep, Region, View,
-    can_implement,
+    Block, BufferKind, CSource, Collective, CopyDirection, GemmStage, MAX_ELEMENTS, ReduceStep,
+    Region, View, can_implement,
 };
 
 impl Plan {
@@ -17,7 +17,8 @@ impl Plan {
     /// 2. per device: its shard blocks lie inside the global matrices (C exactly when beta ≠ 0),
     ///    its workspace has at most 2^40 elements and `workspace_bytes` matches it;
     /// 3. per device: edges go forward (`from < to < nodes`), so the node list is a topological
-    ///    order and the DAG is acyclic;
+    ///    order and the DAG is acyclic, and an edge is deferred
+    ///    ([`EdgeKind::ProgrammaticDeferred`]) only into a pipelined all-gather's stage-0 GEMM;
     /// 4. per node: views and regions lie inside their buffers (saturating ends, so nothing wraps)
     ///    with 16-byte aligned offsets and leading dimensions; flags exist; a GEMM's views have
     ///    its shape and it writes its own D; a copy moves equal lengths with
@@ -79,6 +80,7 @@ impl Plan {
                         dev.nodes.len()
                     ));
                 }
+                self.check_deferred_edge(dev.device, i)?;
             }
             for node in &dev.nodes {
                 self.check_element_types(dev.device, node)?;
@@ -91,6 +93,27 @@ impl Plan {
             }
         }
         self.check_barrier_arrivals()
+    }
+
+    /// Edge `edge` of `device` (inside the node list) is deferred only into stage 0's GEMM of
+    /// a pipelined all-gather ([`PlanError::DeferredEdge`]).
+    fn check_deferred_edge(&self, device: usize, edge: usize) -> Result<(), PlanError> {
+        let dev = &self.devices[device];
+        let e = dev.edges[edge];
+        let to = &dev.nodes[e.to];
+        let pipelined_all_gather =
+            self.schedule.is_pipelined() && self.schedule.collective() == Collective::AllGather;
+        let first_gemm = matches!(to, Node::Gemm(g) if g.stage == 0);
+        if e.kind != EdgeKind::ProgrammaticDeferred || (pipelined_all_gather && first_gemm) {
+            return Ok(());
+        }
+        Err(PlanError::DeferredEdge {
+            device,
+            edge,
+            node: to.name(),
+            stage: to.stage(),
+            schedule: self.schedule,
+        })
     }
 
     /// Shard blocks inside the global matrices, C present exactly when beta ≠ 0, a workspace
@@ -598,6 +621,70 @@ mod tests {
                 }
                 (_, other) => panic!("{kind}: {other:?}"),
             }
+        }
+    }
+
+    /// A deferred edge enters only a pipelined all-gather's stage-0 GEMM: moved to its
+    /// stage 1, added to a single-stage all-gather's GEMM or to a reduce-scatter's stage 0
+    /// (which writes a workspace slot a peer's previous run may still read), it is refused.
+    #[test]
+    fn only_a_pipelined_all_gathers_first_stage_is_deferred() {
+        let problem = Problem::new(96, 96, 96);
+        /// `kind`'s plan at TP=3 with the edges into device 1's GEMM of stage `stage` deferred.
+        fn deferred_into(kind: ScheduleKind, problem: Problem, stage: usize) -> Plan {
+            let mut plan = Plan::build(kind, problem, 3).unwrap_or_else(|e| panic!("{e}"));
+            let dev = &mut plan.devices[1];
+            let to = dev
+                .nodes
+                .iter()
+                .position(|n| matches!(n, Node::Gemm(g) if g.stage == stage))
+                .unwrap_or_else(|| panic!("{kind}: no stage {stage}"));
+            for e in dev.edges.iter_mut().filter(|e| e.to == to) {
+                e.kind = EdgeKind::ProgrammaticDeferred;
+            }
+            plan
+        }
+        for kind in [
+            ScheduleKind::AllGatherRotatingA,
+            ScheduleKind::AllGatherRotatingB,
+        ] {
+            assert_eq!(deferred_into(kind, problem, 0).validate(), Ok(()));
+            let err = deferred_into(kind, problem, 1).validate();
+            assert!(
+                matches!(
+                    err,
+                    Err(PlanError::DeferredEdge {
+                        device: 1,
+                        node: "gemm",
+                        stage: 1,
+                        ..
+                    })
+                ),
+                "{kind}: {err:?}"
+            );
+        }
+        for kind in [
+            ScheduleKind::AllGatherSingleStageA,
+            ScheduleKind::ReduceScatterTilingA,
+            ScheduleKind::ReduceScatterTilingB,
+            ScheduleKind::ReduceScatterSingleStageB,
+        ] {
+            let err = deferred_into(kind, problem, 0).validate();
+            assert!(
+                matches!(
+                    &err,
+                    Err(PlanError::DeferredEdge { device: 1, node: "gemm", stage: 0, schedule, .. })
+                        if *schedule == kind
+                ),
+                "{kind}: {err:?}"
+            );
+            let msg = err.map_err(|e| e.to_string()).err().unwrap_or_default();
+            assert!(
+                msg.contains(
+                    "is deferred; only a pipelined all-gather's stage-0 GEMM may be deferred"
+                ),
+                "{msg}"
+            );
         }
     }
 }
