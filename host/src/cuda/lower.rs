@@ -16,7 +16,9 @@
 //! `Full` edges become default edges and `Programmatic` edges programmatic ones (only between
 //! kernel nodes, which the plan guarantees and [`lower_device`] checks).
 //!
-//! Addresses: element `e` of buffer `X` of device `q` is `addresses[q].X + 2·e`; flag `i` of
+//! Addresses: element `e` of buffer `X` of device `q` is `addresses[q].X + e·size(X)`, with
+//! `size(X)` = [`Plan::element_bytes`] (2 for bf16 and f16; in an FP8 plan 1 for A, B and an
+//! all-gather workspace, the output type's 2 for C, D and partials); flag `i` of
 //! device `q` is `addresses[q].exclusive + layout.flag_offset(i)`, its counter
 //! `+ counter_offset` and its error word `+ error_offset`. Nothing here re-derives an index of
 //! the schedule: views, regions and flags come from the plan as they are. Every waiting kernel
@@ -194,7 +196,6 @@ pub struct LoweredGraph {
 struct Resolver<'a> {
     plan: &'a Plan,
     addresses: &'a [DeviceAddresses],
-    elem_bytes: u64,
 }
 
 impl Resolver<'_> {
@@ -217,7 +218,8 @@ impl Resolver<'_> {
                 buffer.name()
             )));
         }
-        Ok(base + offset as u64 * self.elem_bytes)
+        let element_bytes = self.plan.element_bytes(buffer) as u64;
+        Ok(base + offset as u64 * element_bytes)
     }
 
     fn view(&self, v: &View) -> Result<MatrixView, DistGemmError> {
@@ -581,11 +583,7 @@ pub fn lower_device(
             device,
             tp: plan.tp,
         })?;
-    let r = Resolver {
-        plan,
-        addresses,
-        elem_bytes: plan.problem.dtype.size_bytes() as u64,
-    };
+    let r = Resolver { plan, addresses };
     let lowering = DeviceLowering {
         error_word: r.error_word(device)?,
         peer_errors: r.peer_errors(device)?,
@@ -935,6 +933,67 @@ mod tests {
             g.d.buffer = BufferKind::Workspace;
         }
         assert!(refused(&plan));
+    }
+
+    /// In an FP8 plan the e4m3 buffers (A, B, an all-gather workspace) have 1-byte elements
+    /// and C, D and partials 2-byte ones: every view and copy address steps by its own
+    /// buffer's size.
+    #[test]
+    fn fp8_addresses_step_by_each_buffers_element_size() {
+        let problem = Problem::new(256, 256, 256).with_fp8(crate::fp8::ScaleMode::Rowwise);
+        let addr = addresses(4);
+        let bytes = |kind: ScheduleKind, buffer: BufferKind| -> u64 {
+            let operands = matches!(buffer, BufferKind::A | BufferKind::B)
+                || (buffer == BufferKind::Workspace
+                    && kind.collective() == crate::schedule::Collective::AllGather);
+            if operands { 1 } else { 2 }
+        };
+        let at = |kind: ScheduleKind, v: &View| {
+            addr[v.device].of(v.buffer) + v.offset as u64 * bytes(kind, v.buffer)
+        };
+        let mut offsets = std::collections::HashSet::new();
+        for kind in [
+            ScheduleKind::AllGatherRotatingA,
+            ScheduleKind::AllGatherRotatingB,
+            ScheduleKind::ReduceScatterTilingA,
+            ScheduleKind::ReduceScatterSingleStageB,
+        ] {
+            let plan = Plan::build(kind, problem, 4).unwrap_or_else(|e| panic!("{e}"));
+            let g = lower_device(&plan, 1, &addr, &options()).unwrap_or_else(|e| panic!("{e}"));
+            for (node, lowered) in plan.devices[1].nodes.iter().zip(&g.nodes) {
+                match (node, lowered) {
+                    (Node::Gemm(s), LoweredNode::Gemm { args, .. }) => {
+                        for (view, got) in [(&s.a, args.a), (&s.b, args.b), (&s.d, args.d)] {
+                            assert_eq!(got.ptr, at(kind, view), "{kind} stage {}", s.stage);
+                            if view.offset > 0 {
+                                offsets.insert(bytes(kind, view.buffer));
+                            }
+                        }
+                        if let (Some(c), Some(got)) = (s.epilogue.source.view(), args.c) {
+                            assert_eq!(got.ptr, at(kind, c), "{kind} stage {}", s.stage);
+                        }
+                    }
+                    (Node::PeerCopy(c), LoweredNode::Copy { dst, src, .. }) => {
+                        let region = |r: &Region| {
+                            addr[r.device].of(r.buffer) + r.offset as u64 * bytes(kind, r.buffer)
+                        };
+                        assert_eq!((*src, *dst), (region(&c.src), region(&c.dst)), "{kind}");
+                        if c.dst.offset > 0 {
+                            offsets.insert(bytes(kind, c.dst.buffer));
+                        }
+                    }
+                    (Node::Reduce(red), LoweredNode::Reduce(p)) => {
+                        assert_eq!(p.dst, at(kind, &red.dst), "{kind}");
+                        for (s, &ptr) in red.sources.iter().zip(&p.sources) {
+                            assert_eq!(ptr, at(kind, s), "{kind}");
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+        // Nonzero offsets into buffers of both sizes were checked.
+        assert_eq!(offsets, [1, 2].into_iter().collect());
     }
 
     #[test]
