@@ -40,7 +40,8 @@
 //! ([`crate::plan::check_gpu_kernel`]).
 //!
 //! The lowering then needs: a per-buffer element size wherever it sizes allocations, tensor
-//! maps and copies (`Plan::buffer_bytes`, `PeerCopyNode::bytes` are already right); for
+//! maps and copies (`Plan::buffer_bytes`, `PeerCopyNode::bytes` and the lowering's view and
+//! copy addresses, which step by `Plan::element_bytes`, are already right); for
 //! row-wise scales, scale buffers beside A, B and the all-gather workspace (one f32 per row,
 //! `Plan::operand_row_elements`) and one extra copy of `len / row` floats beside every
 //! gathered copy (or the scales packed after the rows in one copy); the stage kernel's scale
