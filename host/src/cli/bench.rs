@@ -32,6 +32,11 @@ struct BenchReport {
     requested_schedule: &'static str,
     /// Whether `--auto` chose the schedule.
     auto: bool,
+    /// What decided the schedule: `fixed`, `rule`, or the tuning table that did.
+    schedule_source: String,
+    /// How reduce-scatter partials reach their stage (`read` or `push`; `read` for
+    /// all-gather schedules).
+    rs_partials: &'static str,
     tp: usize,
     /// Name of GPU 0.
     gpu: String,
@@ -133,10 +138,12 @@ fn bench_typed<T: Element + DeviceCopy>(
         builder.schedule(requested)
     };
     // The plan that will run (with --auto, of the chosen schedule): it sizes the shards.
-    let plan = builder.plan().map_err(|e| match e {
+    let to_cli = |e| match e {
         DistGemmError::Plan(e) => CliError::Plan(e),
         e => CliError::Cuda(e),
-    })?;
+    };
+    let plan = builder.plan().map_err(to_cli)?;
+    let schedule_source = builder.resolution().map_err(to_cli)?.source.to_string();
     // The shards must outlive the DistGemm (locals drop in reverse order).
     let shards = random_shards::<T>(&plan, &gpus, &modules, 1)?;
     let device_args = shards.iter().map(RandomShard::device_args).collect();
@@ -156,6 +163,8 @@ fn bench_typed<T: Element + DeviceCopy>(
         schedule: dist.schedule().cli_name(),
         requested_schedule: requested.cli_name(),
         auto: args.auto,
+        schedule_source,
+        rs_partials: plan.rs_partials.cli_name(),
         tp,
         gpu: gpus[0].name().to_owned(),
         problem,
@@ -175,11 +184,17 @@ fn bench_typed<T: Element + DeviceCopy>(
 
 /// The text report: the measurement line and the workspace line.
 fn render_text(r: &BenchReport) -> String {
-    let schedule = if r.auto {
-        format!("{} (auto within {})", r.schedule, r.requested_schedule)
+    let mut schedule = if r.auto {
+        format!(
+            "{} (auto within {}, {})",
+            r.schedule, r.requested_schedule, r.schedule_source
+        )
     } else {
         r.schedule.to_owned()
     };
+    if r.rs_partials != "read" {
+        schedule.push_str(&format!(" with {} partials", r.rs_partials));
+    }
     let workspace = match r.workspace_bytes_per_gpu.as_slice() {
         [first, rest @ ..] if rest.iter().all(|b| b == first) => {
             format!("{first} B ({})", memory::human(*first))
@@ -220,6 +235,8 @@ mod tests {
             schedule: ScheduleKind::AllGatherRotatingA.cli_name(),
             requested_schedule: ScheduleKind::AllGatherRotatingA.cli_name(),
             auto,
+            schedule_source: "rule".into(),
+            rs_partials: "read",
             tp: 2,
             gpu: "NVIDIA H200".into(),
             problem,
@@ -260,7 +277,10 @@ mod tests {
             "{text}"
         );
         let text = render_text(&report(true, vec![1024, 2048]));
-        assert!(text.starts_with("ag-a (auto within ag-a) TP=2 "), "{text}");
+        assert!(
+            text.starts_with("ag-a (auto within ag-a, rule) TP=2 "),
+            "{text}"
+        );
         assert!(
             text.ends_with("workspace per GPU: 1024, 2048 B (by rank)\n"),
             "{text}"
