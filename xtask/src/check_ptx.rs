@@ -322,7 +322,7 @@ mod tests {
     const PTX: &str = ".version 8.6\n.target sm_90a\n\
         .visible .entry gemm()\n{\nsetmaxnreg.inc.sync.aligned.u32 232;\n\
         wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 ...;\n\
-        fence.proxy.tensormap::generic.acquire.gpu [%rd1], 128;\n\
+        fence.proxy.tensormap::generic.acquire.sys [%rd1], 128;\n\
         cp.async.bulk.tensor.2d ...;\ngriddepcontrol.wait;\n}\n\
         .visible .entry add()\n{\nret;\n}\n";
 
@@ -372,7 +372,7 @@ mod tests {
     fn tensor_maps_must_be_acquired_before_use() {
         let hg = |n: &str| Some(if n == "gemm" { 4 } else { 0 });
         let unacquired = PTX.replace(
-            "fence.proxy.tensormap::generic.acquire.gpu [%rd1], 128;\n",
+            "fence.proxy.tensormap::generic.acquire.sys [%rd1], 128;\n",
             "",
         );
         let f = failures(&report(0, None), &unacquired, &hg, &TABLE);
@@ -381,7 +381,7 @@ mod tests {
         // An acquire after the first use does not count.
         let late = unacquired.replace(
             "griddepcontrol.wait;",
-            "fence.proxy.tensormap::generic.acquire.gpu [%rd1], 128;\ngriddepcontrol.wait;",
+            "fence.proxy.tensormap::generic.acquire.sys [%rd1], 128;\ngriddepcontrol.wait;",
         );
         assert_eq!(failures(&report(0, None), &late, &hg, &TABLE).len(), 1);
     }

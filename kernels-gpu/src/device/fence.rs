@@ -41,13 +41,15 @@ pub fn acq_rel_sys() {
     unsafe { core::arch::asm!("fence.acq_rel.sys;", options(nostack)) }
 }
 
-/// `fence.proxy.tensormap::generic.acquire.gpu [map], 128`: makes the 128-byte tensor map at
-/// `map` (global memory, written through the generic proxy: by the host's upload before the
-/// launch) visible to this thread's later tensor-map-proxy uses of it (`prefetch.tensormap`,
-/// TMA loads and stores). The tensormap proxy is not acquired at kernel start (PTX ISA,
-/// "tensormap proxy"), so each thread that uses a map acquires it once before its first use.
-/// GPU scope: the upload is ordered before the launch by the stream, so it is visible at GPU
-/// scope to the generic proxy already; only the proxy crossing is missing.
+/// `fence.proxy.tensormap::generic.acquire.sys [map], 128`: makes the 128-byte tensor map at
+/// `map` (global memory, written through the generic proxy: by an upload the host issued
+/// before the launch) visible to this thread's later tensor-map-proxy uses of it
+/// (`prefetch.tensormap`, TMA loads and stores). The tensormap proxy is not acquired at kernel
+/// start (PTX ISA, "tensormap proxy"), so each thread that uses a map acquires it once before
+/// its first use. System scope: the PTX memory model orders the host's accesses with the
+/// GPU's only at `.sys` scope, and the maps are written by host-issued copies (GPU scope would
+/// rely on more than the model promises). Once per thread and launch, so the wider scope
+/// costs nothing measurable.
 ///
 /// # Safety
 /// `map` must be the 128-byte-aligned global-memory address of a tensor map that stays
@@ -56,7 +58,7 @@ pub fn acq_rel_sys() {
 pub unsafe fn tensormap_acquire(map: u64) {
     unsafe {
         core::arch::asm!(
-            "fence.proxy.tensormap::generic.acquire.gpu [{m}], 128;",
+            "fence.proxy.tensormap::generic.acquire.sys [{m}], 128;",
             m = in(reg64) map,
             options(nostack)
         )

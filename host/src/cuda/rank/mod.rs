@@ -55,7 +55,11 @@
 //!   kernels push it to the peers' error words); [`RankGemm::check_errors`] reads the copy of
 //!   a finished run without waiting, so the first launch after the failed run has finished
 //!   refuses (and [`RankGemm::synchronize`] waits and reports it). The instance is then
-//!   poisoned; recovery is a rebuild on every rank.
+//!   poisoned; recovery is a rebuild on every rank. A failed run does not wait for the
+//!   peers' release of this rank's input slot (the poisoned kernels drain their waits), so
+//!   after an error the slot, and this rank's workspaces, stay in use by peers' copy engines
+//!   until every rank has synchronised or dropped its instance; the collective teardown
+//!   orders that.
 //! - **Teardown** (drop) is collective too: wait for this rank's last run; a rendezvous (every
 //!   rank has stopped); unmap the peers; a second rendezvous (every rank has unmapped); only
 //!   then free — legacy IPC forbids freeing what an importer still maps, and no peer's late
