@@ -14,8 +14,8 @@ use distgemm::fp8::{ScaleMode, Scales};
 use distgemm::plan::{FLAG_SET_VALUE, Fp8Inputs, GlobalInputs, Node, Plan};
 use distgemm::problem::Problem;
 use distgemm::reference::{
-    CheckInputs, EpilogueInput, ScaledCheckInputs, check, check_scaled, gemm_like_stage,
-    gemm_scaled_f32, widen,
+    CheckInputs, CheckReport, EpilogueInput, ScaledCheckInputs, check, check_scaled,
+    gemm_like_stage, gemm_scaled_f32, widen,
 };
 use distgemm::schedule::{Collective, FlagRef, ScheduleKind};
 use distgemm_tests::cpu::{run_checked, shape};
@@ -304,20 +304,7 @@ fn every_run_of_a_sequence_sees_its_own_inputs() {
                 .run_sequence(&shards)
                 .unwrap_or_else(|e| panic!("{kind} TP={tp}: {e}"));
             for (i, (inputs, out)) in runs.iter().zip(&outputs).enumerate() {
-                let plan = exec.plan();
-                let d = plan.gather_output(out).unwrap_or_else(|e| panic!("{e}"));
-                let report = check(
-                    &problem,
-                    plan.schedule.roundings(tp),
-                    tp,
-                    CheckInputs {
-                        a: &inputs.a,
-                        b: &inputs.b,
-                        c: None,
-                    },
-                    &d,
-                )
-                .unwrap_or_else(|e| panic!("{e}"));
+                let report = check_run(exec.plan(), inputs, out);
                 assert!(report.passed(), "{kind} TP={tp} run {i}: {report:?}");
             }
             assert!(exec.exclusive_state().iter().all(|e| e.counter == 0));
@@ -418,20 +405,7 @@ fn sequence_with_delays(
     runs.iter()
         .zip(&outputs)
         .map(|(inputs, out)| {
-            let plan = exec.plan();
-            let d = plan.gather_output(out).unwrap_or_else(|e| panic!("{e}"));
-            let report = check(
-                &problem,
-                plan.schedule.roundings(tp),
-                tp,
-                CheckInputs {
-                    a: &inputs.a,
-                    b: &inputs.b,
-                    c: None,
-                },
-                &d,
-            )
-            .unwrap_or_else(|e| panic!("{e}"));
+            let report = check_run(exec.plan(), inputs, out);
             (report.passed(), format!("{report:?}"))
         })
         .collect()
@@ -690,4 +664,24 @@ fn fp8_inputs_and_plans_must_match() {
         bf16_exec.load_fp8_inputs(&fp8_shards),
         Err(ExecError::OperandMismatch { plan: "bf16", .. })
     ));
+}
+
+/// One run's gathered D (`outputs`, one shard per device) against the f64 reference of its
+/// inputs (beta = 0), with the plan's roundings.
+fn check_run(plan: &Plan, inputs: &GlobalInputs<bf16>, outputs: &[Vec<bf16>]) -> CheckReport {
+    let d = plan
+        .gather_output(outputs)
+        .unwrap_or_else(|e| panic!("{e}"));
+    check(
+        &plan.problem,
+        plan.schedule.roundings(plan.tp),
+        plan.tp,
+        CheckInputs {
+            a: &inputs.a,
+            b: &inputs.b,
+            c: None,
+        },
+        &d,
+    )
+    .unwrap_or_else(|e| panic!("{e}"))
 }
