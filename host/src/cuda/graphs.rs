@@ -107,8 +107,14 @@ type KernelLaunch = (Kernel, LaunchConfig, KernelArgs, Option<PreparedGemm>);
 /// A device's instantiated graph and what its nodes were built from.
 pub(crate) struct DeviceGraph {
     exec: GraphExec,
-    /// The graph the instance came from, kept for tests that read its topology.
-    #[cfg(feature = "testing")]
+    /// The graph the instance came from. Pointer updates name its nodes
+    /// (`cuGraphExecKernelNodeSetParams` takes the node handles of the graph the instance was
+    /// instantiated from), and destroying it invalidates those handles, so it lives as long as
+    /// the instance.
+    #[cfg_attr(
+        not(feature = "testing"),
+        expect(dead_code, reason = "held for its node handles; only tests read it")
+    )]
     graph: Graph,
     nodes: Vec<GraphNode>,
     lowered: LoweredGraph,
@@ -248,7 +254,6 @@ impl DeviceGraph {
         crate::runtime::stream::synchronize(setup)?;
         Ok(DeviceGraph {
             exec,
-            #[cfg(feature = "testing")]
             graph,
             nodes,
             lowered,

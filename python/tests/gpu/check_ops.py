@@ -451,12 +451,16 @@ def main():
         ]
         for name, exc, fn, words in bad:
             check.raises(f"bad input: {name}", exc, fn, words)
-        # Ranks that disagree on the problem: an error on every rank, never a hang.
-        xr = rand((64 + 8 * rank, 256), torch.bfloat16, 9)
+        # Ranks that disagree on the problem of their first call of it: the build's hello
+        # exchange finds it, an error on every rank, never a hang. (K = 384 is used nowhere
+        # else, so neither rank has this instance cached: a rank that has it launches without
+        # a rendezvous, and then the mismatch surfaces as the flag timeout.)
+        xr = rand((64 + 8 * rank, 384), torch.bfloat16, 9)
+        wr = rand((128, 384), torch.bfloat16, 10)
         check.raises(
             "ranks with different token counts",
             (distgemm.DistGemmError, ValueError),
-            lambda: distgemm.all_gather_linear(xr, w),
+            lambda: distgemm.all_gather_linear(xr, wr),
         )
         distgemm.clear_cache()
     except Exception:  # noqa: BLE001 - report, then let every rank learn of it
