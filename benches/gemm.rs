@@ -11,9 +11,17 @@
 //! energy over their launches ([`distgemm_benches::energy`]): coarse, ±8 % at 0.6 s blocks, so
 //! raise `--reps` until each block lasts seconds.
 //!
-//! Usage: `gemm [--quick] [--variants] [--raster G[,G…]] [--filter SUBSTRING | SUBSTRING]
-//! [--reps N] [--min-block-ms T]`. Writes `benches/results/gemm-<date>-<commit>.{json,md}` (or under
-//! `DISTGEMM_BENCH_RESULTS`).
+//! With `--grid`, the shapes are instead the grid of the shapes a model runs (issue 23):
+//! M ∈ {1, 16, 64, 128, 512, 2048, 8192} tokens × the QKV, output-projection, fused gate+up
+//! (fc1) and down-projection (fc2) GEMMs of Llama-3 8B at TP = 1, Llama-3 70B at TP = 2 and
+//! Llama-3.1 405B at TP = 8, with N and K those of one rank's shard ([`grid_shapes`]); for
+//! M ≤ 128, where the time goes into streaming the weights, each record also gives the rate
+//! at which each contender streamed them (weight bytes over its median time, GB/s). A filter
+//! picks part of the grid (`--filter 405b`, `--filter fc1`) to split it over several calls.
+//!
+//! Usage: `gemm [--quick | --grid] [--variants] [--raster G[,G…]] [--filter SUBSTRING |
+//! SUBSTRING] [--reps N] [--min-block-ms T]`. Writes
+//! `benches/results/gemm[-grid]-<date>-<commit>.{json,md}` (or under `DISTGEMM_BENCH_RESULTS`).
 use clap::Parser;
 use distgemm::baseline::{CublasLtElement, CublasLtGemm, TnGemmShape};
 use distgemm::dtype::{Dtype, Element};
@@ -39,6 +47,16 @@ const NOMINAL_TFLOPS: f64 = 700.0;
 /// Dense bf16 peak of an H100/H200 SXM (TFLOP/s), for the "% of peak" column.
 const PEAK_TFLOPS: f64 = 989.0;
 
+/// Rate (GB/s) at which memory-bound blocks are estimated for `--min-block-ms` (below the
+/// H200's 4.8 TB/s, so blocks come out a little longer than asked, never shorter).
+const NOMINAL_GBPS: f64 = 3500.0;
+
+/// Tokens of the `--grid` rows: decode batches up to 128, then prefill chunks.
+const GRID_TOKENS: [u64; 7] = [1, 16, 64, 128, 512, 2048, 8192];
+
+/// Largest M whose records carry the weight-streaming rate.
+const WEIGHT_BOUND_MAX_M: u64 = 128;
+
 #[derive(Debug, Serialize)]
 struct Record {
     shape: String,
@@ -54,6 +72,12 @@ struct Record {
     cublas_tflops: f64,
     ratio: f64,
     ours_pct_of_peak: f64,
+    /// For M ≤ [`WEIGHT_BOUND_MAX_M`]: B's bytes (the weights) over our median time, GB/s.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ours_weight_gbps: Option<f64>,
+    /// ... and over cuBLASLt's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cublas_weight_gbps: Option<f64>,
     machine: String,
     driver: String,
     commit: String,
@@ -86,6 +110,72 @@ fn shapes() -> Vec<(String, u64, u64, u64)> {
                 // Reduce-scatter: local GEMM M×N×(K/P), stage (M/P)×N×(K/P).
                 v.push((format!("{name} TP{tp} local"), tokens, n, k / tp));
                 v.push((format!("{name} TP{tp} stage"), tokens / tp, n, k / tp));
+            }
+        }
+    }
+    v
+}
+
+/// A model's dimensions and the tensor-parallel degree its grid rows use.
+struct Model {
+    name: &'static str,
+    tp: u64,
+    hidden: u64,
+    /// Width of one of the two MLP projections (the fused fc1 is twice this).
+    intermediate: u64,
+    heads: u64,
+    kv_heads: u64,
+}
+
+/// Head width of every Llama-3 model.
+const HEAD_DIM: u64 = 128;
+
+/// The models of `--grid`, each at the TP it is usually served with.
+const GRID_MODELS: [Model; 3] = [
+    Model {
+        name: "llama3-8b",
+        tp: 1,
+        hidden: 4096,
+        intermediate: 14336,
+        heads: 32,
+        kv_heads: 8,
+    },
+    Model {
+        name: "llama3-70b",
+        tp: 2,
+        hidden: 8192,
+        intermediate: 28672,
+        heads: 64,
+        kv_heads: 8,
+    },
+    Model {
+        name: "llama3-405b",
+        tp: 8,
+        hidden: 16384,
+        intermediate: 53248,
+        heads: 128,
+        kv_heads: 8,
+    },
+];
+
+/// The `--grid` shapes: per model, one rank's shard of its four GEMMs (`D = A·Bᵀ`, B the
+/// N × K weight) at every [`GRID_TOKENS`] M. Column-parallel layers (QKV, fc1) split N by TP,
+/// row-parallel ones (output projection, fc2) split K; the KV heads are split like the query
+/// heads (every TP here divides 8).
+fn grid_shapes() -> Vec<(String, u64, u64, u64)> {
+    let mut v = Vec::new();
+    for model in &GRID_MODELS {
+        let tp = model.tp;
+        let qkv = (model.heads + 2 * model.kv_heads) * HEAD_DIM;
+        let layers = [
+            ("qkv", qkv / tp, model.hidden),
+            ("o-proj", model.hidden, model.heads * HEAD_DIM / tp),
+            ("fc1", 2 * model.intermediate / tp, model.hidden),
+            ("fc2", model.hidden, model.intermediate / tp),
+        ];
+        for (layer, n, k) in layers {
+            for m in GRID_TOKENS {
+                v.push((format!("{} tp{tp} {layer} m{m}", model.name), m, n, k));
             }
         }
     }
@@ -232,8 +322,12 @@ fn bench_shape<T: Element + CublasLtElement + DeviceCopy>(
 #[command(name = "gemm")]
 struct Args {
     /// Only the 8192³ and stage shapes.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "grid")]
     quick: bool,
+    /// The shapes a model runs instead: decode and prefill M × the GEMMs of Llama-3 8B (TP 1),
+    /// 70B (TP 2) and 405B (TP 8).
+    #[arg(long)]
+    grid: bool,
     /// Also time every compiled tile configuration (the data behind the rule).
     #[arg(long)]
     variants: bool,
@@ -294,11 +388,18 @@ fn run() -> Result<(), BenchError> {
         extras: extra,
     };
     let mut records = Vec::new();
-    println!(
-        "| shape | M | N | K | dtype | tile | ours ms | cuBLAS ms | ours TFLOP/s | cuBLAS TFLOP/s | ours/cuBLAS | % of 989 | ours mJ | cuBLAS mJ | TFLOP/s (mJ) per extra configuration |"
+    // The markdown report: every line printed as it is measured, and kept for the .md file.
+    let mut report = Vec::new();
+    let mut emit = |line: String| {
+        println!("{line}");
+        report.push(line);
+    };
+    emit("| shape | M | N | K | dtype | tile | ours ms | cuBLAS ms | ours TFLOP/s | cuBLAS TFLOP/s | ours/cuBLAS | % of 989 | weights GB/s ours / cuBLAS | ours mJ | cuBLAS mJ | TFLOP/s (mJ) per extra configuration |".to_owned());
+    emit(
+        "|---|---:|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|".to_owned(),
     );
-    println!("|---|---:|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|");
-    for (name, m, n, k) in shapes() {
+    let all_shapes = if args.grid { grid_shapes() } else { shapes() };
+    for (name, m, n, k) in all_shapes {
         if quick && !(name.contains("square") || name.contains("stage")) {
             continue;
         }
@@ -312,7 +413,11 @@ fn run() -> Result<(), BenchError> {
             // ran in the boost-clock burst after the previous block and read up to 14 % apart
             // between runs, where blocks of 100 ms show the power-capped steady state a
             // pipelined distributed GEMM runs in (the convention of Triton's `do_bench`).
-            let block_reps = (min_block_ms / (flops / NOMINAL_TFLOPS / 1e9)).ceil() as usize;
+            // Estimated at the slower of the nominal compute and memory rates (decode shapes
+            // are bound by reading the weights).
+            let bytes = 2.0 * (m * k + n * k + m * n) as f64;
+            let est_ms = (flops / NOMINAL_TFLOPS / 1e9).max(bytes / NOMINAL_GBPS / 1e6);
+            let block_reps = (min_block_ms / est_ms).ceil() as usize;
             let timing = TimingConfig {
                 warmup: if flops > 2e13 { 3 } else { 10 },
                 reps: if flops > 2e13 {
@@ -338,6 +443,9 @@ fn run() -> Result<(), BenchError> {
                 .iter()
                 .filter_map(|v| Some((v.name.clone(), v.mj_per_gemm?)))
                 .collect();
+            // Weights: B, N × K elements of 2 bytes; GB/s = bytes / (ms · 1e6).
+            let weight_gbps =
+                |ms: f64| (m <= WEIGHT_BOUND_MAX_M).then(|| 2.0 * (n * k) as f64 / (ms * 1e6));
             let r = Record {
                 shape: name.clone(),
                 m,
@@ -353,6 +461,8 @@ fn run() -> Result<(), BenchError> {
                 cublas_tflops: ct,
                 ratio: ot / ct,
                 ours_pct_of_peak: 100.0 * ot / PEAK_TFLOPS,
+                ours_weight_gbps: weight_gbps(chosen.timing.median_ms),
+                cublas_weight_gbps: weight_gbps(cublas.timing.median_ms),
                 machine: provenance.gpu.clone(),
                 driver: provenance.driver.clone(),
                 commit: provenance.commit.clone(),
@@ -369,8 +479,12 @@ fn run() -> Result<(), BenchError> {
                 })
                 .collect();
             let mj = |v: Option<f64>| v.map_or("—".to_owned(), |v| format!("{v:.0}"));
-            println!(
-                "| {} | {m} | {n} | {k} | {} | {} | {:.3} | {:.3} | {:.0} | {:.0} | {:.3} | {:.1} | {} | {} | {} |",
+            let weights = match (r.ours_weight_gbps, r.cublas_weight_gbps) {
+                (Some(o), Some(c)) => format!("{o:.0} / {c:.0}"),
+                _ => "—".to_owned(),
+            };
+            emit(format!(
+                "| {} | {m} | {n} | {k} | {} | {} | {:.4} | {:.4} | {:.0} | {:.0} | {:.3} | {:.1} | {weights} | {} | {} | {} |",
                 r.shape,
                 r.dtype,
                 r.tile,
@@ -383,52 +497,78 @@ fn run() -> Result<(), BenchError> {
                 mj(r.ours_mj),
                 mj(r.cublas_mj),
                 variants_cell.join(", ")
-            );
+            ));
             records.push(r);
         }
     }
-    // Issue 5's criterion: 8192³, TP-local and stage shapes (not the full single-GPU ones).
-    let in_issue_set = |r: &&Record| !r.shape.contains("full");
-    let geo = |d: &str, issue_set: bool| {
-        let v: Vec<f64> = records
+    // The criteria: issue 5's set (8192³, TP-local and stage shapes, not the full single-GPU
+    // ones) by default; with `--grid` every shape, and apart the decode rows (M ≤ 128).
+    let criterion: fn(&Record) -> bool = if args.grid {
+        |r| r.m <= WEIGHT_BOUND_MAX_M
+    } else {
+        |r| !r.shape.contains("full")
+    };
+    let subset = if args.grid {
+        "decode rows (M ≤ 128)"
+    } else {
+        "without the full single-GPU shapes"
+    };
+    for (label, keep) in [("every shape", None), (subset, Some(criterion))] {
+        let line: Vec<String> = Dtype::ALL
             .iter()
-            .filter(|r| r.dtype == d && (!issue_set || in_issue_set(r)))
-            .map(|r| r.ratio.ln())
+            .filter_map(|d| {
+                let ratios: Vec<f64> = records
+                    .iter()
+                    .filter(|r| r.dtype == d.name() && keep.is_none_or(|f| f(r)))
+                    .map(|r| r.ratio)
+                    .collect();
+                (!ratios.is_empty()).then(|| {
+                    let (geo, lowest) = geo_mean_and_min(&ratios);
+                    format!("{} {geo:.3} (lowest {lowest:.3})", d.name())
+                })
+            })
             .collect();
-        (v.iter().sum::<f64>() / v.len().max(1) as f64).exp()
-    };
-    let worst = |d: &str| {
-        records
-            .iter()
-            .filter(|r| r.dtype == d)
-            .filter(in_issue_set)
-            .map(|r| r.ratio)
-            .fold(f64::INFINITY, f64::min)
-    };
-    println!(
-        "geometric mean ours/cuBLAS: bf16 {:.3}, f16 {:.3}",
-        geo("bf16", false),
-        geo("f16", false)
-    );
-    println!(
-        "without the full single-GPU shapes: bf16 {:.3} (lowest {:.3}), f16 {:.3} (lowest {:.3})",
-        geo("bf16", true),
-        worst("bf16"),
-        geo("f16", true),
-        worst("f16")
-    );
+        emit(format!(
+            "geometric mean ours/cuBLAS, {label}: {}",
+            line.join(", ")
+        ));
+    }
     let dir = results_dir();
     std::fs::create_dir_all(&dir).map_err(|source| BenchError::Io {
         path: dir.clone(),
         source,
     })?;
-    let stem = format!("gemm-{}-{}", &provenance.date[..10], provenance.commit);
-    let path = dir.join(format!("{stem}.json"));
+    let bench = if args.grid { "gemm-grid" } else { "gemm" };
+    let stem = format!("{bench}-{}-{}", &provenance.date[..10], provenance.commit);
+    let header = format!(
+        "# `benches/gemm{}`: our GEMM against cuBLASLt\n\n{}, driver {}, commit {}, {}; median of {ROUNDS} interleaved rounds per contender{}.\n",
+        if args.grid { " --grid" } else { "" },
+        provenance.gpu,
+        provenance.driver,
+        provenance.commit,
+        provenance.date,
+        filter
+            .as_ref()
+            .map_or(String::new(), |f| format!("; shapes containing {f:?}")),
+    );
+    let md = format!("{header}\n{}\n", report.join("\n"));
     let json = serde_json::to_string_pretty(&records)? + "\n";
-    std::fs::write(&path, json).map_err(|source| BenchError::Io {
-        path: path.clone(),
-        source,
-    })?;
-    println!("wrote {}", path.display());
+    for (ext, text) in [("json", json), ("md", md)] {
+        let path = dir.join(format!("{stem}.{ext}"));
+        std::fs::write(&path, text).map_err(|source| BenchError::Io {
+            path: path.clone(),
+            source,
+        })?;
+        println!("wrote {}", path.display());
+    }
     Ok(())
+}
+
+/// The geometric mean and the smallest of `ratios` (not empty).
+fn geo_mean_and_min(ratios: &[f64]) -> (f64, f64) {
+    let log_mean = ratios.iter().map(|r| r.ln()).sum::<f64>() / ratios.len() as f64;
+    (
+        log_mean.exp(),
+        ratios.iter().copied().fold(f64::INFINITY, f64::min),
+    )
 }

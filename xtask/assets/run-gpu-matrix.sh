@@ -11,9 +11,10 @@
 # With --pack, everything ends up in RESULTS_DIR/matrix.tar.gz (for transfers that return
 # only a few files).
 #
-# With --steps LIST (comma-separated: tests, gemm-variants, gemm-all, distgemm,
+# With --steps LIST (comma-separated: tests, gemm-variants, gemm-all, gemm-grid, distgemm,
 # distgemm-sweep, nvlink-states) only those steps run, e.g. to split the matrix over several
-# calls: the distgemm table alone takes ~8 minutes (1 s of settling per block).
+# calls: the distgemm table alone takes ~8 minutes (1 s of settling per block). gemm-grid (the
+# decode and prefill shapes of three models, `benches/gemm --grid`) runs only when listed.
 #
 # Usage: ./run-gpu-matrix.sh [--tp N] [--skip-tests] [--steps LIST] [--quick] [--pack] [RESULTS_DIR]
 set -uo pipefail
@@ -70,6 +71,7 @@ fi
 
 step gemm-variants 150 "$HERE/benches/gemm" --quick --variants --reps 20
 step gemm-all 300 "$HERE/benches/gemm" --reps 20 "${quick[@]+"${quick[@]}"}"
+step gemm-grid 540 "$HERE/benches/gemm" --grid
 step distgemm 590 "$HERE/benches/distgemm" ${tp:+--tp "$tp"} "${quick[@]+"${quick[@]}"}"
 step distgemm-sweep 300 "$HERE/benches/distgemm" ${tp:+--tp "$tp"} --sweep --no-torch
 step nvlink-states 60 "$HERE/benches/nvlink_states"
