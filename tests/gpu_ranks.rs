@@ -418,20 +418,32 @@ fn check_case<T: Element + DeviceCopy>(
 ) {
     let problem = problem.with_dtype(T::DTYPE);
     let what = format!("rank {} {kind} {problem}", r.rank);
+    // Where a case's time goes (the presets' weight shards are GBs): printed with the verdict.
+    let start = Instant::now();
     let mut dg = build(r, kind, problem).unwrap_or_else(|e| panic!("{what}: build: {e}"));
     let plan = dg.plan().clone();
     let seed = (problem.m * 31 + problem.n * 7 + problem.k) as u64;
+    let built = start.elapsed();
     let mut shards = upload::<T>(r, &plan, seed);
     shards.d.fill_bytes(&r.stream, 0xFF).expect("poison D");
+    let uploaded = start.elapsed();
     run_once(r, &mut dg, shards.args());
     let d = shards.d.download(&r.stream).expect("D");
+    let ran = start.elapsed();
     match kind.collective() {
         Collective::AllGather => {
             assert_bit_identical(&what, &d, &single_gpu_block::<T>(r, &plan, seed));
         }
         Collective::ReduceScatter => check_f64(&what, r, &plan, seed, &d, sample),
     }
-    visible_line(&format!("{what}: ok"));
+    let secs = |d: Duration| d.as_secs_f64();
+    visible_line(&format!(
+        "{what}: ok (build {:.1} s, inputs {:.1} s, run {:.1} s, check {:.1} s)",
+        secs(built),
+        secs(uploaded - built),
+        secs(ran - uploaded),
+        secs(start.elapsed() - ran)
+    ));
 }
 
 fn schedules(r: &Rank) {
