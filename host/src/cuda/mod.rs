@@ -44,10 +44,11 @@ pub use auto::{
 };
 pub use dist::{DEFAULT_TIMEOUT, DistGemm, DistGemmBuilder, ScheduleChoice};
 pub use error::{DistGemmError, TimeoutSite, WaitingNode};
-/// The barrier kernel's parameter block (in [`LoweredNode::Barrier`]).
+/// The barrier kernel's parameter block (a barrier node's launch argument).
 #[cfg(feature = "diagnostics")]
 pub use kernels_gpu::collective_abi::BarrierParams;
-/// The reduction kernel's parameter block (in [`LoweredNode::Reduce`]) and its launch shape.
+/// The reduction kernel's parameter block (a reduce node's launch argument) and its launch
+/// shape.
 #[cfg(feature = "diagnostics")]
 pub use kernels_gpu::collective_abi::{REDUCE_SMEM_BYTES, REDUCE_THREADS, ReduceParams};
 #[cfg(feature = "diagnostics")]
