@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole GPU check-and-bench matrix of a bundle in one call (what a lease should spend its
-# device time on): every test binary, then the GEMM benchmark (stage shapes with every tile
+# device time on): every test binary, the PyTorch package's torchrun checks, then the GEMM
+# benchmark (stage shapes with every tile
 # configuration, then every shape), the distributed benchmark table (a)-(f), the token
 # sweep and the NVLink power-state probe, with `nvidia-smi dmon` (power, clocks) logged
 # alongside. Results (JSON + markdown)
@@ -11,10 +12,12 @@
 # With --pack, everything ends up in RESULTS_DIR/matrix.tar.gz (for transfers that return
 # only a few files).
 #
-# With --steps LIST (comma-separated: tests, gemm-variants, gemm-all, gemm-grid, distgemm,
-# distgemm-sweep, nvlink-states) only those steps run, e.g. to split the matrix over several
-# calls: the distgemm table alone takes ~8 minutes (1 s of settling per block). gemm-grid (the
-# decode and prefill shapes of three models, `benches/gemm --grid`) runs only when listed.
+# With --steps LIST (comma-separated: tests, python, gemm-variants, gemm-all, gemm-grid,
+# distgemm, distgemm-sweep, nvlink-states) only those steps run, e.g. to split the matrix over
+# several calls (a device call lasts at most 10 minutes): the tests take ~8 minutes on one
+# H200 (gpu_ranks' schedules section alone 400 s), the distgemm table ~8 minutes (1 s of
+# settling per block), python ~1 minute. gemm-grid (the decode and prefill shapes of three
+# models, `benches/gemm --grid`) runs only when listed.
 #
 # Usage: ./run-gpu-matrix.sh [--tp N] [--skip-tests] [--steps LIST] [--quick] [--pack] [RESULTS_DIR]
 set -uo pipefail
@@ -22,7 +25,7 @@ set -uo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 tp=""
 skip_tests=0
-steps="tests,gemm-variants,gemm-all,distgemm,distgemm-sweep,nvlink-states"
+steps="tests,python,gemm-variants,gemm-all,distgemm,distgemm-sweep,nvlink-states"
 pack=0
 quick=()
 dir=""
@@ -65,8 +68,10 @@ step() { # name seconds command...
 }
 
 if [ $skip_tests -eq 0 ]; then
-  step tests 240 "$HERE/run-gpu-tests.sh"
+  step tests 590 "$HERE/run-gpu-tests.sh"
   [ -f "$dir/tests.log" ] && grep -E "^  (PASS|FAIL)" "$dir/tests.log"
+  step python 300 "$HERE/python/run.sh"
+  [ -f "$dir/python.log" ] && grep -E "^check_ops:|^torch_tp_mlp:.*PASS|FAIL" "$dir/python.log"
 fi
 
 step gemm-variants 150 "$HERE/benches/gemm" --quick --variants --reps 20
