@@ -74,13 +74,27 @@ trait Config {
 /// Bytes between the A rows of consecutive 64-row slabs in a stage's A tile (128-byte rows).
 const SLAB_A_BYTES: u32 = SLAB_M * BLOCK_K * 2;
 
-/// Implements [`Config`] for a consumer share of `$slabs` slabs of 64 × `WN` outputs
-/// (`WN = TileConfig::wg_cols()`): `$regs = WN / 2` accumulators per slab and thread,
-/// `$blocks = WN / 8` column blocks, and an epilogue of `$chunks = WN / W` staged chunks per
-/// slab of `W = TileConfig::epilogue_cols()` columns, each written as `$pairs = W / 16`
-/// `stmatrix.x4` (16 columns each) per warp.
+/// Implements [`Config`] as type `$name` for the tile configuration `tile`, whose consumer
+/// warpgroup share is `slabs` slabs of 64 × `WN` outputs (`WN = TileConfig::wg_cols()`):
+/// `regs = WN / 2` accumulators per slab and thread, `blocks = WN / 8` column blocks, and an
+/// epilogue of `chunks = WN / W` staged chunks per slab of `W = TileConfig::epilogue_cols()`
+/// columns, each written as `pairs = W / 16` `stmatrix.x4` (16 columns each) per warp; `mma` and
+/// `fence` name the `wgmma` wrappers of width `WN`. The counts are literals because `seq!`
+/// unrolls over them (every register index is then a constant); a compile-time assertion
+/// checks each against the tile.
 macro_rules! config {
-    ($name:ident, $tile:expr, $slabs:literal, $regs:literal, $blocks:literal, $chunks:literal, $pairs:literal, $mma:ident, $fence:ident) => {
+    (
+        $name:ident {
+            tile: $tile:expr,
+            slabs: $slabs:literal,
+            regs: $regs:literal,
+            blocks: $blocks:literal,
+            chunks: $chunks:literal,
+            pairs: $pairs:literal,
+            mma: $mma:ident,
+            fence: $fence:ident $(,)?
+        }
+    ) => {
         struct $name;
         // The literal counts `seq!` needs, checked against the tile they are derived from.
         const _: () = {
@@ -240,72 +254,66 @@ macro_rules! config {
     };
 }
 
-config!(
-    Tile128x256,
-    TILE_128X256,
-    1,
-    128,
-    32,
-    4,
-    4,
-    mma_n256,
-    fence_operands_128
-);
-config!(
-    Tile128x256C2,
-    TILE_128X256_CLUSTER2,
-    1,
-    128,
-    32,
-    4,
-    4,
-    mma_n256,
-    fence_operands_128
-);
-config!(
-    Tile192x192,
-    TILE_192X192,
-    3,
-    48,
-    12,
-    3,
-    2,
-    mma_n96,
-    fence_operands_48
-);
-config!(
-    Tile128x224,
-    TILE_128X224,
-    1,
-    112,
-    28,
-    7,
-    2,
-    mma_n224,
-    fence_operands_112
-);
-config!(
-    Tile128x128,
-    TILE_128X128,
-    1,
-    64,
-    16,
-    2,
-    4,
-    mma_n128,
-    fence_operands_64
-);
-config!(
-    Tile128x128C2,
-    TILE_128X128_CLUSTER2,
-    1,
-    64,
-    16,
-    2,
-    4,
-    mma_n128,
-    fence_operands_64
-);
+config!(Tile128x256 {
+    tile: TILE_128X256,
+    slabs: 1,
+    regs: 128,
+    blocks: 32,
+    chunks: 4,
+    pairs: 4,
+    mma: mma_n256,
+    fence: fence_operands_128,
+});
+config!(Tile128x256C2 {
+    tile: TILE_128X256_CLUSTER2,
+    slabs: 1,
+    regs: 128,
+    blocks: 32,
+    chunks: 4,
+    pairs: 4,
+    mma: mma_n256,
+    fence: fence_operands_128,
+});
+config!(Tile192x192 {
+    tile: TILE_192X192,
+    slabs: 3,
+    regs: 48,
+    blocks: 12,
+    chunks: 3,
+    pairs: 2,
+    mma: mma_n96,
+    fence: fence_operands_48,
+});
+config!(Tile128x224 {
+    tile: TILE_128X224,
+    slabs: 1,
+    regs: 112,
+    blocks: 28,
+    chunks: 7,
+    pairs: 2,
+    mma: mma_n224,
+    fence: fence_operands_112,
+});
+config!(Tile128x128 {
+    tile: TILE_128X128,
+    slabs: 1,
+    regs: 64,
+    blocks: 16,
+    chunks: 2,
+    pairs: 4,
+    mma: mma_n128,
+    fence: fence_operands_64,
+});
+config!(Tile128x128C2 {
+    tile: TILE_128X128_CLUSTER2,
+    slabs: 1,
+    regs: 64,
+    blocks: 16,
+    chunks: 2,
+    pairs: 4,
+    mma: mma_n128,
+    fence: fence_operands_64,
+});
 
 /// Shared-memory addresses of the ring.
 #[derive(Clone, Copy)]
@@ -631,7 +639,53 @@ unsafe fn store_pair<T: InputType>(p: &GemmParams, row: u32, col: u32, x0: f32, 
     }
 }
 
-/// The kernel body shared by every entry point.
+/// The stage's entry into the distributed run, before it touches global memory: unless the
+/// host deferred it (`defer_grid_wait`, [`HOOK_DEFER_GRID_WAIT`]), wait for the previous grid
+/// in the stream (PDL: everything it wrote is visible after `griddepcontrol.wait`), then run
+/// the prologue hook (signal and wait on cross-GPU flags). Returns whether the block goes on;
+/// every thread of the cluster must call it.
+#[inline(always)]
+unsafe fn stage_prologue(p: &GemmParams, ring: Ring, defer_grid_wait: bool) -> bool {
+    if !defer_grid_wait {
+        gdc::wait_for_prerequisites();
+    }
+    unsafe { prologue_hook(&p.hook, ring) }
+}
+
+/// The local GEMM, the part a single-GPU kernel would be: the warpgroups take their roles
+/// (producer: warpgroup 0 gives registers back and its thread 0 streams the operands;
+/// consumers: warpgroups 1 and 2 take registers and compute), then, in a cluster, both blocks
+/// meet before either exits (the partner may still multicast into this block's shared memory
+/// or arrive on its barriers).
+#[inline(always)]
+unsafe fn local_gemm<T: InputType, C: Config>(p: &GemmParams, ring: Ring, tid: u32) {
+    let tiles = Tiles::new(p, C::TILE);
+    if index::warpgroup_idx() == 0 {
+        regs::decrease_to::<40>();
+        if tid == 0 {
+            unsafe { produce(p, ring, tiles) };
+        }
+    } else {
+        regs::increase_to::<232>();
+        unsafe { consume::<T, C>(p, ring, tiles, index::warpgroup_idx_uniform() - 1) };
+    }
+    if C::TILE.cluster_m > 1 {
+        cluster::cluster_sync();
+    }
+}
+
+/// The kernel body shared by every entry point, in four steps:
+/// 1. block set-up (thread 0): acquire every tensor map for the tensormap proxy and prefetch
+///    it, initialise the ring's mbarriers (`full`: one arrival, the producer's, plus the TMA
+///    bytes; `empty`: one arrival per consumer warp of every block in the cluster; one per
+///    staging buffer for loads of C) and publish them to the async proxy (written out here
+///    rather than in a function: so placed, the built PTX is byte-identical to the kernel's
+///    measured form, where a helper function changed the branch layout of the PTX);
+/// 2. [`stage_prologue`]: the PDL wait and the cross-GPU hook;
+/// 3. [`local_gemm`]: producer and consumers over this block's tiles;
+/// 4. when the host deferred the grid wait, thread 0 waits for the previous grid at the end,
+///    so that whoever waits for this grid (the next stage) is ordered after the predecessor
+///    too.
 #[inline(always)]
 unsafe fn gemm<T: InputType, C: Config>(p: &GemmParams) {
     let ring = Ring {
@@ -671,33 +725,11 @@ unsafe fn gemm<T: InputType, C: Config>(p: &GemmParams) {
         }
         fence::mbarrier_init();
     }
-    // Everything above touched only this block's shared memory; from here on we read
-    // what earlier grids wrote (and may write what they read) — unless the host says this
-    // stage touches nothing its predecessor guards, which it then waits for at the end.
     let defer_grid_wait = p.hook.flags & HOOK_DEFER_GRID_WAIT != 0;
-    if !defer_grid_wait {
-        gdc::wait_for_prerequisites();
-    }
-    if unsafe { prologue_hook(&p.hook, ring) } {
-        let tiles = Tiles::new(p, C::TILE);
-        if index::warpgroup_idx() == 0 {
-            regs::decrease_to::<40>();
-            if tid == 0 {
-                unsafe { produce(p, ring, tiles) };
-            }
-        } else {
-            regs::increase_to::<232>();
-            unsafe { consume::<T, C>(p, ring, tiles, index::warpgroup_idx_uniform() - 1) };
-        }
-        if C::TILE.cluster_m > 1 {
-            // Neither block may exit while its partner can still multicast into its shared
-            // memory or arrive on its barriers.
-            cluster::cluster_sync();
-        }
+    if unsafe { stage_prologue(p, ring, defer_grid_wait) } {
+        unsafe { local_gemm::<T, C>(p, ring, tid) };
     }
     if defer_grid_wait && tid == 0 {
-        // The grid completes only after the predecessor has: whoever waits for this grid
-        // (the next stage) is ordered after the predecessor too.
         gdc::wait_for_prerequisites();
     }
 }
