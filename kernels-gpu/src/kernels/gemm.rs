@@ -1,4 +1,5 @@
 //! The Hopper GEMM stage kernel: `D = alpha · A · Bᵀ + beta · C` (see [`crate::gemm_abi`]).
+//! `kernels-gpu/GUIDE.md` follows one tile through it, from the host's choice to the TMA store.
 //!
 //! Structure (one block of 384 threads per SM, persistent over output tiles):
 //! - **warpgroup 0, the producer**: gives registers back (`setmaxnreg.dec 40`); one thread walks
