@@ -45,8 +45,12 @@ fn random_matrix<T: Element>(rng: &mut SmallRng, len: u64) -> Vec<T> {
         .collect()
 }
 
+/// Runs of a split-K configuration after the first, each compared bit for bit with it.
+const SPLIT_K_REPEATS: usize = 5;
+
 /// Runs `case` on our kernel and on cuBLASLt and checks every element; returns the worst
-/// error relative to the bound.
+/// error relative to the bound. Split-K configurations also run [`SPLIT_K_REPEATS`] more times
+/// and must give the same bits every time.
 fn check_case<T: Element + CublasLtElement + DeviceCopy>(
     variant: Option<&GemmVariant>,
     c_owner: Option<&Gpu>,
@@ -122,6 +126,22 @@ fn check_case<T: Element + CublasLtElement + DeviceCopy>(
     let name = format!("{} [{}]", c.name, prepared.variant().name);
     // SAFETY: the operands are live buffers of the viewed sizes, read back after the launch.
     unsafe { prepared.launch(stream, false) }.expect("launch GEMM");
+    if prepared.variant().config.split_k {
+        // Split-K adds the splits' partial sums in a fixed order, whichever block finishes a
+        // tile, and leaves its counters zero: every run gives the same bits.
+        let first = ours.download(stream).expect("download D");
+        for run in 1..=SPLIT_K_REPEATS {
+            ours.fill(stream, T::nan()).expect("poison D");
+            // SAFETY: as above.
+            unsafe { prepared.launch(stream, false) }.expect("launch GEMM again");
+            let again = ours.download(stream).expect("download D");
+            let same = first
+                .iter()
+                .zip(&again)
+                .all(|(x, y)| x.to_bits() == y.to_bits());
+            assert!(same, "{name}: run {run} differs from the first run");
+        }
+    }
     let shape = TnGemmShape {
         m,
         n,
@@ -267,6 +287,31 @@ const EDGE_CASES: &[Case] = &[
     },
 ];
 
+/// Decode shapes (few rows, fewer tiles than SMs: where split-K splits), ragged M, N and K,
+/// beta 0 and 1; run with every configuration.
+const DECODE_CASES: &[Case] = &[
+    case("decode M=1", 1, 8192, 4096),
+    case("decode M=7, K not a multiple of 64", 7, 2048, 1000),
+    case("decode M=65, wide K", 65, 4096, 14336),
+    case("decode M=16, one tile", 16, 256, 8192),
+    Case {
+        name: "decode M=33 beta 1",
+        m: 33,
+        n: 1024,
+        k: 3000,
+        pad: 0,
+        beta: 1.0,
+    },
+    Case {
+        name: "decode M=9, N not a multiple of 8, strided",
+        m: 9,
+        n: 1001,
+        k: 2048,
+        pad: 24,
+        beta: 1.0,
+    },
+];
+
 /// 8192³ and the stage shapes of the seed's Llama presets (M = 16384 tokens).
 const LARGE_CASES: &[Case] = &[
     case("8192^3", 8192, 8192, 8192),
@@ -286,6 +331,26 @@ fn edge_cases_bf16() {
 #[test]
 fn edge_cases_f16() {
     run_cases("gpu_gemm::edge_cases_f16", Dtype::F16, EDGE_CASES, true);
+}
+
+#[test]
+fn decode_shapes_bf16() {
+    run_cases(
+        "gpu_gemm::decode_shapes_bf16",
+        Dtype::Bf16,
+        DECODE_CASES,
+        true,
+    );
+}
+
+#[test]
+fn decode_shapes_f16() {
+    run_cases(
+        "gpu_gemm::decode_shapes_f16",
+        Dtype::F16,
+        DECODE_CASES,
+        true,
+    );
 }
 
 #[test]

@@ -62,6 +62,10 @@ pub struct TileConfig {
     pub stages: u32,
     /// Blocks per cluster along M (1 or 2).
     pub cluster_m: u32,
+    /// Split-K: a tile's k-blocks may be divided among several blocks ([`SplitParams`]), for
+    /// problems with fewer output tiles than SMs (decode). A separate compiled configuration,
+    /// so the other configurations' code is untouched by it.
+    pub split_k: bool,
 }
 
 impl TileConfig {
@@ -175,6 +179,7 @@ impl TileConfig {
             && self.a_tile_bytes().is_multiple_of(1024)
             && self.b_tile_bytes().is_multiple_of(1024)
             && (self.cluster_m == 1 || self.cluster_m == 2)
+            && !(self.split_k && self.cluster_m != 1)
             && (self.b_tile_bytes() / self.cluster_m).is_multiple_of(1024)
     }
 }
@@ -187,6 +192,7 @@ pub const TILE_128X256: TileConfig = TileConfig {
     split: ConsumerSplit::Rows,
     stages: 4,
     cluster_m: 1,
+    split_k: false,
 };
 /// 128×256 tiles in 2-block clusters sharing B through TMA multicast.
 pub const TILE_128X256_CLUSTER2: TileConfig = TileConfig {
@@ -203,6 +209,7 @@ pub const TILE_192X192: TileConfig = TileConfig {
     split: ConsumerSplit::Columns,
     stages: 4,
     cluster_m: 1,
+    split_k: false,
 };
 /// 128×224 tiles, 4 stages: for widths that 224 divides into a tile count just under whole
 /// waves where 256 leaves a badly filled last wave (7168 = 32 · 224: 512 tiles of a 2048-row
@@ -221,6 +228,18 @@ pub const TILE_128X128: TileConfig = TileConfig {
 /// 128×128 tiles in 2-block clusters sharing B.
 pub const TILE_128X128_CLUSTER2: TileConfig = TileConfig {
     cluster_m: 2,
+    ..TILE_128X128
+};
+/// 128×256 tiles with split-K ([`SplitParams`]): for weight-streaming shapes whose 128×256
+/// tiles are fewer than the SMs (decode: M ≤ 128 rows, N a few thousand).
+pub const TILE_128X256_SPLITK: TileConfig = TileConfig {
+    split_k: true,
+    ..TILE_128X256
+};
+/// 128×128 tiles, 6 stages, with split-K: twice the tiles of 128×256 and a deeper ring per
+/// block, so more of the weight stream is in flight per SM.
+pub const TILE_128X128_SPLITK: TileConfig = TileConfig {
+    split_k: true,
     ..TILE_128X128
 };
 
@@ -251,6 +270,8 @@ macro_rules! gemm_variants {
             "128x224" => gemm_bf16_128x224, gemm_f16_128x224, TILE_128X224, Tile128x224;
             "128x128" => gemm_bf16_128x128, gemm_f16_128x128, TILE_128X128, Tile128x128;
             "128x128c2" => gemm_bf16_128x128c2, gemm_f16_128x128c2, TILE_128X128_CLUSTER2, Tile128x128C2;
+            "128x256s" => gemm_bf16_128x256s, gemm_f16_128x256s, TILE_128X256_SPLITK, Tile128x256S;
+            "128x128s" => gemm_bf16_128x128s, gemm_f16_128x128s, TILE_128X128_SPLITK, Tile128x128S;
         }
     };
 }
@@ -350,6 +371,38 @@ pub struct StageHook {
     pub peer_errors: crate::collective_abi::PeerErrorWords,
 }
 
+/// Split-K of a `split_k` configuration ([`TileConfig::split_k`]); ignored by the others (all
+/// zero there).
+///
+/// The work is `tiles × splits` *units*: unit `u` is split `j = u % splits` of tile
+/// `u / splits` (in the raster order), k-blocks `⌊j·kb/splits⌋ .. ⌊(j+1)·kb/splits⌋` of the
+/// tile's `kb = ⌈K/64⌉`, and blocks take units as they take tiles otherwise. After its main
+/// loop, a consumer warpgroup writes its f32 accumulators to its slot in `partials` and counts
+/// itself in on the tile's counter; the warpgroup that arrives last (all the tile's other
+/// splits have written theirs) adds the `splits` slots in split order `0, 1, …` into its
+/// registers — so the sum, and D, are the same bits whichever block finishes last — resets
+/// the counter to 0 for the next launch and runs the epilogue. No block ever waits for
+/// another.
+///
+/// Slot layout: the slot of (unit `u`, consumer warpgroup `h`) starts at float
+/// `(2u + h) · 128 · R` (`R` = accumulator registers per thread = slabs × `wg_cols / 2`);
+/// register `r` of thread `t` is float `r · 128 + t` in it (register-major, so each register's
+/// stores and loads are 512 contiguous bytes across the warpgroup). Registers of rows past M
+/// are neither written nor read.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct SplitParams {
+    /// Device address of the f32 partial sums: `tiles · splits · block_m · block_n` floats.
+    pub partials: u64,
+    /// Device address of the arrival counters: `2 · tiles` u32 (one per tile and consumer
+    /// warpgroup), zero before a launch and left zero by it.
+    pub counters: u64,
+    /// Splits per tile, 1 ..= `⌈K/64⌉`.
+    pub splits: u32,
+    /// Padding to 8 bytes.
+    pub reserved: u32,
+}
+
 /// The GEMM kernels' single by-value parameter.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -385,6 +438,8 @@ pub struct GemmParams {
     /// depends on the problem's shape and the grid (the host's rule picks it).
     pub raster_group_m: u32,
     pub hook: StageHook,
+    /// Split-K, read only by `split_k` configurations.
+    pub split: SplitParams,
 }
 
 #[cfg(test)]
@@ -454,7 +509,8 @@ mod tests {
     fn parameter_block_layout_is_stable() {
         // The host passes the struct's bytes; the PTX declares a .param of this size.
         assert_eq!(core::mem::size_of::<StageHook>(), 48 + 64);
-        assert_eq!(core::mem::size_of::<GemmParams>(), 48 + 32 + 48 + 64);
+        assert_eq!(core::mem::size_of::<SplitParams>(), 24);
+        assert_eq!(core::mem::size_of::<GemmParams>(), 48 + 32 + 48 + 64 + 24);
         assert_eq!(core::mem::align_of::<GemmParams>(), 8);
     }
 }

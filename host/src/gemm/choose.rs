@@ -53,10 +53,13 @@ pub fn estimated_cost(variant: &GemmVariant, m: u64, n: u64, sm_count: u32) -> f
 
 /// The configuration the rule picks for an `m × n` output on a GPU with `sm_count` SMs.
 #[must_use]
+///
+/// The split-K configurations are not candidates yet: they are chosen only by name
+/// ([`variant_named`]) until the decode grid has measured where they win (issue 23).
 pub fn choose_variant(m: u64, n: u64, sm_count: u32) -> &'static GemmVariant {
     let mut best = &VARIANTS[0];
     let mut best_cost = estimated_cost(best, m, n, sm_count);
-    for v in &VARIANTS[1..] {
+    for v in VARIANTS[1..].iter().filter(|v| !v.config.split_k) {
         let cost = estimated_cost(v, m, n, sm_count);
         if cost < best_cost * 0.999 {
             best = v;
@@ -91,8 +94,45 @@ pub fn raster_group_m(variant: &GemmVariant, m: u64, n: u64, resident: u32) -> u
     g.clamp(1, cluster_rows.max(1)) as u32
 }
 
+/// The most k-splits of a tile: bounds the partial-sum traffic and keeps the kernel's unit
+/// arithmetic (`split · k_blocks`) far inside 32 bits.
+pub const MAX_SPLITS: u32 = 32;
+
+/// The fewest 64-wide k-blocks a split runs: below this the pipeline's fill and the partial
+/// sum's write and read cost more than the split saves.
+pub const MIN_SPLIT_K_BLOCKS: u64 = 4;
+
+/// K-splits per tile for a split-K configuration ([`SplitParams`](kernels_gpu::gemm_abi::SplitParams))
+/// on an `m × n × k` problem with `sm_count` SMs: the `s` in `1 ..= min(MAX_SPLITS,
+/// k-blocks / MIN_SPLIT_K_BLOCKS)` with the fewest waves of units per unit of work,
+/// `⌈tiles·s / SMs⌉ / s` (a split's main loop is `1/s` of the tile's), the smallest `s`
+/// among those within 2 % of the best (each split adds a partial sum to write and read).
+/// It is 1 without split-K and when the tiles alone fill the SMs (`tiles ≥ SMs`): there the
+/// partial sums of whole M-tall tiles would cost more than evener waves save.
+///
+/// Examples on 132 SMs with 128×256 tiles: 16 × 8192 × 14336 (32 tiles) splits 4 ways
+/// (128 units, one wave); 16 × 28672 × 8192 (112 tiles) 7 ways (784 units, 6 waves of
+/// 132 for 7 tiles' work: 0.86 of the unsplit wave).
+#[must_use]
+pub fn split_count(variant: &GemmVariant, m: u64, n: u64, k: u64, sm_count: u32) -> u32 {
+    let c = variant.config;
+    if !c.split_k {
+        return 1;
+    }
+    let tiles = m.div_ceil(u64::from(c.block_m)) * n.div_ceil(u64::from(c.block_n));
+    let slots = u64::from(sm_count.max(1));
+    if tiles >= slots {
+        return 1;
+    }
+    let k_blocks = k.div_ceil(u64::from(kernels_gpu::gemm_abi::BLOCK_K));
+    let most = (k_blocks / MIN_SPLIT_K_BLOCKS).clamp(1, u64::from(MAX_SPLITS));
+    let cost = |s: u64| (tiles * s).div_ceil(slots) as f64 / s as f64;
+    let best = (1..=most).map(cost).fold(f64::INFINITY, f64::min);
+    (1..=most).find(|&s| cost(s) <= best * 1.02).unwrap_or(1) as u32
+}
+
 /// The configuration named `name` (`128x256`, `128x256c2`, `192x192`, `128x224`, `128x128`,
-/// `128x128c2`).
+/// `128x128c2`, and the split-K `128x256s`, `128x128s`).
 #[must_use]
 pub fn variant_named(name: &str) -> Option<&'static GemmVariant> {
     VARIANTS.iter().find(|v| v.name == name)
@@ -138,6 +178,35 @@ mod tests {
         // Never more than the problem's rows, never 0.
         assert_eq!(raster_group_m(wide, 1024, 28672, 132), 8);
         assert_eq!(raster_group_m(wide, 1, 8, 132), 1);
+    }
+
+    #[test]
+    fn split_k_fills_the_sms_with_units() {
+        let s = variant_named("128x256s").unwrap();
+        // 32 tiles: 4 splits make one full wave of 128 units.
+        assert_eq!(split_count(s, 16, 8192, 14336, 132), 4);
+        // 112 tiles: 7 splits make 784 units, 6 waves (5.94 of work).
+        assert_eq!(split_count(s, 16, 28672, 8192, 132), 7);
+        // The tiles alone fill the SMs: no split.
+        assert_eq!(split_count(s, 8192, 8192, 8192, 132), 1);
+        assert_eq!(split_count(s, 128, 33792, 8192, 132), 1);
+        // Short K: at most k-blocks / 4 splits (K = 512: 8 k-blocks, 2 splits).
+        assert_eq!(split_count(s, 16, 8192, 512, 132), 2);
+        assert_eq!(split_count(s, 16, 8192, 64, 132), 1);
+        // Never more than MAX_SPLITS, even with one tile and a huge K.
+        assert!(split_count(s, 1, 8, 1 << 24, 132) <= MAX_SPLITS);
+        // Other configurations never split.
+        assert_eq!(
+            split_count(variant_named("128x256").unwrap(), 16, 8192, 14336, 132),
+            1
+        );
+    }
+
+    #[test]
+    fn the_rule_does_not_pick_split_k_yet() {
+        for (m, n) in [(1, 8192), (16, 28672), (2048, 7168), (8192, 8192)] {
+            assert!(!choose_variant(m, n, 132).config.split_k, "{m}x{n}");
+        }
     }
 
     #[test]

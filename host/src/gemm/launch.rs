@@ -1,12 +1,12 @@
 //! Preparing and launching the GEMM stage kernel on one GPU.
-use super::choose::{choose_variant, raster_group_m};
+use super::choose::{choose_variant, raster_group_m, split_count};
 use super::{GemmArgs, GemmError, MatrixView, check};
 use crate::dtype::Dtype;
 use crate::runtime::{
-    CudaStream, Gpu, Kernel, KernelArgs, LaunchConfig, Module, RawStream, RuntimeError, Swizzle,
-    TensorMap2d, TensorMapDtype, TensorMapSpec, launch, max_active_clusters,
+    CudaStream, DeviceBuffer, Gpu, Kernel, KernelArgs, LaunchConfig, Module, RawStream,
+    RuntimeError, Swizzle, TensorMap2d, TensorMapDtype, TensorMapSpec, launch, max_active_clusters,
 };
-use kernels_gpu::gemm_abi::{self, GemmParams, GemmVariant, StageHook};
+use kernels_gpu::gemm_abi::{self, GemmParams, GemmVariant, SplitParams, StageHook};
 use std::sync::Arc;
 
 /// Errors of preparing or launching a GEMM.
@@ -149,7 +149,7 @@ impl GemmKernel {
                 rule: format!("leading dimension {ld} exceeds 2^32"),
             })
         };
-        let params = GemmParams {
+        let mut params = GemmParams {
             map_a: map_a.device_address(),
             map_b: map_b.device_address(),
             map_d: map_d.as_ref().map_or(0, TensorMap2d::device_address),
@@ -165,12 +165,23 @@ impl GemmKernel {
             beta: args.beta,
             raster_group_m: raster_group_m(variant, m, n, compiled.resident_clusters),
             hook: StageHook::default(),
+            split: SplitParams::default(),
         };
-        // A persistent grid: at most one block per SM, whole clusters, no more than the work.
+        // A persistent grid: at most one block per SM, whole clusters, no more than the work
+        // (with split-K: tiles × splits units).
         let cluster = config.cluster_m;
         let cluster_tiles =
             params.m.div_ceil(config.block_m).div_ceil(cluster) * params.n.div_ceil(config.block_n);
-        let grid = cluster_tiles.min(compiled.resident_clusters).max(1) * cluster;
+        let split = if config.split_k {
+            let splits = split_count(variant, m, n, k, self.gpu.sm_count());
+            let workspace = SplitWorkspace::new(&self.gpu, stream, config, cluster_tiles, splits)?;
+            params.split = workspace.params(splits);
+            Some(workspace)
+        } else {
+            None
+        };
+        let units = cluster_tiles * params.split.splits.max(1);
+        let grid = units.min(compiled.resident_clusters).max(1) * cluster;
         let kernel = match args.dtype {
             Dtype::Bf16 => compiled.bf16.clone(),
             Dtype::F16 => compiled.f16.clone(),
@@ -181,7 +192,40 @@ impl GemmKernel {
             params,
             grid,
             _maps: [Some(map_a), Some(map_b), map_d, map_c],
+            _split: split,
         })
+    }
+}
+
+/// Split-K's device memory ([`SplitParams`]): the f32 partial sums of every unit and the
+/// per-tile arrival counters (zeroed here; every launch leaves them zero).
+struct SplitWorkspace {
+    partials: DeviceBuffer<f32>,
+    counters: DeviceBuffer<u32>,
+}
+
+impl SplitWorkspace {
+    fn new(
+        gpu: &Gpu,
+        stream: &CudaStream,
+        config: gemm_abi::TileConfig,
+        tiles: u32,
+        splits: u32,
+    ) -> Result<Self, RuntimeError> {
+        let tile_floats = (config.block_m * config.block_n) as usize;
+        let partials = DeviceBuffer::alloc(gpu, tiles as usize * splits as usize * tile_floats)?;
+        let mut counters = DeviceBuffer::alloc(gpu, 2 * tiles as usize)?;
+        counters.fill_bytes(stream, 0)?;
+        Ok(Self { partials, counters })
+    }
+
+    fn params(&self, splits: u32) -> SplitParams {
+        SplitParams {
+            partials: self.partials.device_ptr(),
+            counters: self.counters.device_ptr(),
+            splits,
+            reserved: 0,
+        }
     }
 }
 
@@ -232,6 +276,8 @@ pub struct PreparedGemm {
     params: GemmParams,
     grid: u32,
     _maps: [Option<TensorMap2d>; 4],
+    /// Split-K configurations: the partial sums and counters the parameter block points to.
+    _split: Option<SplitWorkspace>,
 }
 
 impl PreparedGemm {
@@ -348,7 +394,9 @@ impl PreparedGemm {
     /// # Safety
     /// The operands `prepare` was given (raw device addresses in [`GemmArgs`]) must be live
     /// memory of this GPU holding the matrices their views describe, until the launch has
-    /// completed, and nothing else may write D (or read it as C) meanwhile.
+    /// completed, and nothing else may write D (or read it as C) meanwhile. A split-K
+    /// configuration's launches must not run concurrently with each other (launches on one
+    /// stream never do, with or without PDL): they share its partial sums and counters.
     pub unsafe fn launch(&self, stream: &CudaStream, pdl: bool) -> Result<(), RuntimeError> {
         let mut args = self.kernel_args();
         // SAFETY: the parameter block matches the kernel's single `GemmParams` parameter; its

@@ -35,6 +35,12 @@ pub fn proxy_async_global() {
     unsafe { core::arch::asm!("fence.proxy.async.global;", options(nostack)) }
 }
 
+/// `fence.acq_rel.gpu`: a GPU-scope acquire-release fence (the other blocks of this GPU).
+#[inline(always)]
+pub fn acq_rel_gpu() {
+    unsafe { core::arch::asm!("fence.acq_rel.gpu;", options(nostack)) }
+}
+
 /// `fence.acq_rel.sys`: a system-scope acquire-release fence (other GPUs and the host).
 #[inline(always)]
 pub fn acq_rel_sys() {

@@ -15,6 +15,7 @@ pub mod cluster;
 pub mod fence;
 pub mod flags;
 pub mod gdc;
+pub mod grid;
 pub mod index;
 pub mod mbarrier;
 pub mod regs;

@@ -25,6 +25,11 @@
 //!   tiles of the same n-tile. Each loads its own A tile and half of the shared B tile, which
 //!   TMA multicasts into both blocks; a slot is free only when the consumers of *both* blocks
 //!   have released it, so consumers arrive on the `empty` barrier of every block in the cluster.
+//! - **split-K** (`*s` configurations, for problems with fewer output tiles than SMs): the
+//!   blocks take units of a tile's k-blocks instead of whole tiles; each consumer warpgroup
+//!   writes its f32 partial to global memory and counts in on the tile's counter, and the one
+//!   that arrives last adds all partials in split order (deterministic) and runs the epilogue
+//!   ([`finish_split`], layout and hand-off in [`SplitParams`] and [`crate::device::grid`]).
 //! - **prologue hook**: every thread executes `griddepcontrol.wait` (PDL) after the barrier set-up
 //!   (unless [`HOOK_DEFER_GRID_WAIT`] moves it to the end, for thread 0); thread 0 then
 //!   signals/waits on cross-GPU flags as [`StageHook`] says. The producer issues
@@ -37,7 +42,7 @@
 use crate::device::flags::{self, WaitOutcome};
 use crate::device::mbarrier::{MBarrier, PipelineState};
 use crate::device::wgmma::{self, Bf16, F16, InputType};
-use crate::device::{cluster, fence, gdc, index, regs, smem, stmatrix, sync, tma};
+use crate::device::{cluster, fence, gdc, grid, index, regs, smem, stmatrix, sync, tma};
 use crate::gemm_abi::*;
 use crate::layout::{descriptor, raster, swizzle};
 use seq_macro::seq;
@@ -59,6 +64,19 @@ trait Config {
     unsafe fn mma<T: InputType>(acc: &mut Self::Acc, desc_a: u64, desc_b: u64, scale_d: u32);
     /// Stores the warpgroup's share from registers; `(row, col)` is its top-left element.
     unsafe fn epilogue<T: InputType>(p: &GemmParams, acc: &Self::Acc, row: u32, col: u32);
+    /// Split-K: writes the accumulators to the warpgroup's partial-sum slot `slot` (layout:
+    /// [`SplitParams`]), skipping rows at or past `m`; `row` is the share's top row.
+    unsafe fn store_partial(acc: &Self::Acc, slot: *mut f32, row: u32, m: u32);
+    /// Split-K: `acc = slot 0 + slot 1 + … + slot splits−1`, added in that order, the slots
+    /// `stride` floats apart from `first`; rows at or past `m` keep what they held.
+    unsafe fn sum_partials(
+        acc: &mut Self::Acc,
+        first: *const f32,
+        stride: usize,
+        splits: u32,
+        row: u32,
+        m: u32,
+    );
     /// Stores the warpgroup's share through the staging buffers; `(row, col)` is its top-left
     /// element.
     unsafe fn epilogue_staged<T: InputType>(
@@ -145,6 +163,47 @@ macro_rules! config {
                         }
                     });
                 });
+            }
+            /// Register `r` of slab `S` is float `(S·regs + r)·128 + t` of the slot (thread
+            /// `t` of the warpgroup); its row is `r0` or `r0 + 8` as in `epilogue`.
+            #[inline(always)]
+            unsafe fn store_partial(acc: &Self::Acc, slot: *mut f32, row: u32, m: u32) {
+                let t = index::thread_in_warpgroup();
+                seq!(S in 0..$slabs {
+                    let r0 = row + S * SLAB_M + 16 * (t / 32) + (t % 32) / 4;
+                    let rows = [r0 < m, r0 + 8 < m];
+                    seq!(R in 0..$regs {
+                        if rows[(R % 4) / 2] {
+                            let at = ((S * $regs + R) * 128 + t) as usize;
+                            unsafe { grid::store_f32(slot.add(at), acc[S][R]) };
+                        }
+                    });
+                });
+            }
+            #[inline(always)]
+            unsafe fn sum_partials(
+                acc: &mut Self::Acc,
+                first: *const f32,
+                stride: usize,
+                splits: u32,
+                row: u32,
+                m: u32,
+            ) {
+                let t = index::thread_in_warpgroup();
+                for j in 0..splits {
+                    let slot = unsafe { first.add(j as usize * stride) };
+                    seq!(S in 0..$slabs {
+                        let r0 = row + S * SLAB_M + 16 * (t / 32) + (t % 32) / 4;
+                        let rows = [r0 < m, r0 + 8 < m];
+                        seq!(R in 0..$regs {
+                            if rows[(R % 4) / 2] {
+                                let at = ((S * $regs + R) * 128 + t) as usize;
+                                let v = unsafe { grid::load_f32_cg(slot.add(at)) };
+                                acc[S][R] = if j == 0 { v } else { acc[S][R] + v };
+                            }
+                        });
+                    });
+                }
             }
             /// Writes the consumer's share slab by slab as chunks of 64 rows × `W` columns
             /// (`W = TileConfig::epilogue_cols()`): `stmatrix` packs each chunk into a staging
@@ -315,6 +374,26 @@ config!(Tile128x128C2 {
     mma: mma_n128,
     fence: fence_operands_64,
 });
+config!(Tile128x256S {
+    tile: TILE_128X256_SPLITK,
+    slabs: 1,
+    regs: 128,
+    blocks: 32,
+    chunks: 4,
+    pairs: 4,
+    mma: mma_n256,
+    fence: fence_operands_128,
+});
+config!(Tile128x128S {
+    tile: TILE_128X128_SPLITK,
+    slabs: 1,
+    regs: 64,
+    blocks: 16,
+    chunks: 2,
+    pairs: 4,
+    mma: mma_n128,
+    fence: fence_operands_64,
+});
 
 /// Shared-memory addresses of the ring.
 #[derive(Clone, Copy)]
@@ -356,20 +435,30 @@ impl Ring {
     fn abort_flag(self) -> u32 {
         self.base + self.tile.abort_flag_offset()
     }
+    /// Split-K: the word (after the abort word) through which consumer warpgroup `half`'s
+    /// leader tells the warpgroup whether it completes the tile.
+    #[inline(always)]
+    fn split_word(self, half: u32) -> u32 {
+        self.abort_flag() + 4 + 4 * half
+    }
 }
 
 /// This block's share of the output. Tiles are grouped in *cluster tiles* of `cluster_m`
 /// vertically adjacent tiles; cluster `c` takes cluster tiles `c, c + clusters, …` in raster
-/// order, and its block of rank `r` computes the `r`-th tile of each.
+/// order, and its block of rank `r` computes the `r`-th tile of each. With split-K the blocks
+/// take *units* instead, `splits` per tile ([`SplitParams`]); otherwise a unit is a tile.
 #[derive(Clone, Copy)]
 struct Tiles {
     num_m: u32,
     num_n: u32,
+    /// Units: tiles × splits.
     total: u32,
     first: u32,
     step: u32,
     rank: u32,
     group_m: u32,
+    /// K-splits per tile (1 unless the configuration is `split_k`).
+    splits: u32,
     tile: TileConfig,
 }
 
@@ -387,16 +476,38 @@ impl Tiles {
                 index::cluster_ctarank(),
             )
         };
+        let splits = if tile.split_k {
+            p.split.splits.max(1)
+        } else {
+            1
+        };
         Self {
             num_m,
             num_n,
-            total: num_m * num_n,
+            total: num_m * num_n * splits,
             first,
             step,
             rank,
             group_m: p.raster_group_m.max(1),
+            splits,
             tile,
         }
+    }
+    /// Unit `u`'s cluster tile and k-block range `kb0..kb1` out of the tile's `k_blocks`:
+    /// split `j = u % splits` of tile `u / splits` takes k-blocks
+    /// `⌊j·k_blocks/splits⌋ .. ⌊(j+1)·k_blocks/splits⌋` (never empty: the host keeps
+    /// `splits ≤ k_blocks`). Without split-K, unit `u` is all of tile `u`.
+    #[inline(always)]
+    fn unit(self, u: u32, k_blocks: u32) -> (u32, u32, u32) {
+        if !self.tile.split_k {
+            return (u, 0, k_blocks);
+        }
+        let (t, j) = (u / self.splits, u % self.splits);
+        (
+            t,
+            j * k_blocks / self.splits,
+            (j + 1) * k_blocks / self.splits,
+        )
     }
     /// Top-left element `(row, col)` of this block's tile in cluster tile `t`.
     #[inline(always)]
@@ -461,10 +572,11 @@ unsafe fn produce(p: &GemmParams, ring: Ring, tiles: Tiles) {
     let b_share_rows = tile.block_n / tile.cluster_m;
     let b_share_bytes = tile.b_tile_bytes() / tile.cluster_m;
     let mut slot = PipelineState::new(tile.stages);
-    let mut t = tiles.first;
-    while t < tiles.total {
+    let mut u = tiles.first;
+    while u < tiles.total {
+        let (t, kb0, kb1) = tiles.unit(u, k_blocks);
         let (row, col) = tiles.origin(t);
-        for kb in 0..k_blocks {
+        for kb in kb0..kb1 {
             let k = (kb * BLOCK_K) as i32;
             unsafe {
                 ring.empty(slot.stage).wait(slot.phase ^ 1);
@@ -489,7 +601,7 @@ unsafe fn produce(p: &GemmParams, ring: Ring, tiles: Tiles) {
             }
             slot.advance();
         }
-        t += tiles.step;
+        u += tiles.step;
     }
     gdc::launch_dependents();
 }
@@ -531,7 +643,8 @@ unsafe fn load_c_chunk(p: &GemmParams, ring: Ring, half: u32, g: u32, row: u32, 
     }
 }
 
-/// Consumer warpgroup `half` (0 or 1): main loop and epilogue for every tile of this block.
+/// Consumer warpgroup `half` (0 or 1): main loop and epilogue for every tile (with split-K:
+/// unit) of this block.
 #[inline(always)]
 unsafe fn consume<T: InputType, C: Config>(p: &GemmParams, ring: Ring, tiles: Tiles, half: u32) {
     let k_blocks = p.k.div_ceil(BLOCK_K);
@@ -542,12 +655,13 @@ unsafe fn consume<T: InputType, C: Config>(p: &GemmParams, ring: Ring, tiles: Ti
     let mut acc = C::new_acc();
     // This warpgroup's share of each tile, and where its operand rows start in a slot.
     let (wg_row, wg_col) = C::TILE.wg_origin(half);
-    let mut t = tiles.first;
-    while t < tiles.total {
+    let mut u = tiles.first;
+    while u < tiles.total {
+        let (t, kb0, kb1) = tiles.unit(u, k_blocks);
         let (row, col) = tiles.origin(t);
         // This warpgroup's share of the tile.
         let (row, col) = (row + wg_row, col + wg_col);
-        if staged && t == tiles.first && index::thread_in_warpgroup() == 0 {
+        if staged && u == tiles.first && index::thread_in_warpgroup() == 0 {
             // This leader issues the TMA stores of D and the TMA loads of C: it acquires their
             // tensor maps itself before its first use; and since C may be a peer's partial
             // guarded by the hook's flag (acquired by thread 0, handed over by a CTA or
@@ -560,14 +674,15 @@ unsafe fn consume<T: InputType, C: Config>(p: &GemmParams, ring: Ring, tiles: Ti
                 fence::proxy_async_global();
             }
         }
-        if staged && p.beta != 0.0 && index::thread_in_warpgroup() == 0 {
+        if !C::TILE.split_k && staged && p.beta != 0.0 && index::thread_in_warpgroup() == 0 {
             // The tile's first C chunk goes into the buffer that the store of the previous
             // tile's last chunk but one reads: once it has, the load overlaps the main loop.
+            // (With split-K only the tile's last split runs the epilogue: it loads C then.)
             tma::wait_group_read::<1>();
             unsafe { load_c_chunk(p, ring, half, chunks_staged, row, col, 0) };
         }
         let mut previous = 0;
-        for kb in 0..k_blocks {
+        for kb in kb0..kb1 {
             unsafe { ring.full(slot.stage).wait_warp(slot.phase) };
             C::fence(&mut acc);
             wgmma::fence();
@@ -579,14 +694,14 @@ unsafe fn consume<T: InputType, C: Config>(p: &GemmParams, ring: Ring, tiles: Ti
                         &mut acc,
                         descriptor::offset_in_atom(a, K * descriptor::K16_STEP_BYTES),
                         descriptor::offset_in_atom(b, K * descriptor::K16_STEP_BYTES),
-                        if K == 0 { (kb > 0) as u32 } else { 1 },
+                        if K == 0 { (kb > kb0) as u32 } else { 1 },
                     )
                 };
             });
             wgmma::commit_group();
             wgmma::wait_group::<1>();
             C::fence(&mut acc);
-            if kb > 0 {
+            if kb > kb0 {
                 unsafe { release(ring, previous) };
             }
             previous = slot.stage;
@@ -594,8 +709,18 @@ unsafe fn consume<T: InputType, C: Config>(p: &GemmParams, ring: Ring, tiles: Ti
         }
         wgmma::wait_group::<0>();
         C::fence(&mut acc);
-        if k_blocks > 0 {
+        if kb1 > kb0 {
             unsafe { release(ring, previous) };
+        }
+        if C::TILE.split_k {
+            if !unsafe { finish_split::<C>(p, ring, tiles, &mut acc, u, half, row) } {
+                u += tiles.step;
+                continue;
+            }
+            if staged && p.beta != 0.0 && index::thread_in_warpgroup() == 0 {
+                tma::wait_group_read::<1>();
+                unsafe { load_c_chunk(p, ring, half, chunks_staged, row, col, 0) };
+            }
         }
         if staged {
             unsafe { C::epilogue_staged::<T>(p, &acc, ring, half, row, col, chunks_staged) };
@@ -603,13 +728,58 @@ unsafe fn consume<T: InputType, C: Config>(p: &GemmParams, ring: Ring, tiles: Ti
         } else {
             unsafe { C::epilogue::<T>(p, &acc, row, col) };
         }
-        t += tiles.step;
+        u += tiles.step;
     }
     if staged && index::thread_in_warpgroup() == 0 {
         // The block's shared memory must outlive the reads of its last stores, and the
         // output must be complete when the grid is.
         tma::wait_group::<0>();
     }
+}
+
+/// Split-K, after unit `u`'s main loop (every thread of consumer warpgroup `half`, whose share
+/// starts at row `row`): writes the warpgroup's partial sum to its slot, counts the warpgroup
+/// in on the tile's counter and, if it is the tile's last split, adds every split's partial
+/// into `acc` in split order and resets the counter (the hand-off: [`grid`]). Returns whether
+/// this warpgroup completes the tile (and runs its epilogue).
+#[inline(always)]
+unsafe fn finish_split<C: Config>(
+    p: &GemmParams,
+    ring: Ring,
+    tiles: Tiles,
+    acc: &mut C::Acc,
+    u: u32,
+    half: u32,
+    row: u32,
+) -> bool {
+    // Floats of one warpgroup's slot: half a tile.
+    let per_half = (C::TILE.block_m * C::TILE.block_n / 2) as usize;
+    let partials = p.split.partials as *mut f32;
+    let slot_of = |unit: u32| (2 * unit as usize + half as usize) * per_half;
+    unsafe { C::store_partial(acc, partials.add(slot_of(u)), row, p.m) };
+    let barrier = 1 + half;
+    sync::named_sync(barrier, 128);
+    let t = u / tiles.splits;
+    if index::thread_in_warpgroup() == 0 {
+        let counter = unsafe { (p.split.counters as *mut u32).add(2 * t as usize + half as usize) };
+        // Release: every partial store of the warpgroup (ordered before this thread by the
+        // barrier) before the count.
+        fence::acq_rel_gpu();
+        let last = unsafe { grid::fetch_add_relaxed_gpu(counter, 1) } + 1 == tiles.splits;
+        if last {
+            // Acquire: the other splits' partials, released with their counts.
+            fence::acq_rel_gpu();
+            unsafe { grid::store_relaxed_gpu(counter, 0) };
+        }
+        unsafe { smem::store_u32(ring.split_word(half), last as u32) };
+    }
+    sync::named_sync(barrier, 128);
+    let last = unsafe { smem::load_u32(ring.split_word(half)) } != 0;
+    if last {
+        let first = unsafe { partials.add(slot_of(t * tiles.splits)) };
+        unsafe { C::sum_partials(acc, first, 2 * per_half, tiles.splits, row, p.m) };
+    }
+    last
 }
 
 /// Stores one pair of horizontally adjacent outputs `(row, col)`, `(row, col + 1)`.
