@@ -19,13 +19,15 @@
 //! at which each contender streamed them (weight bytes over its median time, GB/s). A filter
 //! picks part of the grid (`--filter 405b`, `--filter fc1`) to split it over several calls.
 //!
-//! Usage: `gemm [--quick | --grid] [--variants] [--raster G[,G…]] [--filter SUBSTRING |
-//! SUBSTRING] [--reps N] [--min-block-ms T]`. Writes
+//! Usage: `gemm [--quick | --grid] [--variants | --variant NAME[,NAME…]] [--raster G[,G…]]
+//! [--filter SUBSTRING | SUBSTRING] [--reps N] [--min-block-ms T]`. Writes
 //! `benches/results/gemm[-grid]-<date>-<commit>.{json,md}` (or under `DISTGEMM_BENCH_RESULTS`).
 use clap::Parser;
 use distgemm::baseline::{CublasLtElement, CublasLtGemm, TnGemmShape};
 use distgemm::dtype::{Dtype, Element};
-use distgemm::gemm::{GemmKernel, GemmLaunchError, GemmVariant, PreparedGemm, VARIANTS};
+use distgemm::gemm::{
+    GemmKernel, GemmLaunchError, GemmVariant, PreparedGemm, VARIANTS, variant_named,
+};
 use distgemm::problem::Preset;
 use distgemm::runtime::{DeviceBuffer, DeviceCopy, Gpu, Module};
 use distgemm_benches::energy::EnergyMeter;
@@ -329,8 +331,11 @@ struct Args {
     #[arg(long)]
     grid: bool,
     /// Also time every compiled tile configuration (the data behind the rule).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "variant")]
     variants: bool,
+    /// Also time these configurations (e.g. `128x256s,128x128s`, the split-K ones).
+    #[arg(long, value_name = "NAME[,NAME…]", value_delimiter = ',', value_parser = parse_variant)]
+    variant: Vec<&'static GemmVariant>,
     /// Also time the rule's configuration with these band heights of the tile order.
     #[arg(long, value_name = "G[,G…]", value_delimiter = ',')]
     raster: Vec<u32>,
@@ -348,6 +353,17 @@ struct Args {
     min_block_ms: f64,
     #[command(flatten)]
     runner: RunnerFlags,
+}
+
+/// A compiled configuration by name, for `--variant`.
+fn parse_variant(name: &str) -> Result<&'static GemmVariant, String> {
+    variant_named(name).ok_or_else(|| {
+        let known: Vec<&str> = VARIANTS.iter().map(|v| v.name).collect();
+        format!(
+            "unknown configuration {name:?}; known: {}",
+            known.join(", ")
+        )
+    })
 }
 
 fn main() {
@@ -368,6 +384,7 @@ fn run() -> Result<(), BenchError> {
     if args.variants {
         extra.extend(VARIANTS.iter().map(Extra::Variant));
     }
+    extra.extend(args.variant.into_iter().map(Extra::Variant));
     extra.extend(args.raster.into_iter().map(Extra::Raster));
     let gpu = Gpu::open(0)?;
     let module = Module::load(&gpu)?;

@@ -12,12 +12,12 @@
 # With --pack, everything ends up in RESULTS_DIR/matrix.tar.gz (for transfers that return
 # only a few files).
 #
-# With --steps LIST (comma-separated: tests, python, gemm-variants, gemm-all, gemm-grid,
-# distgemm, distgemm-sweep, nvlink-states) only those steps run, e.g. to split the matrix over
-# several calls (a device call lasts at most 10 minutes): the tests take ~8 minutes on one
+# With --steps LIST (comma-separated: tests, python, sanitize, gemm-variants, gemm-all,
+# gemm-grid, distgemm, distgemm-sweep, nvlink-states) only those steps run, e.g. to split the matrix over
+# several calls (a device call lasts at most 10 minutes): the tests took ~8 minutes on one
 # H200 (gpu_ranks' schedules section alone 400 s), the distgemm table ~8 minutes (1 s of
-# settling per block), python ~1 minute. gemm-grid (the decode and prefill shapes of three
-# models, `benches/gemm --grid`) runs only when listed.
+# settling per block), python ~1 minute, sanitize (run-sanitizers.sh) ~2. gemm-grid (the
+# decode and prefill shapes of three models, `benches/gemm --grid`) runs only when listed.
 #
 # Usage: ./run-gpu-matrix.sh [--tp N] [--skip-tests] [--steps LIST] [--quick] [--pack] [RESULTS_DIR]
 set -uo pipefail
@@ -25,7 +25,7 @@ set -uo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 tp=""
 skip_tests=0
-steps="tests,python,gemm-variants,gemm-all,distgemm,distgemm-sweep,nvlink-states"
+steps="tests,python,sanitize,gemm-variants,gemm-all,distgemm,distgemm-sweep,nvlink-states"
 pack=0
 quick=()
 dir=""
@@ -72,6 +72,8 @@ if [ $skip_tests -eq 0 ]; then
   [ -f "$dir/tests.log" ] && grep -E "^  (PASS|FAIL)" "$dir/tests.log"
   step python 300 "$HERE/python/run.sh"
   [ -f "$dir/python.log" ] && grep -E "^check_ops:|^torch_tp_mlp:.*PASS|FAIL" "$dir/python.log"
+  step sanitize 400 "$HERE/run-sanitizers.sh" "$dir"
+  [ -f "$dir/sanitize.log" ] && grep -E "^== sanitizers:" "$dir/sanitize.log"
 fi
 
 step gemm-variants 150 "$HERE/benches/gemm" --quick --variants --reps 20

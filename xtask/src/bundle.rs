@@ -9,8 +9,8 @@ use crate::util::{self, Result};
 use crate::{bail, build_ptx};
 
 /// The scripts written into every bundle: the test runner, the whole check-and-bench matrix,
-/// and the environment both source.
-pub const SCRIPTS: [(&str, &str); 3] = [
+/// the sanitizer runs, and the environment they source.
+pub const SCRIPTS: [(&str, &str); 4] = [
     (
         "run-gpu-tests.sh",
         include_str!("../assets/run-gpu-tests.sh"),
@@ -18,6 +18,10 @@ pub const SCRIPTS: [(&str, &str); 3] = [
     (
         "run-gpu-matrix.sh",
         include_str!("../assets/run-gpu-matrix.sh"),
+    ),
+    (
+        "run-sanitizers.sh",
+        include_str!("../assets/run-sanitizers.sh"),
     ),
     ("gpu-env.sh", include_str!("../assets/gpu-env.sh")),
 ];
@@ -384,10 +388,14 @@ mod tests {
                 "{name}"
             );
         }
-        let env = SCRIPTS[2].1;
+        let (_, env) = SCRIPTS
+            .iter()
+            .find(|(name, _)| *name == "gpu-env.sh")
+            .expect("gpu-env.sh");
         assert!(env.contains("DISTGEMM_PTX="));
         assert!(env.contains("NCCL_NVLS_ENABLE=0"));
-        assert!(SCRIPTS[0].1.contains("source \"$HERE/gpu-env.sh\""));
-        assert!(SCRIPTS[1].1.contains("source \"$HERE/gpu-env.sh\""));
+        for (name, text) in SCRIPTS.iter().filter(|(name, _)| *name != "gpu-env.sh") {
+            assert!(text.contains("source \"$HERE/gpu-env.sh\""), "{name}");
+        }
     }
 }
