@@ -429,3 +429,86 @@ fn c_from_the_other_gpu() {
         }
     }
 }
+
+/// One FP8 case: shape (dense operands) and beta.
+const FP8_CASES: &[(&str, u64, u64, u64, f32)] = &[
+    ("decode M=1", 1, 4096, 4096, 0.0),
+    ("ragged M and N", 129, 264, 528, 0.0),
+    ("one tile", 128, 256, 1024, 0.0),
+    ("beta 1", 200, 256, 256, 1.0),
+    ("N not a multiple of the tile, beta 1", 65, 1000, 512, 1.0),
+    ("many tiles", 2048, 2048, 2048, 0.0),
+];
+
+/// A and B in e4m3 with tensor-wise scales, bf16 C and D, on every configuration compiled for
+/// e4m3: every element of D against the f64 reference of `distgemm::reference::check_scaled`
+/// (`alpha·sa·sb·Σ a·b + beta·c`, e4m3 values and scales exact; the bound of
+/// `ErrorBound::scaled`: the f32 accumulation, the folded scale and the bf16 output). Inputs
+/// are N(0, 4²) rounded to e4m3 (never all zero), D poisoned with NaN first.
+#[test]
+fn fp8_tensorwise_every_configuration() {
+    use distgemm::fp8::{E4m3, Scales};
+    use distgemm::gemm::Fp8GemmArgs;
+    use distgemm::problem::Problem;
+    use distgemm::reference::{ScaledCheckInputs, check_scaled};
+
+    let test = "gpu_gemm::fp8_tensorwise_every_configuration";
+    let Some(session) = gpu::hopper_gpu(test) else {
+        return;
+    };
+    let module = session.module().expect("load PTX module");
+    let kernel = GemmKernel::new(&module).expect("GEMM kernels");
+    let stream = session.gpu.new_stream().expect("stream");
+    let e4m3 = |rng: &mut SmallRng, len: u64| -> Vec<E4m3> {
+        (0..len)
+            .map(|_| E4m3::from_f32(4.0 * rng.sample::<f32, _>(StandardNormal)))
+            .collect()
+    };
+    let (alpha, scales) = (0.75f32, Scales::Tensorwise { a: 0.5, b: 0.125 });
+    for &(name, m, n, k, beta) in FP8_CASES {
+        let mut rng = SmallRng::seed_from_u64(m ^ (n << 20) ^ (k << 40) ^ 0xF8);
+        let (a_host, b_host) = (e4m3(&mut rng, m * k), e4m3(&mut rng, n * k));
+        let c_host: Vec<half::bf16> = random_matrix(&mut rng, m * n);
+        let bytes = |v: &[E4m3]| v.iter().map(|x| x.to_bits()).collect::<Vec<u8>>();
+        let a = DeviceBuffer::from_host(&session.gpu, &stream, &bytes(&a_host)).expect("A");
+        let b = DeviceBuffer::from_host(&session.gpu, &stream, &bytes(&b_host)).expect("B");
+        let c = DeviceBuffer::from_host(&session.gpu, &stream, &c_host).expect("C");
+        let problem = Problem::new(m as usize, n as usize, k as usize).with_scalars(alpha, beta);
+        for v in VARIANTS.iter().filter(|v| v.kernel_e4m3.is_some()) {
+            let mut d =
+                DeviceBuffer::<half::bf16>::alloc(&session.gpu, (m * n) as usize).expect("D");
+            d.fill(&stream, half::bf16::NAN).expect("poison D");
+            let args = Fp8GemmArgs {
+                a: MatrixView::dense(a.device_ptr(), m, k),
+                b: MatrixView::dense(b.device_ptr(), n, k),
+                c: (beta != 0.0).then(|| MatrixView::dense(c.device_ptr(), m, n)),
+                d: MatrixView::dense(d.device_ptr(), m, n),
+                alpha,
+                beta,
+                scales: scales.clone(),
+            };
+            let prepared = kernel
+                .prepare_fp8_variant(&stream, &args, v)
+                .unwrap_or_else(|e| panic!("{name} [{}]: prepare: {e}", v.name));
+            // SAFETY: A, B, C and D are live buffers of the viewed sizes, read back after.
+            unsafe { prepared.launch(&stream, false) }.expect("launch");
+            let got = d.download(&stream).expect("download D");
+            let inputs = ScaledCheckInputs {
+                a: &a_host,
+                b: &b_host,
+                scales: &scales,
+                c: (beta != 0.0).then_some(&c_host[..]),
+            };
+            let report = check_scaled(&problem, 1, 1, inputs, &got).expect("reference");
+            assert_eq!(
+                report.mismatches, 0,
+                "{name} {m}x{n}x{k} [{}]: {report:?}",
+                v.name
+            );
+            visible_line(&format!(
+                "{test}: {name} {m}x{n}x{k} beta {beta} [{}]: ok (worst {:.2} of the bound)",
+                v.name, report.worst_ratio
+            ));
+        }
+    }
+}

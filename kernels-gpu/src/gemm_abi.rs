@@ -252,25 +252,32 @@ pub struct GemmVariant {
     pub kernel_bf16: &'static str,
     /// f16 entry point.
     pub kernel_f16: &'static str,
+    /// Entry point for e4m3 A and B with bf16 C and D, where compiled
+    /// (`gemm_e4m3_<name>`): the same kernel with `m64nNk32.e4m3` `wgmma`s. The host describes
+    /// the e4m3 operands to TMA as 16-bit pairs, so every byte offset, box and swizzle is the
+    /// 16-bit kernel's, with K counted in pairs.
+    pub kernel_e4m3: Option<&'static str>,
     /// Its tiles.
     pub config: TileConfig,
 }
 
 /// The one table of compiled GEMM variants. Each row is a variant name, its bf16 and f16
-/// entry points (always `gemm_<dtype>_<name>`: checked below), its [`TileConfig`] and the
-/// device-side configuration type (`kernels/gemm.rs`). `gemm_variants!(callback)` hands the
-/// rows to `callback!`, which generates from them the entry points (`kernels/gemm.rs`),
-/// [`VARIANTS`] and the kernel table `meta::KERNELS`, so the three cannot drift.
+/// entry points (always `gemm_<dtype>_<name>`: checked below), its [`TileConfig`], the
+/// device-side configuration type (`kernels/gemm.rs`) and, for the configurations compiled
+/// for FP8 too, `e4m3` and that entry point (`gemm_e4m3_<name>`). `gemm_variants!(callback)`
+/// hands the rows to `callback!`, which generates from them the entry points
+/// (`kernels/gemm.rs`), [`VARIANTS`] and the kernel table `meta::KERNELS`, so the three
+/// cannot drift.
 macro_rules! gemm_variants {
     ($callback:ident) => {
         $callback! {
-            "128x256" => gemm_bf16_128x256, gemm_f16_128x256, TILE_128X256, Tile128x256;
+            "128x256" => gemm_bf16_128x256, gemm_f16_128x256, TILE_128X256, Tile128x256, e4m3 gemm_e4m3_128x256;
             "128x256c2" => gemm_bf16_128x256c2, gemm_f16_128x256c2, TILE_128X256_CLUSTER2, Tile128x256C2;
             "192x192" => gemm_bf16_192x192, gemm_f16_192x192, TILE_192X192, Tile192x192;
             "128x224" => gemm_bf16_128x224, gemm_f16_128x224, TILE_128X224, Tile128x224;
-            "128x128" => gemm_bf16_128x128, gemm_f16_128x128, TILE_128X128, Tile128x128;
+            "128x128" => gemm_bf16_128x128, gemm_f16_128x128, TILE_128X128, Tile128x128, e4m3 gemm_e4m3_128x128;
             "128x128c2" => gemm_bf16_128x128c2, gemm_f16_128x128c2, TILE_128X128_CLUSTER2, Tile128x128C2;
-            "128x256s" => gemm_bf16_128x256s, gemm_f16_128x256s, TILE_128X256_SPLITK, Tile128x256S;
+            "128x256s" => gemm_bf16_128x256s, gemm_f16_128x256s, TILE_128X256_SPLITK, Tile128x256S, e4m3 gemm_e4m3_128x256s;
             "128x128s" => gemm_bf16_128x128s, gemm_f16_128x128s, TILE_128X128_SPLITK, Tile128x128S;
         }
     };
@@ -279,24 +286,28 @@ pub(crate) use gemm_variants;
 
 /// Builds [`VARIANTS`] from the rows of [`gemm_variants`], checking each entry name.
 macro_rules! variant_array {
-    ($($name:literal => $bf16:ident, $f16:ident, $tile:ident, $config:ident;)*) => {
+    ($($name:literal => $bf16:ident, $f16:ident, $tile:ident, $config:ident $(, e4m3 $e4m3:ident)?;)*) => {
         /// Every compiled configuration.
         pub const VARIANTS: [GemmVariant; [$($name),*].len()] = [$(
             GemmVariant {
                 name: $name,
                 kernel_bf16: stringify!($bf16),
                 kernel_f16: stringify!($f16),
+                kernel_e4m3: variant_array!(@optional $($e4m3)?),
                 config: $tile,
             },
         )*];
         $(
             const _: () = assert!(
                 str_eq(stringify!($bf16), concat!("gemm_bf16_", $name))
-                    && str_eq(stringify!($f16), concat!("gemm_f16_", $name)),
+                    && str_eq(stringify!($f16), concat!("gemm_f16_", $name))
+                    $(&& str_eq(stringify!($e4m3), concat!("gemm_e4m3_", $name)))?,
                 "entry points are named gemm_<dtype>_<variant name>"
             );
         )*
     };
+    (@optional $e4m3:ident) => { Some(stringify!($e4m3)) };
+    (@optional) => { None };
 }
 gemm_variants!(variant_array);
 

@@ -48,13 +48,13 @@ const fn gemm(name: &'static str) -> KernelInfo {
     }
 }
 
-/// Builds [`KERNELS`]: the GEMM entry points from the rows of `gemm_abi::gemm_variants!`,
-/// then the other kernels.
+/// Builds [`KERNELS`]: the GEMM entry points (bf16, f16 and, where compiled, e4m3) from the
+/// rows of `gemm_abi::gemm_variants!`, then the other kernels.
 macro_rules! kernel_table {
-    ($($name:literal => $bf16:ident, $f16:ident, $tile:ident, $config:ident;)*) => {
+    ($($name:literal => $bf16:ident, $f16:ident, $tile:ident, $config:ident $(, e4m3 $e4m3:ident)?;)*) => {
         /// Every kernel in the PTX module.
         pub const KERNELS: &[KernelInfo] = &[
-            $(gemm(stringify!($bf16)), gemm(stringify!($f16)),)*
+            $(gemm(stringify!($bf16)), gemm(stringify!($f16)), $(gemm(stringify!($e4m3)),)?)*
             plain("collective_barrier"),
             plain("collective_wait_flags"),
             plain("reduce_sum_bf16"),

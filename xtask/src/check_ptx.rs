@@ -84,7 +84,7 @@ pub fn check_ptx(opts: &Options) -> Result<()> {
         functions
             .iter()
             .find(|(n, _)| n == name)
-            .map(|(_, body)| ptxas::hgmma_count(body))
+            .map(|(_, body)| ptxas::gmma_count(body))
     };
     println!(
         "xtask check-ptx: ptxas + cuobjdump took {:.1}s; full log {}, SASS {}",
@@ -142,7 +142,7 @@ fn print_table(
     println!();
     println!(
         "{:<width$}  {:>4}  {:>8}  {:>6}  {:>8}  {:>8}  {:>5}  meta",
-        "kernel", "regs", "smem", "stack", "spill-st", "spill-ld", "HGMMA"
+        "kernel", "regs", "smem", "stack", "spill-st", "spill-ld", "GMMA"
     );
     for k in kernels {
         let hg = hgmma(k.name).map_or("-".to_string(), |n| n.to_string());
@@ -211,7 +211,7 @@ fn failures(
             match hgmma(k.name) {
                 Some(n) if n > 0 => {}
                 Some(_) => out.push(format!(
-                    "kernel `{}` uses wgmma (meta) but its SASS has no HGMMA instruction",
+                    "kernel `{}` uses wgmma (meta) but its SASS has no HGMMA/QGMMA instruction",
                     k.name
                 )),
                 None => out.push(format!("kernel `{}` has no SASS in the cubin", k.name)),

@@ -4,7 +4,7 @@
 //!   with launch bounds from `kernels_gpu::meta::KERNELS` patched in.
 //! - `check-ptx`: `ptxas -arch=sm_90a -v` (CUDA 13.0) + `cuobjdump --dump-sass`; per-kernel
 //!   resource table; fails on C7508/C7510/C7511/C7515/C7517, on stack/spills in
-//!   register-resident kernels, on wgmma kernels without `HGMMA`, and on a committed
+//!   register-resident kernels, on wgmma kernels without `HGMMA`/`QGMMA`, and on a committed
 //!   `host/ptx/kernels_gpu.ptx` that differs from the fresh build (`build-ptx --update-committed`).
 //! - `bundle [--out DIR]`: PTX + host, test and bench binaries + `run-gpu-tests.sh` for a
 //!   machine with only a CUDA driver.

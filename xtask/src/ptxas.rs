@@ -165,15 +165,18 @@ pub fn split_sass(text: &str) -> Vec<(String, String)> {
     out
 }
 
-/// How many `HGMMA` instructions a SASS listing contains.
-pub fn hgmma_count(sass: &str) -> usize {
+/// How many warpgroup MMA instructions a SASS listing contains: `HGMMA` (the 16-bit types'
+/// `wgmma`) and `QGMMA` (the 8-bit ones').
+pub fn gmma_count(sass: &str) -> usize {
     sass.lines()
         .filter(|l| {
             // The mnemonic follows the `/*addr*/` column (and an optional predicate).
             let code = l.split_once("*/").map_or("", |(_, c)| c);
-            code.split_whitespace()
-                .take(2)
-                .any(|w| w == "HGMMA" || w.starts_with("HGMMA."))
+            code.split_whitespace().take(2).any(|w| {
+                ["HGMMA", "QGMMA"]
+                    .iter()
+                    .any(|m| w == *m || w.strip_prefix(m).is_some_and(|r| r.starts_with('.')))
+            })
         })
         .count()
 }
@@ -276,6 +279,8 @@ ptxas info    : Used 40 registers, 2048 bytes smem, 368 bytes cmem[0]
         /*0100*/                   HGMMA.64x256x16.F32.BF16 R24, gdesc[UR4], RZ, !UPT, gsb0 ;  /* 0x0be00000041879f0 */
         /*0110*/               @P0 HGMMA.64x256x16.F32.BF16 R24, gdesc[UR8], R24, gsb0 ;  /* 0x0be00008081879f0 */
         /*0120*/                   WARPGROUP.DEPBAR.LE gsb0, 0x0 ;     /* 0x00000000000079af */
+        /*0130*/                   QGMMA.64x256x32.F32.E4M3.E4M3 R24, gdesc[UR4], R24, gsb0 ;  /* 0x0be00000041879f0 */
+        /*0140*/                   HGMMAX R1, R2 ;  /* not a wgmma mnemonic */
 \t\t..........
 
 
@@ -287,12 +292,12 @@ ptxas info    : Used 40 registers, 2048 bytes smem, 368 bytes cmem[0]
 ";
 
     #[test]
-    fn splits_sass_and_counts_hgmma() {
+    fn splits_sass_and_counts_warpgroup_mmas() {
         let f = split_sass(SASS);
         let names: Vec<_> = f.iter().map(|(n, _)| n.as_str()).collect();
         assert_eq!(names, ["gemm_f16", "gemm"]);
-        assert_eq!(hgmma_count(&f[0].1), 2);
-        assert_eq!(hgmma_count(&f[1].1), 0);
+        assert_eq!(gmma_count(&f[0].1), 3);
+        assert_eq!(gmma_count(&f[1].1), 0);
         assert!(split_sass("no functions here").is_empty());
     }
 }

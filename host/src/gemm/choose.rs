@@ -57,16 +57,41 @@ pub fn estimated_cost(variant: &GemmVariant, m: u64, n: u64, sm_count: u32) -> f
 /// The split-K configurations are not candidates yet: they are chosen only by name
 /// ([`variant_named`]) until the decode grid has measured where they win (issue 23).
 pub fn choose_variant(m: u64, n: u64, sm_count: u32) -> &'static GemmVariant {
-    let mut best = &VARIANTS[0];
-    let mut best_cost = estimated_cost(best, m, n, sm_count);
-    for v in VARIANTS[1..].iter().filter(|v| !v.config.split_k) {
-        let cost = estimated_cost(v, m, n, sm_count);
-        if cost < best_cost * 0.999 {
-            best = v;
-            best_cost = cost;
+    cheapest(
+        VARIANTS.iter().filter(|v| !v.config.split_k),
+        m,
+        n,
+        sm_count,
+    )
+}
+
+/// The candidate with the smallest [`estimated_cost`]; within 0.1 % the earlier one (the
+/// order of [`VARIANTS`]: the simpler launch first).
+fn cheapest(
+    mut candidates: impl Iterator<Item = &'static GemmVariant>,
+    m: u64,
+    n: u64,
+    sm_count: u32,
+) -> &'static GemmVariant {
+    let first = candidates
+        .next()
+        .expect("at least one candidate configuration");
+    let cost = |v: &GemmVariant| estimated_cost(v, m, n, sm_count);
+    candidates.fold(first, |best, v| {
+        if cost(v) < cost(best) * 0.999 {
+            v
+        } else {
+            best
         }
-    }
-    best
+    })
+}
+
+/// The configuration the rule picks for an FP8 GEMM with an `m × n` output: the cheapest by
+/// [`estimated_cost`] among those compiled for e4m3 (split-K ones only by name, as for
+/// [`choose_variant`]).
+pub fn choose_fp8_variant(m: u64, n: u64, sm_count: u32) -> &'static GemmVariant {
+    let fp8 = |v: &&GemmVariant| v.kernel_e4m3.is_some() && !v.config.split_k;
+    cheapest(VARIANTS.iter().filter(fp8), m, n, sm_count)
 }
 
 /// Height of the tile order's bands, in cluster tiles, for `variant` on an `m × n` output run
@@ -207,6 +232,19 @@ mod tests {
         for (m, n) in [(1, 8192), (16, 28672), (2048, 7168), (8192, 8192)] {
             assert!(!choose_variant(m, n, 132).config.split_k, "{m}x{n}");
         }
+    }
+
+    #[test]
+    fn fp8_picks_among_its_compiled_configurations() {
+        for (m, n) in [(1, 8192), (2048, 7168), (8192, 8192), (2048, 13312)] {
+            let v = choose_fp8_variant(m, n, 132);
+            assert!(
+                v.kernel_e4m3.is_some() && !v.config.split_k,
+                "{m}x{n}: {}",
+                v.name
+            );
+        }
+        assert_eq!(choose_fp8_variant(8192, 8192, 132).name, "128x256");
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! Preparing and launching the GEMM stage kernel on one GPU.
-use super::choose::{choose_variant, raster_group_m, split_count};
-use super::{GemmArgs, GemmError, MatrixView, check};
+use super::choose::{choose_fp8_variant, choose_variant, raster_group_m, split_count};
+use super::{Fp8GemmArgs, GemmArgs, GemmError, MatrixView, check};
 use crate::dtype::Dtype;
 use crate::runtime::{
     CudaStream, DeviceBuffer, Gpu, Kernel, KernelArgs, LaunchConfig, Module, RawStream,
@@ -23,6 +23,8 @@ struct Compiled {
     variant: &'static GemmVariant,
     bf16: Kernel,
     f16: Kernel,
+    /// e4m3 A and B with bf16 C and D, where compiled.
+    e4m3: Option<Kernel>,
     /// Clusters (blocks, without clusters) the GPU holds at once: the persistent grid's size.
     resident_clusters: u32,
 }
@@ -41,7 +43,11 @@ impl GemmKernel {
             .map(|variant| {
                 let bf16 = module.kernel(variant.kernel_bf16)?;
                 let f16 = module.kernel(variant.kernel_f16)?;
-                for k in [&bf16, &f16] {
+                let e4m3 = variant
+                    .kernel_e4m3
+                    .map(|name| module.kernel(name))
+                    .transpose()?;
+                for k in [&bf16, &f16].into_iter().chain(e4m3.as_ref()) {
                     k.reserve_dynamic_smem(variant.config.smem_bytes())?;
                 }
                 let sms = module.gpu().sm_count();
@@ -56,6 +62,7 @@ impl GemmKernel {
                     variant,
                     bf16,
                     f16,
+                    e4m3,
                     resident_clusters,
                 })
             })
@@ -97,6 +104,40 @@ impl GemmKernel {
         stream: &CudaStream,
         args: &GemmArgs,
         variant: &GemmVariant,
+    ) -> Result<PreparedGemm, GemmLaunchError> {
+        self.prepare_inputs(stream, args, variant, Inputs::Native)
+    }
+
+    /// Validates an FP8 GEMM ([`Fp8GemmArgs`]), picks one of the configurations compiled for
+    /// e4m3 ([`choose_fp8_variant`]) and prepares it as [`Self::prepare`] does.
+    pub fn prepare_fp8(
+        &self,
+        stream: &CudaStream,
+        args: &Fp8GemmArgs,
+    ) -> Result<PreparedGemm, GemmLaunchError> {
+        let (m, n, _) = (args.a.rows, args.b.rows, args.a.cols);
+        self.prepare_fp8_variant(stream, args, choose_fp8_variant(m, n, self.gpu.sm_count()))
+    }
+
+    /// Like [`Self::prepare_fp8`] with the tile configuration given; it must be one compiled
+    /// for e4m3 ([`GemmVariant::kernel_e4m3`]).
+    pub fn prepare_fp8_variant(
+        &self,
+        stream: &CudaStream,
+        args: &Fp8GemmArgs,
+        variant: &GemmVariant,
+    ) -> Result<PreparedGemm, GemmLaunchError> {
+        let pairs = args.as_pairs()?;
+        self.prepare_inputs(stream, &pairs, variant, Inputs::E4m3Pairs)
+    }
+
+    /// Prepares `args` on `variant`'s entry point for `inputs` (see [`Inputs`]).
+    fn prepare_inputs(
+        &self,
+        stream: &CudaStream,
+        args: &GemmArgs,
+        variant: &GemmVariant,
+        inputs: Inputs,
     ) -> Result<PreparedGemm, GemmLaunchError> {
         check(args)?;
         let compiled = self
@@ -182,9 +223,22 @@ impl GemmKernel {
         };
         let units = cluster_tiles * params.split.splits.max(1);
         let grid = units.min(compiled.resident_clusters).max(1) * cluster;
-        let kernel = match args.dtype {
-            Dtype::Bf16 => compiled.bf16.clone(),
-            Dtype::F16 => compiled.f16.clone(),
+        let kernel = match (inputs, args.dtype) {
+            (Inputs::Native, Dtype::Bf16) => compiled.bf16.clone(),
+            (Inputs::Native, Dtype::F16) => compiled.f16.clone(),
+            (Inputs::E4m3Pairs, Dtype::Bf16) => compiled.e4m3.clone().ok_or_else(|| {
+                GemmError::Shape(format!(
+                    "tile configuration {} is not compiled for e4m3 (those that are: {})",
+                    variant.name,
+                    fp8_variant_names()
+                ))
+            })?,
+            (Inputs::E4m3Pairs, Dtype::F16) => {
+                return Err(GemmError::Shape(
+                    "FP8 GEMMs write bf16 D (an f16 output is not compiled)".into(),
+                )
+                .into());
+            }
         };
         Ok(PreparedGemm {
             kernel,
@@ -227,6 +281,25 @@ impl SplitWorkspace {
             reserved: 0,
         }
     }
+}
+
+/// Which entry point a prepared GEMM runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Inputs {
+    /// A and B of `GemmArgs::dtype`.
+    Native,
+    /// A and B in e4m3, described as 16-bit pairs ([`Fp8GemmArgs::as_pairs`]); C and D bf16.
+    E4m3Pairs,
+}
+
+/// The names of the configurations compiled for e4m3.
+fn fp8_variant_names() -> String {
+    let names: Vec<&str> = gemm_abi::VARIANTS
+        .iter()
+        .filter(|v| v.kernel_e4m3.is_some())
+        .map(|v| v.name)
+        .collect();
+    names.join(", ")
 }
 
 /// How the kernel writes D, decided by which tensor maps the host gives it.

@@ -51,12 +51,14 @@ pub fn wait_group<const N: i64>() {
 
 /// Defines `$name(acc, desc_a, desc_b, scale_d)`: one `wgmma.mma_async` with both operands in
 /// shared memory (the "SS" form), no transposes (both K-major) and unit scales. `scale_d == 0`
-/// makes it `D = A·B` (ignoring the old accumulators), otherwise `D = A·B + D`.
+/// makes it `D = A·B` (ignoring the old accumulators), otherwise `D = A·B + D`. `$imm` is the
+/// instruction's trailing immediates: `1, 1, 0, 0` (A and B scales +1, no transposes) for the
+/// 16-bit types, `1, 1` for the 8-bit ones, which have no transpose operands (K-major only).
 macro_rules! mma_ss {
-    ($name:ident, $instr:literal, $regs:literal, $first:literal $($i:literal)*) => {
+    ($name:ident, $instr:literal, $imm:literal, $regs:literal, $first:literal $($i:literal)*) => {
         #[doc = concat!("`", $instr, "` (see the module documentation).")]
         ///
-        #[doc = concat!("Lowers to `", $instr, " {d…}, desc_a, desc_b, p, 1, 1, 0, 0` with `p = scale_d != 0`.")]
+        #[doc = concat!("Lowers to `", $instr, " {d…}, desc_a, desc_b, p, ", $imm, "` with `p = scale_d != 0`.")]
         ///
         /// # Safety
         /// - Every thread of the warpgroup (four consecutive, converged warps) calls it
@@ -74,7 +76,7 @@ macro_rules! mma_ss {
                     concat!(
                         "{{ .reg .pred p; setp.ne.b32 p, {sd}, 0; ", $instr, " {{{", stringify!($first), "}",
                         $( ", {", stringify!($i), "}", )*
-                        "}}, {da}, {db}, p, 1, 1, 0, 0; }}"
+                        "}}, {da}, {db}, p, ", $imm, "; }}"
                     ),
                     inout(reg32) acc[$first],
                     $( inout(reg32) acc[$i], )*
@@ -107,24 +109,42 @@ macro_rules! register_fence {
 }
 
 seq!(I in 1..32 {
-    mma_ss!(mma_m64n64k16_f32_bf16, "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16", 32, 0 #(I)*);
-    mma_ss!(mma_m64n64k16_f32_f16, "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16", 32, 0 #(I)*);
+    mma_ss!(mma_m64n64k16_f32_bf16, "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16", "1, 1, 0, 0", 32, 0 #(I)*);
+    mma_ss!(mma_m64n64k16_f32_f16, "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16", "1, 1, 0, 0", 32, 0 #(I)*);
 });
 seq!(I in 1..48 {
-    mma_ss!(mma_m64n96k16_f32_bf16, "wgmma.mma_async.sync.aligned.m64n96k16.f32.bf16.bf16", 48, 0 #(I)*);
-    mma_ss!(mma_m64n96k16_f32_f16, "wgmma.mma_async.sync.aligned.m64n96k16.f32.f16.f16", 48, 0 #(I)*);
+    mma_ss!(mma_m64n96k16_f32_bf16, "wgmma.mma_async.sync.aligned.m64n96k16.f32.bf16.bf16", "1, 1, 0, 0", 48, 0 #(I)*);
+    mma_ss!(mma_m64n96k16_f32_f16, "wgmma.mma_async.sync.aligned.m64n96k16.f32.f16.f16", "1, 1, 0, 0", 48, 0 #(I)*);
 });
 seq!(I in 1..64 {
-    mma_ss!(mma_m64n128k16_f32_bf16, "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16", 64, 0 #(I)*);
-    mma_ss!(mma_m64n128k16_f32_f16, "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16", 64, 0 #(I)*);
+    mma_ss!(mma_m64n128k16_f32_bf16, "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16", "1, 1, 0, 0", 64, 0 #(I)*);
+    mma_ss!(mma_m64n128k16_f32_f16, "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16", "1, 1, 0, 0", 64, 0 #(I)*);
 });
 seq!(I in 1..112 {
-    mma_ss!(mma_m64n224k16_f32_bf16, "wgmma.mma_async.sync.aligned.m64n224k16.f32.bf16.bf16", 112, 0 #(I)*);
-    mma_ss!(mma_m64n224k16_f32_f16, "wgmma.mma_async.sync.aligned.m64n224k16.f32.f16.f16", 112, 0 #(I)*);
+    mma_ss!(mma_m64n224k16_f32_bf16, "wgmma.mma_async.sync.aligned.m64n224k16.f32.bf16.bf16", "1, 1, 0, 0", 112, 0 #(I)*);
+    mma_ss!(mma_m64n224k16_f32_f16, "wgmma.mma_async.sync.aligned.m64n224k16.f32.f16.f16", "1, 1, 0, 0", 112, 0 #(I)*);
 });
 seq!(I in 1..128 {
-    mma_ss!(mma_m64n256k16_f32_bf16, "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16", 128, 0 #(I)*);
-    mma_ss!(mma_m64n256k16_f32_f16, "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16", 128, 0 #(I)*);
+    mma_ss!(mma_m64n256k16_f32_bf16, "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16", "1, 1, 0, 0", 128, 0 #(I)*);
+    mma_ss!(mma_m64n256k16_f32_f16, "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16", "1, 1, 0, 0", 128, 0 #(I)*);
+});
+// e4m3 × e4m3 → f32, `k32`: 32 one-byte elements per row step, the same 32 bytes as a
+// 16-bit `k16` step, so the shared-memory tiles and descriptor walk are those of the 16-bit
+// kernels (a 128-byte swizzled row holds 128 e4m3 elements).
+seq!(I in 1..32 {
+    mma_ss!(mma_m64n64k32_f32_e4m3, "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3", "1, 1", 32, 0 #(I)*);
+});
+seq!(I in 1..48 {
+    mma_ss!(mma_m64n96k32_f32_e4m3, "wgmma.mma_async.sync.aligned.m64n96k32.f32.e4m3.e4m3", "1, 1", 48, 0 #(I)*);
+});
+seq!(I in 1..64 {
+    mma_ss!(mma_m64n128k32_f32_e4m3, "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3", "1, 1", 64, 0 #(I)*);
+});
+seq!(I in 1..112 {
+    mma_ss!(mma_m64n224k32_f32_e4m3, "wgmma.mma_async.sync.aligned.m64n224k32.f32.e4m3.e4m3", "1, 1", 112, 0 #(I)*);
+});
+seq!(I in 1..128 {
+    mma_ss!(mma_m64n256k32_f32_e4m3, "wgmma.mma_async.sync.aligned.m64n256k32.f32.e4m3.e4m3", "1, 1", 128, 0 #(I)*);
 });
 seq!(I in 0..32 { register_fence!(fence_operands_32, 32, #(I)*); });
 seq!(I in 0..48 { register_fence!(fence_operands_48, 48, #(I)*); });
@@ -132,7 +152,8 @@ seq!(I in 0..64 { register_fence!(fence_operands_64, 64, #(I)*); });
 seq!(I in 0..112 { register_fence!(fence_operands_112, 112, #(I)*); });
 seq!(I in 0..128 { register_fence!(fence_operands_128, 128, #(I)*); });
 
-/// The 16-bit input types `wgmma` multiplies with f32 accumulation, and their conversions.
+/// The input types `wgmma` multiplies with f32 accumulation (bf16, f16, and e4m3 with a
+/// 16-bit output type), and the conversions of the output (and C) type.
 pub trait InputType {
     /// `m64n64k16`: 32 accumulators per thread.
     unsafe fn mma_n64(acc: &mut [f32; 32], desc_a: u64, desc_b: u64, scale_d: u32);
@@ -236,5 +257,42 @@ impl InputType for F16 {
             )
         };
         (lo, hi)
+    }
+}
+
+/// e4m3 (OCP FP8, 4 exponent and 3 mantissa bits) inputs with outputs (and C) of type `O`:
+/// the `mma`s multiply e4m3 tiles (`m64nNk32`), packing and unpacking are `O`'s. The kernels
+/// walk K in 32-byte steps whatever the type, so one e4m3 `k32` step stands where a 16-bit
+/// `k16` step does.
+pub struct E4m3<O>(core::marker::PhantomData<O>);
+
+impl<O: InputType> InputType for E4m3<O> {
+    #[inline(always)]
+    unsafe fn mma_n64(acc: &mut [f32; 32], a: u64, b: u64, s: u32) {
+        unsafe { mma_m64n64k32_f32_e4m3(acc, a, b, s) }
+    }
+    #[inline(always)]
+    unsafe fn mma_n96(acc: &mut [f32; 48], a: u64, b: u64, s: u32) {
+        unsafe { mma_m64n96k32_f32_e4m3(acc, a, b, s) }
+    }
+    #[inline(always)]
+    unsafe fn mma_n128(acc: &mut [f32; 64], a: u64, b: u64, s: u32) {
+        unsafe { mma_m64n128k32_f32_e4m3(acc, a, b, s) }
+    }
+    #[inline(always)]
+    unsafe fn mma_n224(acc: &mut [f32; 112], a: u64, b: u64, s: u32) {
+        unsafe { mma_m64n224k32_f32_e4m3(acc, a, b, s) }
+    }
+    #[inline(always)]
+    unsafe fn mma_n256(acc: &mut [f32; 128], a: u64, b: u64, s: u32) {
+        unsafe { mma_m64n256k32_f32_e4m3(acc, a, b, s) }
+    }
+    #[inline(always)]
+    fn pack2(lo: f32, hi: f32) -> u32 {
+        O::pack2(lo, hi)
+    }
+    #[inline(always)]
+    fn unpack2(v: u32) -> (f32, f32) {
+        O::unpack2(v)
     }
 }

@@ -41,7 +41,7 @@
 //!   `fence.proxy.async.global` before their TMA reads of what the flag guards.
 use crate::device::flags::{self, WaitOutcome};
 use crate::device::mbarrier::{MBarrier, PipelineState};
-use crate::device::wgmma::{self, Bf16, F16, InputType};
+use crate::device::wgmma::{self, Bf16, E4m3, F16, InputType};
 use crate::device::{cluster, fence, gdc, grid, index, regs, smem, stmatrix, sync, tma};
 use crate::gemm_abi::*;
 use crate::layout::{descriptor, raster, swizzle};
@@ -905,11 +905,12 @@ unsafe fn gemm<T: InputType, C: Config>(p: &GemmParams) {
     }
 }
 
-/// Defines a bf16 and an f16 entry point for each row of `gemm_abi::gemm_variants!`. Launch:
-/// block [`THREADS`], `smem_bytes()` dynamic shared memory, a persistent grid of at most one
-/// block per SM (a multiple of `cluster_m`, launched with that cluster size).
+/// Defines a bf16 and an f16 entry point for each row of `gemm_abi::gemm_variants!`, and an
+/// e4m3 one (bf16 output) where the row names it. Launch: block [`THREADS`], `smem_bytes()`
+/// dynamic shared memory, a persistent grid of at most one block per SM (a multiple of
+/// `cluster_m`, launched with that cluster size).
 macro_rules! entries {
-    ($($name:literal => $bf16:ident, $f16:ident, $tile:ident, $config:ty;)*) => {$(
+    ($($name:literal => $bf16:ident, $f16:ident, $tile:ident, $config:ty $(, e4m3 $e4m3:ident)?;)*) => {$(
         /// bf16 × bf16 → f32 accumulate → bf16.
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $bf16(p: GemmParams) {
@@ -920,6 +921,14 @@ macro_rules! entries {
         pub unsafe extern "ptx-kernel" fn $f16(p: GemmParams) {
             unsafe { gemm::<F16, $config>(&p) }
         }
+        $(
+            /// e4m3 × e4m3 → f32 accumulate → bf16 (K, leading dimensions and TMA
+            /// coordinates of A and B in 16-bit pairs of e4m3 elements).
+            #[unsafe(no_mangle)]
+            pub unsafe extern "ptx-kernel" fn $e4m3(p: GemmParams) {
+                unsafe { gemm::<E4m3<Bf16>, $config>(&p) }
+            }
+        )?
     )*};
 }
 
