@@ -217,6 +217,8 @@ impl Drop for LtPref {
 /// A planned cuBLASLt TN GEMM on one GPU and stream: descriptors, layouts, the heuristic's
 /// best algorithm and a 32 MiB workspace (`cuMemAlloc`).
 pub struct CublasLtGemm<T: CublasLtElement> {
+    /// A and B's element type: `T`'s, or e4m3 ([`CublasLtGemm::new_e4m3`]).
+    inputs: sys::cudaDataType,
     // Field order is drop order: cuBLASLt objects go before the handle.
     desc: LtDesc,
     layout_a: LtLayout,
@@ -267,6 +269,26 @@ impl<T: CublasLtElement> CublasLtGemm<T> {
         stream: Arc<CudaStream>,
         shape: TnGemmShape,
     ) -> Result<Self, BaselineError> {
+        Self::plan(gpu, stream, shape, T::DATA_TYPE)
+    }
+
+    /// Plans an FP8 GEMM: A and B in e4m3 (one byte per element; `shape`'s K and leading
+    /// dimensions in elements), C and D in `T`, f32 accumulation, no scale pointers (fold the
+    /// tensor-wise scales into alpha). Run it with [`Self::run_raw`].
+    pub fn new_e4m3(
+        gpu: &Gpu,
+        stream: Arc<CudaStream>,
+        shape: TnGemmShape,
+    ) -> Result<Self, BaselineError> {
+        Self::plan(gpu, stream, shape, sys::cudaDataType::CUDA_R_8F_E4M3)
+    }
+
+    fn plan(
+        gpu: &Gpu,
+        stream: Arc<CudaStream>,
+        shape: TnGemmShape,
+        inputs: sys::cudaDataType,
+    ) -> Result<Self, BaselineError> {
         shape.validate().map_err(BaselineError::InvalidProblem)?;
         // SAFETY: only tries dlopen on cudarc's candidate names; nothing in cublaslt::sys is
         // called before this says the library loads (cudarc would panic otherwise).
@@ -289,16 +311,16 @@ impl<T: CublasLtElement> CublasLtGemm<T> {
         set_desc(&desc, Attr::CUBLASLT_MATMUL_DESC_TRANSB, &CUBLAS_OP_N)?;
 
         // Column-major views (see the module docs): rows, cols, ld of the *stored* matrices.
-        let layout = |rows: u64, cols: u64, ld: u64| -> Result<LtLayout, BaselineError> {
+        let layout = |ty, rows: u64, cols: u64, ld: u64| -> Result<LtLayout, BaselineError> {
             Ok(LtLayout(
-                lt::create_matrix_layout(T::DATA_TYPE, rows, cols, ld as i64)
+                lt::create_matrix_layout(ty, rows, cols, ld as i64)
                     .map_err(cublas("cublasLtMatrixLayoutCreate"))?,
             ))
         };
-        let layout_a = layout(shape.k, shape.n, shape.ldb)?; // our B, K×N column-major
-        let layout_b = layout(shape.k, shape.m, shape.lda)?; // our A, K×M column-major
-        let layout_c = layout(shape.n, shape.m, shape.ldc)?;
-        let layout_d = layout(shape.n, shape.m, shape.ldd)?;
+        let layout_a = layout(inputs, shape.k, shape.n, shape.ldb)?; // our B, K×N column-major
+        let layout_b = layout(inputs, shape.k, shape.m, shape.lda)?; // our A, K×M column-major
+        let layout_c = layout(T::DATA_TYPE, shape.n, shape.m, shape.ldc)?;
+        let layout_d = layout(T::DATA_TYPE, shape.n, shape.m, shape.ldd)?;
 
         let pref =
             LtPref(lt::create_matmul_pref().map_err(cublas("cublasLtMatmulPreferenceCreate"))?);
@@ -321,15 +343,18 @@ impl<T: CublasLtElement> CublasLtGemm<T> {
         let algo = match heuristic {
             Ok(h) => h.algo,
             Err(CublasError(sys::cublasStatus_t::CUBLAS_STATUS_NOT_SUPPORTED)) => {
-                return Err(BaselineError::NoAlgorithm {
-                    dtype: T::NAME,
-                    shape,
-                });
+                let dtype = if inputs == T::DATA_TYPE {
+                    T::NAME
+                } else {
+                    "e4m3"
+                };
+                return Err(BaselineError::NoAlgorithm { dtype, shape });
             }
             Err(e) => return Err(cublas("cublasLtMatmulAlgoGetHeuristic")(e)),
         };
         let workspace = DeviceBuffer::<u8>::alloc(gpu, WORKSPACE_BYTES)?;
         Ok(CublasLtGemm {
+            inputs,
             desc,
             layout_a,
             layout_b,
@@ -367,6 +392,11 @@ impl<T: CublasLtElement> CublasLtGemm<T> {
         alpha: f32,
         beta: f32,
     ) -> Result<(), BaselineError> {
+        if self.inputs != T::DATA_TYPE {
+            return Err(BaselineError::InvalidProblem(
+                "an e4m3 GEMM's A and B are not buffers of T: use run_raw".into(),
+            ));
+        }
         let [need_a, need_b, need_c, need_d] = self.shape.required_elements();
         let check = |name: &str, have: usize, need: u64| {
             if (have as u64) < need {
