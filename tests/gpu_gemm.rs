@@ -500,6 +500,14 @@ fn fp8_tensorwise_every_configuration() {
                 c: (beta != 0.0).then_some(&c_host[..]),
             };
             let report = check_scaled(&problem, 1, 1, inputs, &got).expect("reference");
+            if let Some(plain) = VARIANTS.iter().find(|v| v.kernel_e4m3.is_none()) {
+                // A configuration without an e4m3 entry point is a named error, not a launch.
+                let err = kernel
+                    .prepare_fp8_variant(&stream, &args, plain)
+                    .err()
+                    .expect("no e4m3 entry point");
+                assert!(err.to_string().contains("not compiled for e4m3"), "{err}");
+            }
             assert_eq!(
                 report.mismatches, 0,
                 "{name} {m}x{n}x{k} [{}]: {report:?}",

@@ -150,6 +150,23 @@ impl GemmKernel {
                     variant.name
                 ))
             })?;
+        let kernel = match (inputs, args.dtype) {
+            (Inputs::Native, Dtype::Bf16) => compiled.bf16.clone(),
+            (Inputs::Native, Dtype::F16) => compiled.f16.clone(),
+            (Inputs::E4m3Pairs, Dtype::Bf16) => compiled.e4m3.clone().ok_or_else(|| {
+                GemmError::Shape(format!(
+                    "tile configuration {} is not compiled for e4m3 (those that are: {})",
+                    variant.name,
+                    fp8_variant_names()
+                ))
+            })?,
+            (Inputs::E4m3Pairs, Dtype::F16) => {
+                return Err(GemmError::Shape(
+                    "FP8 GEMMs write bf16 D (an f16 output is not compiled)".into(),
+                )
+                .into());
+            }
+        };
         let config = variant.config;
         let (m, n, k) = args.shape();
         let dtype = match args.dtype {
@@ -223,23 +240,6 @@ impl GemmKernel {
         };
         let units = cluster_tiles * params.split.splits.max(1);
         let grid = units.min(compiled.resident_clusters).max(1) * cluster;
-        let kernel = match (inputs, args.dtype) {
-            (Inputs::Native, Dtype::Bf16) => compiled.bf16.clone(),
-            (Inputs::Native, Dtype::F16) => compiled.f16.clone(),
-            (Inputs::E4m3Pairs, Dtype::Bf16) => compiled.e4m3.clone().ok_or_else(|| {
-                GemmError::Shape(format!(
-                    "tile configuration {} is not compiled for e4m3 (those that are: {})",
-                    variant.name,
-                    fp8_variant_names()
-                ))
-            })?,
-            (Inputs::E4m3Pairs, Dtype::F16) => {
-                return Err(GemmError::Shape(
-                    "FP8 GEMMs write bf16 D (an f16 output is not compiled)".into(),
-                )
-                .into());
-            }
-        };
         Ok(PreparedGemm {
             kernel,
             variant: compiled.variant,
