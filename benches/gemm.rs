@@ -29,10 +29,9 @@
 use clap::Parser;
 use distgemm::baseline::{BaselineError, CublasLtElement, CublasLtGemm, TnGemmShape};
 use distgemm::dtype::{Dtype, Element};
-use distgemm::fp8::Scales;
 use distgemm::gemm::{
-    Fp8GemmArgs, GemmKernel, GemmLaunchError, GemmVariant, MatrixView, PreparedGemm, VARIANTS,
-    variant_named,
+    Fp8GemmArgs, Fp8Scales, GemmKernel, GemmLaunchError, GemmVariant, MatrixView, PreparedGemm,
+    VARIANTS, variant_named,
 };
 use distgemm::problem::Preset;
 use distgemm::runtime::{CudaStream, DeviceBuffer, DeviceCopy, Gpu, Module};
@@ -228,6 +227,8 @@ struct Operands<A: DeviceCopy, O: DeviceCopy> {
     b: DeviceBuffer<A>,
     d: DeviceBuffer<O>,
     ours: Vec<PreparedGemm>,
+    /// Row-wise scales some of `ours` read (FP8).
+    _scales: Vec<DeviceBuffer<f32>>,
 }
 
 /// One contender's measurement: its timing and, where NVML reports board energy, the energy
@@ -248,6 +249,8 @@ enum Extra {
     Variant(&'static GemmVariant),
     /// `--raster G`: the rule's tile configuration with the tile order's band height forced.
     Raster(u32),
+    /// `--fp8`: the rule's configuration with row-wise scales (all 1) instead of tensor-wise.
+    RowScales,
 }
 
 /// What every shape is measured with.
@@ -264,18 +267,18 @@ struct Harness {
 /// `prepare` (the configuration given, or the rule's for `None`).
 fn prepare_all(
     h: &Harness,
-    prepare: impl Fn(Option<&GemmVariant>) -> Result<PreparedGemm, GemmLaunchError>,
+    prepare: impl Fn(Option<Extra>) -> Result<PreparedGemm, GemmLaunchError>,
 ) -> Result<Vec<PreparedGemm>, BenchError> {
     let config = |e: GemmLaunchError| BenchError::Config(e.to_string());
     let mut ours = vec![prepare(None).map_err(config)?];
-    for e in &h.extras {
+    for &e in &h.extras {
         ours.push(
-            match *e {
-                Extra::Variant(v) => prepare(Some(v)),
+            match e {
                 Extra::Raster(g) => prepare(None).map(|mut p| {
                     p.set_raster_group_m(g);
                     p
                 }),
+                other => prepare(Some(other)),
             }
             .map_err(config)?,
         );
@@ -295,15 +298,16 @@ fn bench_shape<T: Element + CublasLtElement + DeviceCopy>(
         let seeds = (2 * i as u32 + 1, 2 * i as u32 + 2);
         let ops = DenseOperands::<T>::new(module, stream, (m, n, k), seeds)?;
         let args = ops.args();
-        let ours = prepare_all(h, |v| match v {
-            Some(v) => kernel.prepare_variant(stream, &args, v),
-            None => kernel.prepare(stream, &args),
+        let ours = prepare_all(h, |e| match e {
+            Some(Extra::Variant(v)) => kernel.prepare_variant(stream, &args, v),
+            _ => kernel.prepare(stream, &args),
         })?;
         Ok(Operands {
             a: ops.a,
             b: ops.b,
             d: ops.d,
             ours,
+            _scales: Vec::new(),
         })
     };
     let shape = TnGemmShape::packed(m, n, k);
@@ -311,8 +315,9 @@ fn bench_shape<T: Element + CublasLtElement + DeviceCopy>(
     bench_sets(h, bytes, timing, make, lt)
 }
 
-/// An FP8 GEMM: A and B random e4m3 codes (no NaN) made on the host, tensor-wise scales 1,
-/// bf16 D; cuBLASLt's FP8 GEMM as the baseline.
+/// An FP8 GEMM: A and B random e4m3 codes (no NaN) made on the host, tensor-wise scales 1
+/// (and, as the extra contender [`Extra::RowScales`], row-wise scales of 1), bf16 D;
+/// cuBLASLt's FP8 GEMM (tensor-wise) as the baseline.
 fn bench_fp8_shape(
     h: &Harness,
     (m, n, k): (u64, u64, u64),
@@ -324,20 +329,34 @@ fn bench_fp8_shape(
         let a = DeviceBuffer::from_host(&h.gpu, stream, &e4m3_codes(m * k, 2 * i as u64 + 1))?;
         let b = DeviceBuffer::from_host(&h.gpu, stream, &e4m3_codes(n * k, 2 * i as u64 + 2))?;
         let d = DeviceBuffer::<half::bf16>::alloc(&h.gpu, (m * n) as usize)?;
-        let args = Fp8GemmArgs {
+        let ones = |len: u64| DeviceBuffer::from_host(&h.gpu, stream, &vec![1.0f32; len as usize]);
+        let (sa, sb) = (ones(m)?, ones(n)?);
+        let args = |scales| Fp8GemmArgs {
             a: MatrixView::dense(a.device_ptr(), m, k),
             b: MatrixView::dense(b.device_ptr(), n, k),
             c: None,
             d: MatrixView::dense(d.device_ptr(), m, n),
             alpha: 1.0,
             beta: 0.0,
-            scales: Scales::Tensorwise { a: 1.0, b: 1.0 },
+            scales,
         };
-        let ours = prepare_all(h, |v| match v {
-            Some(v) => kernel.prepare_fp8_variant(stream, &args, v),
-            None => kernel.prepare_fp8(stream, &args),
+        let tensorwise = args(Fp8Scales::Tensorwise { a: 1.0, b: 1.0 });
+        let rowwise = args(Fp8Scales::Rowwise {
+            a: sa.device_ptr(),
+            b: sb.device_ptr(),
+        });
+        let ours = prepare_all(h, |e| match e {
+            Some(Extra::Variant(v)) => kernel.prepare_fp8_variant(stream, &tensorwise, v),
+            Some(Extra::RowScales) => kernel.prepare_fp8(stream, &rowwise),
+            _ => kernel.prepare_fp8(stream, &tensorwise),
         })?;
-        Ok(Operands { a, b, d, ours })
+        Ok(Operands {
+            a,
+            b,
+            d,
+            ours,
+            _scales: vec![sa, sb],
+        })
     };
     let shape = TnGemmShape::packed(m, n, k);
     let lt = |stream| CublasLtGemm::<half::bf16>::new_e4m3(&h.gpu, stream, shape);
@@ -422,6 +441,7 @@ fn bench_sets<A: DeviceCopy, O: CublasLtElement + DeviceCopy>(
                 let tile = sets.get(0).ours[c].variant().name;
                 match c.checked_sub(1).map(|e| extras[e]) {
                     Some(Extra::Raster(g)) => format!("{tile} g{g}"),
+                    Some(Extra::RowScales) => format!("{tile} row-wise"),
                     _ => tile.to_owned(),
                 }
             };
@@ -508,6 +528,10 @@ fn run() -> Result<(), BenchError> {
         extra.extend(VARIANTS.iter().filter(compiled).map(Extra::Variant));
     }
     extra.extend(args.variant.into_iter().map(Extra::Variant));
+    if args.fp8 {
+        // Issue 24 compares row-wise scales with tensor-wise ones on the same configuration.
+        extra.push(Extra::RowScales);
+    }
     extra.extend(args.raster.into_iter().map(Extra::Raster));
     let gpu = Gpu::open(0)?;
     let module = Module::load(&gpu)?;

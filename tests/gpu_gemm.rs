@@ -440,19 +440,20 @@ const FP8_CASES: &[(&str, u64, u64, u64, f32)] = &[
     ("many tiles", 2048, 2048, 2048, 0.0),
 ];
 
-/// A and B in e4m3 with tensor-wise scales, bf16 C and D, on every configuration compiled for
-/// e4m3: every element of D against the f64 reference of `distgemm::reference::check_scaled`
-/// (`alpha·sa·sb·Σ a·b + beta·c`, e4m3 values and scales exact; the bound of
-/// `ErrorBound::scaled`: the f32 accumulation, the folded scale and the bf16 output). Inputs
-/// are N(0, 4²) rounded to e4m3 (never all zero), D poisoned with NaN first.
+/// A and B in e4m3 with tensor-wise and with row-wise scales, bf16 C and D, on every
+/// configuration compiled for e4m3: every element of D against the f64 reference of
+/// `distgemm::reference::check_scaled` (`alpha·sa·sb·Σ a·b + beta·c`, e4m3 values and scales
+/// exact; the bound of `ErrorBound::scaled`: the f32 accumulation, the scale products and the
+/// bf16 output). Inputs are N(0, 4²) rounded to e4m3 (never all zero), row-wise scales in
+/// [0.25, 2), D poisoned with NaN before every run.
 #[test]
-fn fp8_tensorwise_every_configuration() {
+fn fp8_every_configuration_and_scale_mode() {
     use distgemm::fp8::{E4m3, Scales};
-    use distgemm::gemm::Fp8GemmArgs;
+    use distgemm::gemm::{Fp8GemmArgs, Fp8Scales};
     use distgemm::problem::Problem;
     use distgemm::reference::{ScaledCheckInputs, check_scaled};
 
-    let test = "gpu_gemm::fp8_tensorwise_every_configuration";
+    let test = "gpu_gemm::fp8_every_configuration_and_scale_mode";
     let Some(session) = gpu::hopper_gpu(test) else {
         return;
     };
@@ -464,59 +465,84 @@ fn fp8_tensorwise_every_configuration() {
             .map(|_| E4m3::from_f32(4.0 * rng.sample::<f32, _>(StandardNormal)))
             .collect()
     };
-    let (alpha, scales) = (0.75f32, Scales::Tensorwise { a: 0.5, b: 0.125 });
+    let alpha = 0.75f32;
     for &(name, m, n, k, beta) in FP8_CASES {
         let mut rng = SmallRng::seed_from_u64(m ^ (n << 20) ^ (k << 40) ^ 0xF8);
         let (a_host, b_host) = (e4m3(&mut rng, m * k), e4m3(&mut rng, n * k));
         let c_host: Vec<half::bf16> = random_matrix(&mut rng, m * n);
+        let sa: Vec<f32> = (0..m).map(|_| rng.random_range(0.25..2.0)).collect();
+        let sb: Vec<f32> = (0..n).map(|_| rng.random_range(0.25..2.0)).collect();
         let bytes = |v: &[E4m3]| v.iter().map(|x| x.to_bits()).collect::<Vec<u8>>();
-        let a = DeviceBuffer::from_host(&session.gpu, &stream, &bytes(&a_host)).expect("A");
-        let b = DeviceBuffer::from_host(&session.gpu, &stream, &bytes(&b_host)).expect("B");
+        let upload = |what: &str, v: &[u8]| {
+            DeviceBuffer::from_host(&session.gpu, &stream, v)
+                .unwrap_or_else(|e| panic!("{what}: {e}"))
+        };
+        let (a, b) = (upload("A", &bytes(&a_host)), upload("B", &bytes(&b_host)));
         let c = DeviceBuffer::from_host(&session.gpu, &stream, &c_host).expect("C");
+        let sa_dev = DeviceBuffer::from_host(&session.gpu, &stream, &sa).expect("sa");
+        let sb_dev = DeviceBuffer::from_host(&session.gpu, &stream, &sb).expect("sb");
         let problem = Problem::new(m as usize, n as usize, k as usize).with_scalars(alpha, beta);
-        for v in VARIANTS.iter().filter(|v| v.kernel_e4m3.is_some()) {
-            let mut d =
-                DeviceBuffer::<half::bf16>::alloc(&session.gpu, (m * n) as usize).expect("D");
-            d.fill(&stream, half::bf16::NAN).expect("poison D");
-            let args = Fp8GemmArgs {
-                a: MatrixView::dense(a.device_ptr(), m, k),
-                b: MatrixView::dense(b.device_ptr(), n, k),
-                c: (beta != 0.0).then(|| MatrixView::dense(c.device_ptr(), m, n)),
-                d: MatrixView::dense(d.device_ptr(), m, n),
-                alpha,
-                beta,
-                scales: scales.clone(),
-            };
-            let prepared = kernel
-                .prepare_fp8_variant(&stream, &args, v)
-                .unwrap_or_else(|e| panic!("{name} [{}]: prepare: {e}", v.name));
-            // SAFETY: A, B, C and D are live buffers of the viewed sizes, read back after.
-            unsafe { prepared.launch(&stream, false) }.expect("launch");
-            let got = d.download(&stream).expect("download D");
-            let inputs = ScaledCheckInputs {
-                a: &a_host,
-                b: &b_host,
-                scales: &scales,
-                c: (beta != 0.0).then_some(&c_host[..]),
-            };
-            let report = check_scaled(&problem, 1, 1, inputs, &got).expect("reference");
-            if let Some(plain) = VARIANTS.iter().find(|v| v.kernel_e4m3.is_none()) {
-                // A configuration without an e4m3 entry point is a named error, not a launch.
-                let err = kernel
-                    .prepare_fp8_variant(&stream, &args, plain)
-                    .err()
-                    .expect("no e4m3 entry point");
-                assert!(err.to_string().contains("not compiled for e4m3"), "{err}");
+        let modes = [
+            (
+                "tensor-wise",
+                Fp8Scales::Tensorwise { a: 0.5, b: 0.125 },
+                Scales::Tensorwise { a: 0.5, b: 0.125 },
+            ),
+            (
+                "row-wise",
+                Fp8Scales::Rowwise {
+                    a: sa_dev.device_ptr(),
+                    b: sb_dev.device_ptr(),
+                },
+                Scales::Rowwise {
+                    a: sa.clone(),
+                    b: sb.clone(),
+                },
+            ),
+        ];
+        for (mode, scales, reference_scales) in &modes {
+            for v in VARIANTS.iter().filter(|v| v.kernel_e4m3.is_some()) {
+                let mut d =
+                    DeviceBuffer::<half::bf16>::alloc(&session.gpu, (m * n) as usize).expect("D");
+                d.fill(&stream, half::bf16::NAN).expect("poison D");
+                let args = Fp8GemmArgs {
+                    a: MatrixView::dense(a.device_ptr(), m, k),
+                    b: MatrixView::dense(b.device_ptr(), n, k),
+                    c: (beta != 0.0).then(|| MatrixView::dense(c.device_ptr(), m, n)),
+                    d: MatrixView::dense(d.device_ptr(), m, n),
+                    alpha,
+                    beta,
+                    scales: *scales,
+                };
+                let what = format!("{name} {m}x{n}x{k} beta {beta} {mode} [{}]", v.name);
+                let prepared = kernel
+                    .prepare_fp8_variant(&stream, &args, v)
+                    .unwrap_or_else(|e| panic!("{what}: prepare: {e}"));
+                // SAFETY: A, B, C, D and the scales are live buffers of the viewed sizes,
+                // read back after.
+                unsafe { prepared.launch(&stream, false) }.expect("launch");
+                let got = d.download(&stream).expect("download D");
+                let inputs = ScaledCheckInputs {
+                    a: &a_host,
+                    b: &b_host,
+                    scales: reference_scales,
+                    c: (beta != 0.0).then_some(&c_host[..]),
+                };
+                let report = check_scaled(&problem, 1, 1, inputs, &got).expect("reference");
+                assert_eq!(report.mismatches, 0, "{what}: {report:?}");
+                if let Some(plain) = VARIANTS.iter().find(|v| v.kernel_e4m3.is_none()) {
+                    // A configuration without an e4m3 entry point is a named error.
+                    let err = kernel
+                        .prepare_fp8_variant(&stream, &args, plain)
+                        .err()
+                        .expect("no e4m3 entry point");
+                    assert!(err.to_string().contains("not compiled for e4m3"), "{err}");
+                }
+                visible_line(&format!(
+                    "{test}: {what}: ok (worst {:.2} of the bound)",
+                    report.worst_ratio
+                ));
             }
-            assert_eq!(
-                report.mismatches, 0,
-                "{name} {m}x{n}x{k} [{}]: {report:?}",
-                v.name
-            );
-            visible_line(&format!(
-                "{test}: {name} {m}x{n}x{k} beta {beta} [{}]: ok (worst {:.2} of the bound)",
-                v.name, report.worst_ratio
-            ));
         }
     }
 }

@@ -414,6 +414,17 @@ pub struct SplitParams {
     pub reserved: u32,
 }
 
+/// Row-wise FP8 scales: `D[i][j] = alpha · sa[i] · sb[j] · Σ_k a[i][k]·b[j][k] + beta · C[i][j]`.
+/// Read only by the e4m3 entry points, and only when `a != 0`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct RowScales {
+    /// Device address of `sa`: M f32, one per row of A (and of D), or 0 for none.
+    pub a: u64,
+    /// Device address of `sb`: N f32, one per row of B (column of D); set when `a` is.
+    pub b: u64,
+}
+
 /// The GEMM kernels' single by-value parameter.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -451,6 +462,8 @@ pub struct GemmParams {
     pub hook: StageHook,
     /// Split-K, read only by `split_k` configurations.
     pub split: SplitParams,
+    /// Row-wise FP8 scales, read only by the e4m3 entry points.
+    pub row_scales: RowScales,
 }
 
 #[cfg(test)]
@@ -521,7 +534,10 @@ mod tests {
         // The host passes the struct's bytes; the PTX declares a .param of this size.
         assert_eq!(core::mem::size_of::<StageHook>(), 48 + 64);
         assert_eq!(core::mem::size_of::<SplitParams>(), 24);
-        assert_eq!(core::mem::size_of::<GemmParams>(), 48 + 32 + 48 + 64 + 24);
+        assert_eq!(
+            core::mem::size_of::<GemmParams>(),
+            48 + 32 + 48 + 64 + 24 + 16
+        );
         assert_eq!(core::mem::align_of::<GemmParams>(), 8);
     }
 }

@@ -6,7 +6,7 @@ use crate::runtime::{
     CudaStream, DeviceBuffer, Gpu, Kernel, KernelArgs, LaunchConfig, Module, RawStream,
     RuntimeError, Swizzle, TensorMap2d, TensorMapDtype, TensorMapSpec, launch, max_active_clusters,
 };
-use kernels_gpu::gemm_abi::{self, GemmParams, GemmVariant, SplitParams, StageHook};
+use kernels_gpu::gemm_abi::{self, GemmParams, GemmVariant, RowScales, SplitParams, StageHook};
 use std::sync::Arc;
 
 /// Errors of preparing or launching a GEMM.
@@ -127,8 +127,8 @@ impl GemmKernel {
         args: &Fp8GemmArgs,
         variant: &GemmVariant,
     ) -> Result<PreparedGemm, GemmLaunchError> {
-        let pairs = args.as_pairs()?;
-        self.prepare_inputs(stream, &pairs, variant, Inputs::E4m3Pairs)
+        let (pairs, row_scales) = args.as_pairs()?;
+        self.prepare_inputs(stream, &pairs, variant, Inputs::E4m3Pairs(row_scales))
     }
 
     /// Prepares `args` on `variant`'s entry point for `inputs` (see [`Inputs`]).
@@ -153,14 +153,14 @@ impl GemmKernel {
         let kernel = match (inputs, args.dtype) {
             (Inputs::Native, Dtype::Bf16) => compiled.bf16.clone(),
             (Inputs::Native, Dtype::F16) => compiled.f16.clone(),
-            (Inputs::E4m3Pairs, Dtype::Bf16) => compiled.e4m3.clone().ok_or_else(|| {
+            (Inputs::E4m3Pairs(_), Dtype::Bf16) => compiled.e4m3.clone().ok_or_else(|| {
                 GemmError::Shape(format!(
                     "tile configuration {} is not compiled for e4m3 (those that are: {})",
                     variant.name,
                     fp8_variant_names()
                 ))
             })?,
-            (Inputs::E4m3Pairs, Dtype::F16) => {
+            (Inputs::E4m3Pairs(_), Dtype::F16) => {
                 return Err(GemmError::Shape(
                     "FP8 GEMMs write bf16 D (an f16 output is not compiled)".into(),
                 )
@@ -224,6 +224,10 @@ impl GemmKernel {
             raster_group_m: raster_group_m(variant, m, n, compiled.resident_clusters),
             hook: StageHook::default(),
             split: SplitParams::default(),
+            row_scales: match inputs {
+                Inputs::E4m3Pairs(scales) => scales,
+                Inputs::Native => RowScales::default(),
+            },
         };
         // A persistent grid: at most one block per SM, whole clusters, no more than the work
         // (with split-K: tiles × splits units).
@@ -284,12 +288,13 @@ impl SplitWorkspace {
 }
 
 /// Which entry point a prepared GEMM runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 enum Inputs {
     /// A and B of `GemmArgs::dtype`.
     Native,
-    /// A and B in e4m3, described as 16-bit pairs ([`Fp8GemmArgs::as_pairs`]); C and D bf16.
-    E4m3Pairs,
+    /// A and B in e4m3, described as 16-bit pairs ([`Fp8GemmArgs::as_pairs`]); C and D bf16;
+    /// the row-wise scales, if any.
+    E4m3Pairs(RowScales),
 }
 
 /// The names of the configurations compiled for e4m3.

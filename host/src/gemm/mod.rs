@@ -6,7 +6,7 @@
 //! [`GemmKernel::prepare`] builds the TMA tensor maps and the kernel's parameter block, and
 //! [`PreparedGemm::launch`] launches it (optionally with PDL). The same prepared parameter
 //! block is what the CUDA-graph lowering puts into its kernel nodes. [`Fp8GemmArgs`] and
-//! [`GemmKernel::prepare_fp8`] run A and B in e4m3 with tensor-wise scales.
+//! [`GemmKernel::prepare_fp8`] run A and B in e4m3 with tensor-wise or row-wise scales.
 mod check;
 mod choose;
 mod fp8;
@@ -16,7 +16,7 @@ pub use check::{GemmError, check};
 pub use choose::{
     choose_fp8_variant, choose_variant, estimated_cost, raster_group_m, split_count, variant_named,
 };
-pub use fp8::Fp8GemmArgs;
+pub use fp8::{Fp8GemmArgs, Fp8Scales};
 pub use kernels_gpu::gemm_abi::{GemmVariant, VARIANTS};
 pub use launch::{GemmKernel, GemmLaunchError, PreparedGemm};
 

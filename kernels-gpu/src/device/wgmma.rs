@@ -155,6 +155,8 @@ seq!(I in 0..128 { register_fence!(fence_operands_128, 128, #(I)*); });
 /// The input types `wgmma` multiplies with f32 accumulation (bf16, f16, and e4m3 with a
 /// 16-bit output type), and the conversions of the output (and C) type.
 pub trait InputType {
+    /// e4m3 inputs: the epilogue applies row-wise scales when the parameters give them.
+    const FP8: bool = false;
     /// `m64n64k16`: 32 accumulators per thread.
     unsafe fn mma_n64(acc: &mut [f32; 32], desc_a: u64, desc_b: u64, scale_d: u32);
     /// `m64n96k16`: 48 accumulators per thread.
@@ -267,6 +269,7 @@ impl InputType for F16 {
 pub struct E4m3<O>(core::marker::PhantomData<O>);
 
 impl<O: InputType> InputType for E4m3<O> {
+    const FP8: bool = true;
     #[inline(always)]
     unsafe fn mma_n64(acc: &mut [f32; 32], a: u64, b: u64, s: u32) {
         unsafe { mma_m64n64k32_f32_e4m3(acc, a, b, s) }

@@ -282,6 +282,18 @@ macro_rules! config {
                                 (a * x[4 * j + 4], a * x[4 * j + 5]),
                                 (a * x[4 * j + 6], a * x[4 * j + 7]),
                             ];
+                            if T::FP8 && p.row_scales.a != 0 {
+                                // v[i] holds (row, col), (row, col + 1) of the accumulator
+                                // layout: rows r0, r0 + 8, columns of blocks j and j + 1.
+                                let r0 = row + S * SLAB_M + 16 * warp + lane / 4;
+                                let c0 = col + 8 * j as u32 + 2 * (lane % 4);
+                                let at = [(r0, c0), (r0 + 8, c0), (r0, c0 + 8), (r0 + 8, c0 + 8)];
+                                seq!(R in 0..4 {
+                                    let (r, c) = at[R];
+                                    v[R].0 *= unsafe { row_scale(p, r, c) };
+                                    v[R].1 *= unsafe { row_scale(p, r, c + 1) };
+                                });
+                            }
                             if with_c {
                                 let c = unsafe { stmatrix::load_x4(addr) };
                                 seq!(R in 0..4 {
@@ -782,6 +794,18 @@ unsafe fn finish_split<C: Config>(
     last
 }
 
+/// Row-wise FP8 scales ([`RowScales`]): `sa[row] · sb[col]`, the row and column clamped to
+/// M − 1 and N − 1 (elements past them are computed but never stored).
+///
+/// # Safety
+/// `p.row_scales` must hold the addresses of M and N f32 in this GPU's memory.
+#[inline(always)]
+unsafe fn row_scale(p: &GemmParams, row: u32, col: u32) -> f32 {
+    let sa = unsafe { *(p.row_scales.a as *const f32).add(row.min(p.m - 1) as usize) };
+    let sb = unsafe { *(p.row_scales.b as *const f32).add(col.min(p.n - 1) as usize) };
+    sa * sb
+}
+
 /// Stores one pair of horizontally adjacent outputs `(row, col)`, `(row, col + 1)`.
 #[inline(always)]
 unsafe fn store_pair<T: InputType>(p: &GemmParams, row: u32, col: u32, x0: f32, x1: f32) {
@@ -790,6 +814,10 @@ unsafe fn store_pair<T: InputType>(p: &GemmParams, row: u32, col: u32, x0: f32, 
     }
     let mut v0 = p.alpha * x0;
     let mut v1 = p.alpha * x1;
+    if T::FP8 && p.row_scales.a != 0 {
+        v0 *= unsafe { row_scale(p, row, col) };
+        v1 *= unsafe { row_scale(p, row, col + 1) };
+    }
     let d = p.d as *mut u16;
     let at_d = (row as usize) * (p.ldd as usize) + col as usize;
     if col + 1 < p.n {
