@@ -8,9 +8,11 @@
 //!    --update-committed`; `cargo xtask check-ptx` fails when it no longer matches the
 //!    source) — what a crate that depends on distgemm by path, by git or from a registry gets.
 //!
-//! The one found is copied to `OUT_DIR` and the cfg `distgemm_embedded_ptx` is set, so that
-//! `runtime::module` can `include_str!` it; with neither, the binary is built without PTX and
-//! says so at run time (or reads `DISTGEMM_PTX`).
+//! The one found is deflated into `OUT_DIR` (`kernels_gpu.ptx.deflate`: the PTX is 4 MB of
+//! text, about a tenth of that compressed, and every binary and test carries it) and the cfg
+//! `distgemm_embedded_ptx` is set, so that `runtime::module` can `include_bytes!` it and
+//! inflate it on first use; with neither, the binary is built without PTX and says so at run
+//! time (or reads `DISTGEMM_PTX`).
 //!
 //! Re-running: Cargo re-runs a build script whenever a `rerun-if-changed` path is *missing*, so
 //! in the workspace the directory `target/ptx` is created if absent and watched (Cargo scans a
@@ -43,10 +45,13 @@ fn main() {
         return;
     };
     println!("cargo::rerun-if-changed={}", ptx.display());
-    match std::fs::copy(&ptx, out_dir.join("kernels_gpu.ptx")) {
-        Ok(_) => println!("cargo::rustc-cfg=distgemm_embedded_ptx"),
+    let deflated = std::fs::read(&ptx)
+        .map(|text| miniz_oxide::deflate::compress_to_vec(&text, 9))
+        .and_then(|bytes| std::fs::write(out_dir.join("kernels_gpu.ptx.deflate"), bytes));
+    match deflated {
+        Ok(()) => println!("cargo::rustc-cfg=distgemm_embedded_ptx"),
         Err(e) => println!(
-            "cargo::warning=could not copy {} into OUT_DIR ({e}); building without embedded PTX",
+            "cargo::warning=could not deflate {} into OUT_DIR ({e}); building without embedded PTX",
             ptx.display()
         ),
     }

@@ -589,7 +589,7 @@ fn smoke_kernels_are_declared_and_embedded() {
         undeclared.is_empty(),
         "kernels-gpu does not declare {undeclared:?}"
     );
-    let Some(ptx) = module::EMBEDDED_PTX else {
+    let Some(ptx) = module::embedded_ptx() else {
         gpu::visible_line(
             "SKIPPED gpu_smoke::smoke_kernels_are_declared_and_embedded (PTX part): no PTX \
              embedded (run `cargo xtask build-ptx` before building the tests)",

@@ -2,7 +2,7 @@
 //!
 //! Each test writes a scratch crate that depends on distgemm by path (without default
 //! features, as a library user would) and whose only code is a compile-time assertion that
-//! `distgemm::runtime::module::EMBEDDED_PTX` is `Some`, then runs `cargo check --offline` on
+//! `distgemm::runtime::module::PTX_EMBEDDED` holds, then runs `cargo check --offline` on
 //! it. `host/build.rs` embeds `target/ptx/kernels_gpu.ptx` in a distgemm checkout where
 //! `cargo xtask build-ptx` has written it, else the committed `host/ptx/kernels_gpu.ptx`:
 //!
@@ -43,7 +43,7 @@ distgemm = { path = "HOST_DIR", default-features = false }
 
 const LIB: &str = r#"//! Fails to compile unless distgemm embedded its kernels.
 const _: () = assert!(
-    distgemm::runtime::module::EMBEDDED_PTX.is_some(),
+    distgemm::runtime::module::PTX_EMBEDDED,
     "distgemm was built without its kernels"
 );
 "#;

@@ -63,7 +63,7 @@ fn _distgemm(m: &Bound<'_, PyModule>) -> PyResult<()> {
     // DISTGEMM_PTX=<file> makes it usable). The GPU checks and CI assert it.
     m.add(
         "embedded_ptx_bytes",
-        distgemm::runtime::module::EMBEDDED_PTX.map_or(0, str::len),
+        distgemm::runtime::module::embedded_ptx().map_or(0, str::len),
     )?;
     Ok(())
 }

@@ -19,8 +19,8 @@ use std::borrow::Cow;
 use std::ffi::{CString, OsString, c_void};
 use std::fmt;
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, OnceLock};
 
 /// Environment variable naming a PTX file that replaces the embedded PTX.
 pub const PTX_ENV_VAR: &str = "DISTGEMM_PTX";
@@ -28,15 +28,34 @@ pub const PTX_ENV_VAR: &str = "DISTGEMM_PTX";
 /// Bytes reserved for each JIT log.
 const JIT_LOG_BYTES: usize = 64 * 1024;
 
-/// The PTX embedded at build time: `target/ptx/kernels_gpu.ptx` of a distgemm checkout
-/// (written by `cargo xtask build-ptx`), else the committed `host/ptx/kernels_gpu.ptx`.
+/// The embedded PTX, deflated by `host/build.rs`.
 #[cfg(distgemm_embedded_ptx)]
-pub const EMBEDDED_PTX: Option<&str> =
-    Some(include_str!(concat!(env!("OUT_DIR"), "/kernels_gpu.ptx")));
+const EMBEDDED_DEFLATED: Option<&[u8]> = Some(include_bytes!(concat!(
+    env!("OUT_DIR"),
+    "/kernels_gpu.ptx.deflate"
+)));
 /// `None`: when this crate was built, neither `target/ptx/kernels_gpu.ptx` (`cargo xtask
 /// build-ptx`) nor the committed `host/ptx/kernels_gpu.ptx` existed.
 #[cfg(not(distgemm_embedded_ptx))]
-pub const EMBEDDED_PTX: Option<&str> = None;
+const EMBEDDED_DEFLATED: Option<&[u8]> = None;
+
+/// Whether this build embeds PTX ([`embedded_ptx`] is `Some`), known at compile time.
+pub const PTX_EMBEDDED: bool = EMBEDDED_DEFLATED.is_some();
+
+/// The PTX embedded at build time: `target/ptx/kernels_gpu.ptx` of a distgemm checkout
+/// (written by `cargo xtask build-ptx`), else the committed `host/ptx/kernels_gpu.ptx`. Stored
+/// deflated in the binary and inflated once, on the first call (a few milliseconds). `None`
+/// when the crate was built without either file.
+pub fn embedded_ptx() -> Option<&'static str> {
+    static PTX: OnceLock<Option<String>> = OnceLock::new();
+    PTX.get_or_init(|| {
+        // The bytes were deflated by our own build script from UTF-8 text: a failure here
+        // would be a corrupt build, reported as "no embedded PTX" rather than a panic.
+        let text = miniz_oxide::inflate::decompress_to_vec(EMBEDDED_DEFLATED?).ok()?;
+        String::from_utf8(text).ok()
+    })
+    .as_deref()
+}
 
 /// Where a module's PTX came from (shown in errors).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -151,7 +170,7 @@ fn read_ptx_file(path: &std::path::Path) -> std::io::Result<String> {
 pub fn default_ptx() -> Result<(Cow<'static, str>, PtxOrigin)> {
     read_ptx(select_ptx_source(
         std::env::var_os(PTX_ENV_VAR),
-        EMBEDDED_PTX,
+        embedded_ptx(),
     )?)
 }
 
@@ -406,6 +425,34 @@ impl Kernel {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_embedded_ptx_inflates_to_the_file_it_was_built_from() {
+        // In this checkout build.rs embeds target/ptx/kernels_gpu.ptx when `build-ptx` wrote
+        // it, else the committed copy: whichever it was, the inflated text is that file.
+        let ptx = embedded_ptx().expect("this checkout embeds PTX");
+        assert_eq!(PTX_EMBEDDED, embedded_ptx().is_some());
+        assert!(
+            ptx.contains(".target sm_90a"),
+            "not PTX: {}",
+            &ptx[..ptx.len().min(200)]
+        );
+        let host = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let built = host.join("../target/ptx/kernels_gpu.ptx");
+        let source = if built.is_file() {
+            built
+        } else {
+            host.join("ptx/kernels_gpu.ptx")
+        };
+        let text = std::fs::read_to_string(&source).expect("the embedded file");
+        assert!(
+            text == ptx,
+            "{} differs from the embedded PTX",
+            source.display()
+        );
+        // Inflated once: every call returns the same text.
+        assert!(std::ptr::eq(ptx, embedded_ptx().unwrap()));
+    }
 
     #[test]
     fn env_path_wins_over_embedded_ptx() {
