@@ -207,3 +207,12 @@ def normalize_dim(name: str, dim: object, ndim: int) -> int:
 def overlaps(a: tuple[int, int], b: tuple[int, int]) -> bool:
     """Whether the byte ranges ``[start, start + size)`` a and b intersect."""
     return a[1] > 0 and b[1] > 0 and a[0] < b[0] + b[1] and b[0] < a[0] + a[1]
+
+
+def check_partials(partials):
+    """``partials`` is ``"read"`` or ``"push"`` (``ValueError`` otherwise)."""
+    if partials not in ("read", "push"):
+        raise ValueError(
+            f"partials={partials!r}: use 'read' (the epilogue reads the neighbour's partial "
+            "sum) or 'push' (the neighbour pushes it first)"
+        )

@@ -133,7 +133,14 @@ def _timeout_s() -> float | None:
 
 
 def _instance(
-    ctx: _Context, schedule: str, auto: bool, shapes, dtype: str, alpha: float, expect: dict
+    ctx: _Context,
+    schedule: str,
+    auto: bool,
+    shapes,
+    dtype: str,
+    alpha: float,
+    expect: dict,
+    partials: str = "read",
 ):
     """The cached instance for this call's key, built (collectively) on a miss; checks that its
     shard shapes are the tensors' (so every launch stays inside the tensors)."""
@@ -148,6 +155,7 @@ def _instance(
         dtype,
         alpha,
         0.0,
+        partials,
     )
 
     def build():
@@ -164,6 +172,7 @@ def _instance(
             beta=0.0,
             timeout_s=_timeout_s(),
             allow_shared_gpu=_env_flag("DISTGEMM_ALLOW_SHARED_GPU"),
+            rs_partials=partials,
         )
         for operand, shape in expect.items():
             got = inst.shard_shape(operand)
@@ -270,9 +279,10 @@ def _all_gather_linear(torch, ctx, x, weight, schedule, out, names):
     return out
 
 
-def _linear_reduce_scatter(torch, ctx, x, weight, schedule, out, alpha, names):
+def _linear_reduce_scatter(torch, ctx, x, weight, schedule, out, alpha, names, partials="read"):
     xn, wn = names
     sched, auto = _checks.resolve_schedule("reduce_scatter", schedule)
+    _checks.check_partials(partials)
     dtypes = (_checks.check_tensor(xn, x, ctx.device), _checks.check_tensor(wn, weight, ctx.device))
     _checks.same_dtype(names, dtypes)
     _checks.check_no_grad(((xn, x), (wn, weight)), torch.is_grad_enabled())
@@ -287,6 +297,7 @@ def _linear_reduce_scatter(torch, ctx, x, weight, schedule, out, alpha, names):
         dtypes[0],
         alpha,
         {"A": (shapes.m, k_local), "B": (shapes.n, k_local), "D": (shapes.m // ctx.tp, shapes.n)},
+        partials,
     )
     given = out is not None
     out = _output(torch, out, shapes.out, x)
@@ -325,7 +336,7 @@ def all_gather_linear(
     return result
 
 
-def linear_reduce_scatter(x, weight, group=None, schedule="auto", out=None):
+def linear_reduce_scatter(x, weight, group=None, schedule="auto", out=None, partials="read"):
     """``reduce_scatter(x @ weight.T, dim=0)`` (sum) in one fused, pipelined op (row-parallel
     linear layer, e.g. a Llama MLP's down projection under tensor parallelism).
 
@@ -336,13 +347,19 @@ def linear_reduce_scatter(x, weight, group=None, schedule="auto", out=None):
         group: the torch.distributed process group (default: the world).
         schedule: ``"auto"``, ``"rs-a"`` (pipelined) or ``"rs-a-single"``.
         out: optional output ``(T/TP, ..., N)``; a new tensor otherwise.
+        partials: how a pipelined stage gets its neighbour's partial sum: ``"read"`` (its
+            epilogue reads the neighbour's memory; the default) or ``"push"`` (the
+            neighbour's copy engine pushes it into this rank's memory first; more workspace,
+            not yet measured faster). Ignored by the single-stage schedule.
 
     Returns:
         This rank's block of token rows of the summed product, ``(T/TP, ..., N)``.
     """
     torch = _torch()
     ctx = _context(torch, group)
-    return _linear_reduce_scatter(torch, ctx, x, weight, schedule, out, 1.0, ("x", "weight"))
+    return _linear_reduce_scatter(
+        torch, ctx, x, weight, schedule, out, 1.0, ("x", "weight"), partials
+    )
 
 
 def fused_all_gather_matmul(A_shard, Bs, gather_dim, group_name, *, return_A=True):

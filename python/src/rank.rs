@@ -8,7 +8,7 @@ use distgemm::cuda::{DistGemmError as DistGemmErrorKind, RankArgs, RankGemm, Ren
 use distgemm::dtype::Dtype;
 use distgemm::problem::Problem;
 use distgemm::runtime::{Gpu, Module, RawStream};
-use distgemm::schedule::{BufferKind, ScheduleKind};
+use distgemm::schedule::{BufferKind, RsPartials, ScheduleKind};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
@@ -56,6 +56,18 @@ fn parse_schedule(name: &str) -> PyResult<ScheduleKind> {
         })
 }
 
+fn parse_partials(name: &str) -> PyResult<RsPartials> {
+    [RsPartials::Read, RsPartials::Push]
+        .into_iter()
+        .find(|p| p.cli_name() == name)
+        .ok_or_else(|| {
+            PyValueError::new_err(format!(
+                "unknown rs_partials {name:?}; known: read, push (how a reduce-scatter stage gets \
+                 its neighbour's partial sum)"
+            ))
+        })
+}
+
 fn parse_dtype(name: &str) -> PyResult<Dtype> {
     Dtype::ALL
         .into_iter()
@@ -91,7 +103,7 @@ impl PyRankGemm {
     /// the pipelined or single-stage schedule of `schedule`'s family. Collective; the GIL is
     /// released except while the rendezvous runs.
     #[new]
-    #[pyo3(signature = (rendezvous, device, schedule, auto, m, n, k, dtype, alpha=1.0, beta=0.0, timeout_s=None, allow_shared_gpu=false))]
+    #[pyo3(signature = (rendezvous, device, schedule, auto, m, n, k, dtype, alpha=1.0, beta=0.0, timeout_s=None, allow_shared_gpu=false, rs_partials="read"))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -107,9 +119,11 @@ impl PyRankGemm {
         beta: f32,
         timeout_s: Option<f64>,
         allow_shared_gpu: bool,
+        rs_partials: &str,
     ) -> PyResult<Self> {
         guard("build", || {
             let kind = parse_schedule(schedule)?;
+            let partials = parse_partials(rs_partials)?;
             let dtype = parse_dtype(dtype)?;
             let timeout = timeout_s
                 .map(|s| {
@@ -127,7 +141,7 @@ impl PyRankGemm {
                 .with_dtype(dtype)
                 .with_scalars(alpha, beta);
             let built = py.detach(move || {
-                let mut builder = RankGemm::builder().problem(problem);
+                let mut builder = RankGemm::builder().problem(problem).rs_partials(partials);
                 builder = if auto {
                     builder.auto_schedule(kind)
                 } else {

@@ -106,6 +106,7 @@ class FakeRankGemm:
         beta=0.0,
         timeout_s=None,
         allow_shared_gpu=False,
+        rs_partials="read",
     ):
         self.rank, self.tp = rendezvous.rank, rendezvous.world_size
         self.args = {
@@ -120,6 +121,7 @@ class FakeRankGemm:
             "beta": beta,
             "timeout_s": timeout_s,
             "allow_shared_gpu": allow_shared_gpu,
+            "rs_partials": rs_partials,
         }
         self.schedule = schedule
         self.launches = []

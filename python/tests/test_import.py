@@ -102,9 +102,11 @@ def test_extension_rejects_unknown_names():
     for kwargs, word in (
         ({"schedule": "ag-z", "dtype": "bf16"}, "schedule"),
         ({"schedule": "ag-a", "dtype": "f32"}, "dtype"),
+        ({"schedule": "rs-a", "dtype": "bf16", "rs_partials": "pull"}, "rs_partials"),
     ):
+        extra = {k: v for k, v in kwargs.items() if k == "rs_partials"}
         try:
-            RankGemm(rdv, 0, kwargs["schedule"], False, 64, 64, 64, kwargs["dtype"])
+            RankGemm(rdv, 0, kwargs["schedule"], False, 64, 64, 64, kwargs["dtype"], **extra)
         except ValueError as e:
             assert word in str(e)
         else:

@@ -42,6 +42,7 @@ def test_all_gather_linear_builds_the_global_problem_and_launches_on_the_current
         "beta": 0.0,
         "timeout_s": None,
         "allow_shared_gpu": False,
+        "rs_partials": "read",
     }
     assert inst.launches == [(0xABC, x.data_ptr(), w.data_ptr(), None, out.data_ptr())]
 
@@ -99,6 +100,19 @@ def test_linear_reduce_scatter(env):
         inst.args["k"],
     ) == ("rs-a", False, 64, 256, 128)
     assert inst.launches == [(0xABC, x.data_ptr(), w.data_ptr(), None, out.data_ptr())]
+
+
+def test_reduce_scatter_partials_reach_the_build_and_key_the_cache(env):
+    env(rank=0, world=4)
+    x, w = FakeTensor((64, 32)), FakeTensor((256, 32))
+    distgemm.linear_reduce_scatter(x, w, schedule="rs-a")
+    distgemm.linear_reduce_scatter(x, w, schedule="rs-a", partials="push")
+    distgemm.linear_reduce_scatter(x, w, schedule="rs-a", partials="push")
+    assert [i.args["rs_partials"] for i in FakeRankGemm.built] == ["read", "push"]
+    assert [len(i.launches) for i in FakeRankGemm.built] == [1, 2]
+    with pytest.raises(ValueError, match="partials='pull'"):
+        distgemm.linear_reduce_scatter(x, w, partials="pull")
+    assert len(FakeRankGemm.built) == 2
 
 
 def test_bad_arguments_name_the_problem(env):

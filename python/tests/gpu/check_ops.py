@@ -177,7 +177,10 @@ def main():
             )
         distgemm.synchronize()
 
-    def rs_case(tag, dtype_name, m, n, k, calls, op="linear", reduce_op="sum", schedule="auto"):
+    def rs_case(
+        tag, dtype_name, m, n, k, calls, op="linear", reduce_op="sum", schedule="auto",
+        partials="read",
+    ):
         dtype = dtypes[dtype_name]
         kl, ml = k // world, m // world
         for call in range(calls):
@@ -187,7 +190,7 @@ def main():
             x = a_full[:, rank * kl : (rank + 1) * kl].contiguous()
             w = w_full[:, rank * kl : (rank + 1) * kl].contiguous()
             if op == "linear":
-                out = distgemm.linear_reduce_scatter(x, w, schedule=schedule)
+                out = distgemm.linear_reduce_scatter(x, w, schedule=schedule, partials=partials)
             else:
                 out = distgemm.fused_matmul_reduce_scatter(
                     x, w.t(), reduce_op, 0, dist.group.WORLD.group_name
@@ -311,6 +314,8 @@ def main():
             for schedule in ("rs-a", "rs-a-single"):
                 tag = f"ragged {schedule} M={world * 37} N={n} K={k}"
                 rs_case(tag, dtype_name, world * 37, n, k, args.calls, schedule=schedule)
+            tag = f"ragged rs-a pushed M={world * 37} N={n} K={k}"
+            rs_case(tag, dtype_name, world * 37, n, k, args.calls, schedule="rs-a", partials="push")
             rs_case(
                 f"drop-in M={world * 20}",
                 dtype_name,
