@@ -136,8 +136,8 @@ pub const MIN_SPLIT_K_BLOCKS: u64 = 4;
 /// partial sums of whole M-tall tiles would cost more than evener waves save.
 ///
 /// Examples on 132 SMs with 128×256 tiles: 16 × 8192 × 14336 (32 tiles) splits 4 ways
-/// (128 units, one wave); 16 × 28672 × 8192 (112 tiles) 7 ways (784 units, 6 waves of
-/// 132 for 7 tiles' work: 0.86 of the unsplit wave).
+/// (128 units, one wave); 16 × 28672 × 8192 (112 tiles) 7 ways (784 units of a seventh of
+/// a tile each, in 6 waves: 6/7 = 0.86 of the unsplit single wave).
 #[must_use]
 pub fn split_count(variant: &GemmVariant, m: u64, n: u64, k: u64, sm_count: u32) -> u32 {
     let c = variant.config;
