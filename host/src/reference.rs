@@ -38,46 +38,18 @@ pub fn gemm_f64<T: Element>(
     b: &[T],
     ldb: usize,
 ) -> Vec<f64> {
-    gemm_f64_map(m, n, k, a, lda, b, ldb, |x| x)
-}
-
-/// `|A|·|B|ᵀ` in f64 (the magnitude the error bound is relative to).
-#[must_use]
-pub fn gemm_abs_f64<T: Element>(
-    m: usize,
-    n: usize,
-    k: usize,
-    a: &[T],
-    lda: usize,
-    b: &[T],
-    ldb: usize,
-) -> Vec<f64> {
-    gemm_f64_map(m, n, k, a, lda, b, ldb, f64::abs)
-}
-
-#[allow(clippy::too_many_arguments)]
-fn gemm_f64_map<T: Element>(
-    m: usize,
-    n: usize,
-    k: usize,
-    a: &[T],
-    lda: usize,
-    b: &[T],
-    ldb: usize,
-    map: impl Fn(f64) -> f64,
-) -> Vec<f64> {
     let a64: Vec<f64> = (0..m)
         .flat_map(|i| {
             a[i * lda..i * lda + k]
                 .iter()
-                .map(|x| map(f64::from(x.to_f32())))
+                .map(|x| f64::from(x.to_f32()))
         })
         .collect();
     let b64: Vec<f64> = (0..n)
         .flat_map(|j| {
             b[j * ldb..j * ldb + k]
                 .iter()
-                .map(|x| map(f64::from(x.to_f32())))
+                .map(|x| f64::from(x.to_f32()))
         })
         .collect();
     let mut d = vec![0.0; m * n];
@@ -277,6 +249,101 @@ impl CheckReport {
             self.max_abs_error = self.max_abs_error.max(err);
         }
     }
+
+    /// Adds the report of the elements that follow this one's (the same bound): the result is
+    /// the report of one pass over both, in order.
+    fn merge(&mut self, later: CheckReport) {
+        self.elements += later.elements;
+        self.mismatches += later.mismatches;
+        self.max_abs_error = self.max_abs_error.max(later.max_abs_error);
+        if later.worst_ratio > self.worst_ratio {
+            self.worst_ratio = later.worst_ratio;
+            self.worst_index = later.worst_index;
+        }
+    }
+}
+
+/// What [`compare`] needs of one element: D's value, the exact `Σ a·b` (times the scales on
+/// the FP8 path), its magnitude `Σ |a·b|` (likewise) and `c_ij` (0 without C).
+struct Compared {
+    out: f64,
+    exact: f64,
+    magnitude: f64,
+    c: f64,
+}
+
+/// The elements to compare: all M·N of them, or a sample of flat indices.
+#[derive(Clone, Copy)]
+enum Elements<'a> {
+    All(usize),
+    Sample(&'a [usize]),
+}
+
+impl Elements<'_> {
+    fn len(self) -> usize {
+        match self {
+            Elements::All(count) => count,
+            Elements::Sample(indices) => indices.len(),
+        }
+    }
+
+    /// The flat index of the `position`-th element compared.
+    fn at(self, position: usize) -> usize {
+        match self {
+            Elements::All(_) => position,
+            Elements::Sample(indices) => indices[position],
+        }
+    }
+}
+
+/// Elements below which a comparison runs on the calling thread only.
+const ELEMENTS_PER_THREAD: usize = 1024;
+
+/// Compares `elements` with `bound` and `alpha`, `beta` (`scalars`), `element(idx)` giving each
+/// one's values, on every core (at most 32 threads): each element is a K-long f64 dot
+/// product, and checking all of D is M·N·K of them (8·10⁹ for 2048³). Contiguous runs of
+/// positions go to the threads and their reports are merged in order, so the result is the
+/// one a single pass would give (the worst element is the first of the largest ratio).
+fn compare(
+    bound: ErrorBound,
+    scalars: (f64, f64),
+    elements: Elements<'_>,
+    element: impl Fn(usize) -> Compared + Sync,
+) -> CheckReport {
+    let count = elements.len();
+    let run = |positions: std::ops::Range<usize>| {
+        let mut report = CheckReport::new(bound);
+        for position in positions {
+            let idx = elements.at(position);
+            let e = element(idx);
+            report.add(idx, e.out, e.exact, e.magnitude, e.c, scalars);
+        }
+        report
+    };
+    let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+    let threads = cores
+        .min(32)
+        .min(count.div_ceil(ELEMENTS_PER_THREAD))
+        .max(1);
+    if threads == 1 {
+        return run(0..count);
+    }
+    let per = count.div_ceil(threads);
+    std::thread::scope(|s| {
+        let run = &run;
+        let handles: Vec<_> = (0..count)
+            .step_by(per)
+            .map(|start| s.spawn(move || run(start..(start + per).min(count))))
+            .collect();
+        let mut report = CheckReport::new(bound);
+        for handle in handles {
+            match handle.join() {
+                Ok(part) => report.merge(part),
+                Err(panic) => std::panic::resume_unwind(panic),
+            }
+        }
+        report
+    })
 }
 
 /// The operand lengths of a check (elements of A, B, optional C, D) against `problem`: A is
@@ -324,9 +391,47 @@ impl<T: Element> CheckInputs<'_, T> {
         )
     }
 
-    /// `c_ij` as f64 (0 without C).
-    fn c_at(&self, idx: usize) -> f64 {
-        self.c.map_or(0.0, |c| f64::from(c[idx].to_f32()))
+    /// Compares `elements` of `d` (sizes checked) with the bound of [`ErrorBound::new`].
+    fn compare(
+        &self,
+        problem: &Problem,
+        roundings: usize,
+        tp: usize,
+        d: &[T],
+        elements: Elements<'_>,
+    ) -> CheckReport {
+        let (n, k) = (problem.n, problem.k);
+        let bound = ErrorBound::new(problem.dtype, roundings, k, tp);
+        let scalars = (f64::from(problem.alpha), f64::from(problem.beta));
+        compare(bound, scalars, elements, |idx| {
+            let (i, j) = (idx / n, idx % n);
+            let (row, col) = (&self.a[i * k..(i + 1) * k], &self.b[j * k..(j + 1) * k]);
+            let (mut exact, mut magnitude) = (0.0, 0.0);
+            for (x, y) in row.iter().zip(col) {
+                let p = f64::from(x.to_f32()) * f64::from(y.to_f32());
+                exact += p;
+                magnitude += p.abs();
+            }
+            Compared {
+                out: f64::from(d[idx].to_f32()),
+                exact,
+                magnitude,
+                c: self.c.map_or(0.0, |c| f64::from(c[idx].to_f32())),
+            }
+        })
+    }
+}
+
+/// `Ok` when every flat index of a sample is inside `problem`'s M×N output.
+fn check_sample(problem: &Problem, indices: &[usize]) -> Result<(), SizeError> {
+    let elements = problem.m * problem.n;
+    match indices.iter().find(|&&i| i >= elements) {
+        Some(&bad) => Err(SizeError::Elements {
+            matrix: format!("the sample (index {bad})"),
+            got: bad + 1,
+            expected: elements,
+        }),
+        None => Ok(()),
     }
 }
 
@@ -341,23 +446,13 @@ pub fn check<T: Element>(
     d: &[T],
 ) -> Result<CheckReport, SizeError> {
     inputs.check_sizes(problem, d)?;
-    let (m, n, k) = (problem.m, problem.n, problem.k);
-    let exact = gemm_f64(m, n, k, inputs.a, k, inputs.b, k);
-    let magnitude = gemm_abs_f64(m, n, k, inputs.a, k, inputs.b, k);
-    let mut report = CheckReport::new(ErrorBound::new(problem.dtype, roundings, k, tp));
-    let scalars = (f64::from(problem.alpha), f64::from(problem.beta));
-    for (idx, out) in d.iter().enumerate() {
-        let out = f64::from(out.to_f32());
-        report.add(
-            idx,
-            out,
-            exact[idx],
-            magnitude[idx],
-            inputs.c_at(idx),
-            scalars,
-        );
-    }
-    Ok(report)
+    Ok(inputs.compare(
+        problem,
+        roundings,
+        tp,
+        d,
+        Elements::All(problem.m * problem.n),
+    ))
 }
 
 /// As [`check`], on the elements `indices` (flat `i·N + j`, each below M·N) only: each costs
@@ -373,29 +468,8 @@ pub fn check_sampled<T: Element>(
     indices: &[usize],
 ) -> Result<CheckReport, SizeError> {
     inputs.check_sizes(problem, d)?;
-    let (m, n, k) = (problem.m, problem.n, problem.k);
-    if let Some(&bad) = indices.iter().find(|&&i| i >= m * n) {
-        return Err(SizeError::Elements {
-            matrix: format!("the sample (index {bad})"),
-            got: bad + 1,
-            expected: m * n,
-        });
-    }
-    let mut report = CheckReport::new(ErrorBound::new(problem.dtype, roundings, k, tp));
-    let scalars = (f64::from(problem.alpha), f64::from(problem.beta));
-    for &idx in indices {
-        let (i, j) = (idx / n, idx % n);
-        let (row, col) = (&inputs.a[i * k..(i + 1) * k], &inputs.b[j * k..(j + 1) * k]);
-        let (mut exact, mut magnitude) = (0.0, 0.0);
-        for (x, y) in row.iter().zip(col) {
-            let p = f64::from(x.to_f32()) * f64::from(y.to_f32());
-            exact += p;
-            magnitude += p.abs();
-        }
-        let out = f64::from(d[idx].to_f32());
-        report.add(idx, out, exact, magnitude, inputs.c_at(idx), scalars);
-    }
-    Ok(report)
+    check_sample(problem, indices)?;
+    Ok(inputs.compare(problem, roundings, tp, d, Elements::Sample(indices)))
 }
 
 /// Elements a row-major `rows`×`cols` matrix with leading dimension `ld` spans.
@@ -536,28 +610,29 @@ impl<T: Element> ScaledCheckInputs<'_, T> {
         )
     }
 
-    /// Compares the elements `indices` (flat, each below M·N, sizes checked) of `d`.
+    /// Compares `elements` of `d` (sizes checked) with `bound`.
     fn compare(
         &self,
         problem: &Problem,
         bound: ErrorBound,
         d: &[T],
-        indices: impl IntoIterator<Item = usize>,
+        elements: Elements<'_>,
     ) -> CheckReport {
         let (n, k) = (problem.n, problem.k);
-        let mut report = CheckReport::new(bound);
         let scalars = (f64::from(problem.alpha), f64::from(problem.beta));
-        for idx in indices {
+        compare(bound, scalars, elements, |idx| {
             let (i, j) = (idx / n, idx % n);
             let (sum, magnitude) =
                 dot_e4m3(&self.a[i * k..(i + 1) * k], &self.b[j * k..(j + 1) * k]);
             let (sa, sb) = self.scales.pair(i, j);
             let scale = f64::from(sa) * f64::from(sb);
-            let c = self.c.map_or(0.0, |c| f64::from(c[idx].to_f32()));
-            let out = f64::from(d[idx].to_f32());
-            report.add(idx, out, scale * sum, scale.abs() * magnitude, c, scalars);
-        }
-        report
+            Compared {
+                out: f64::from(d[idx].to_f32()),
+                exact: scale * sum,
+                magnitude: scale.abs() * magnitude,
+                c: self.c.map_or(0.0, |c| f64::from(c[idx].to_f32())),
+            }
+        })
     }
 }
 
@@ -575,7 +650,7 @@ pub fn check_scaled<T: Element>(
 ) -> Result<CheckReport, SizeError> {
     inputs.check_sizes(problem, d)?;
     let bound = ErrorBound::scaled(T::DTYPE, roundings, problem.k, tp);
-    Ok(inputs.compare(problem, bound, d, 0..problem.m * problem.n))
+    Ok(inputs.compare(problem, bound, d, Elements::All(problem.m * problem.n)))
 }
 
 /// As [`check_scaled`], on the elements `indices` (flat `i·N + j`, each below M·N) only, as
@@ -589,16 +664,9 @@ pub fn check_scaled_sampled<T: Element>(
     indices: &[usize],
 ) -> Result<CheckReport, SizeError> {
     inputs.check_sizes(problem, d)?;
-    let elements = problem.m * problem.n;
-    if let Some(&bad) = indices.iter().find(|&&i| i >= elements) {
-        return Err(SizeError::Elements {
-            matrix: format!("the sample (index {bad})"),
-            got: bad + 1,
-            expected: elements,
-        });
-    }
+    check_sample(problem, indices)?;
     let bound = ErrorBound::scaled(T::DTYPE, roundings, problem.k, tp);
-    Ok(inputs.compare(problem, bound, d, indices.iter().copied()))
+    Ok(inputs.compare(problem, bound, d, Elements::Sample(indices)))
 }
 
 #[cfg(test)]
@@ -660,6 +728,44 @@ mod tests {
         assert!(clean.passed());
         wrong[3] = bf16::NAN;
         assert!(run(&wrong).worst_ratio.is_infinite());
+    }
+
+    #[test]
+    fn a_check_spread_over_threads_reports_what_one_pass_would() {
+        // 96×80 outputs (7 680, several threads' worth): the stage arithmetic's D with two
+        // wrong elements of one ratio (NaN) and one smaller error between them in index order.
+        let (m, n, k) = (96, 80, 24);
+        let value = |i: usize| ((i * 37 % 101) as f32 - 50.0) / 16.0;
+        let a: Vec<bf16> = (0..m * k).map(|i| bf16::from_f32(value(i))).collect();
+        let b: Vec<bf16> = (0..n * k).map(|i| bf16::from_f32(value(i + 7))).collect();
+        let mut d = gemm_like_stage(m, n, k, &a, k, &b, k, 1.0, 0.0, None);
+        let problem = Problem::new(m, n, k);
+        let inputs = CheckInputs {
+            a: &a,
+            b: &b,
+            c: None,
+        };
+        let (first, off, last) = (1500, 4000, 7000);
+        d[first] = bf16::NAN;
+        d[off] = bf16::from_f32(d[off].to_f32() + 64.0);
+        d[last] = bf16::NAN;
+        let report = check(&problem, 1, 1, inputs, &d).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            (report.elements, report.mismatches, report.worst_index),
+            (m * n, 3, first)
+        );
+        assert!(report.worst_ratio.is_infinite());
+        let every: Vec<usize> = (0..m * n).rev().collect();
+        let reversed =
+            check_sampled(&problem, 1, 1, inputs, &d, &every).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            (
+                reversed.mismatches,
+                reversed.worst_index,
+                reversed.max_abs_error
+            ),
+            (3, last, report.max_abs_error)
+        );
     }
 
     #[test]
