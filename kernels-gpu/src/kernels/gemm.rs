@@ -246,7 +246,16 @@ macro_rules! config {
                 let barrier = 1 + half;
                 let a = p.alpha;
                 let with_c = p.beta != 0.0;
+                let row_wise = T::FP8 && p.row_scales.a != 0;
                 seq!(S in 0..$slabs {
+                    // Row-wise FP8: the scales of this lane's two rows in the slab, r0 and
+                    // r0 + 8 (the accumulator layout), loaded once for all its chunks.
+                    let r0 = row + S * SLAB_M + 16 * warp + lane / 4;
+                    let sa = if row_wise {
+                        unsafe { [scale_a(p, r0), scale_a(p, r0 + 8)] }
+                    } else {
+                        [1.0; 2]
+                    };
                     seq!(CH in 0..$chunks {
                         // Chunk i of this share (slab S, column chunk CH), g of all.
                         let i = S * $chunks + CH;
@@ -282,16 +291,23 @@ macro_rules! config {
                                 (a * x[4 * j + 4], a * x[4 * j + 5]),
                                 (a * x[4 * j + 6], a * x[4 * j + 7]),
                             ];
-                            if T::FP8 && p.row_scales.a != 0 {
+                            if row_wise {
                                 // v[i] holds (row, col), (row, col + 1) of the accumulator
-                                // layout: rows r0, r0 + 8, columns of blocks j and j + 1.
-                                let r0 = row + S * SLAB_M + 16 * warp + lane / 4;
+                                // layout: rows r0, r0 + 8 (`sa`), columns c0, c0 + 1 of
+                                // block j and c0 + 8, c0 + 9 of block j + 1 (`sb`).
                                 let c0 = col + 8 * j as u32 + 2 * (lane % 4);
-                                let at = [(r0, c0), (r0 + 8, c0), (r0, c0 + 8), (r0 + 8, c0 + 8)];
+                                let sb = unsafe {
+                                    [
+                                        scale_b(p, c0),
+                                        scale_b(p, c0 + 1),
+                                        scale_b(p, c0 + 8),
+                                        scale_b(p, c0 + 9),
+                                    ]
+                                };
                                 seq!(R in 0..4 {
-                                    let (r, c) = at[R];
-                                    v[R].0 *= unsafe { row_scale(p, r, c) };
-                                    v[R].1 *= unsafe { row_scale(p, r, c + 1) };
+                                    let (ra, cb) = (R % 2, 2 * (R / 2));
+                                    v[R].0 *= sa[ra] * sb[cb];
+                                    v[R].1 *= sa[ra] * sb[cb + 1];
                                 });
                             }
                             if with_c {
@@ -801,9 +817,25 @@ unsafe fn finish_split<C: Config>(
 /// `p.row_scales` must hold the addresses of M and N f32 in this GPU's memory.
 #[inline(always)]
 unsafe fn row_scale(p: &GemmParams, row: u32, col: u32) -> f32 {
-    let sa = unsafe { *(p.row_scales.a as *const f32).add(row.min(p.m - 1) as usize) };
-    let sb = unsafe { *(p.row_scales.b as *const f32).add(col.min(p.n - 1) as usize) };
-    sa * sb
+    unsafe { scale_a(p, row) * scale_b(p, col) }
+}
+
+/// Row-wise FP8: `sa[row]`, the row clamped to M − 1 ([`row_scale`]'s first factor).
+///
+/// # Safety
+/// As [`row_scale`].
+#[inline(always)]
+unsafe fn scale_a(p: &GemmParams, row: u32) -> f32 {
+    unsafe { *(p.row_scales.a as *const f32).add(row.min(p.m - 1) as usize) }
+}
+
+/// Row-wise FP8: `sb[col]`, the column clamped to N − 1 ([`row_scale`]'s second factor).
+///
+/// # Safety
+/// As [`row_scale`].
+#[inline(always)]
+unsafe fn scale_b(p: &GemmParams, col: u32) -> f32 {
+    unsafe { *(p.row_scales.b as *const f32).add(col.min(p.n - 1) as usize) }
 }
 
 /// Stores one pair of horizontally adjacent outputs `(row, col)`, `(row, col + 1)`.
