@@ -24,7 +24,7 @@
 //!
 //! Usage: `gemm [--quick | --grid] [--fp8] [--variants | --variant NAME[,NAME…]]
 //! [--raster G[,G…]] [--filter SUBSTRING | SUBSTRING] [--reps N] [--min-block-ms T]`. Writes
-//! `benches/results/gemm[-grid][-fp8]-<date>-<commit>.{json,md}` (or under
+//! `benches/results/gemm[-grid][-fp8]-<date>-<commit>[-<filter>].{json,md}` (or under
 //! `DISTGEMM_BENCH_RESULTS`).
 use clap::Parser;
 use distgemm::baseline::{BaselineError, CublasLtElement, CublasLtGemm, TnGemmShape};
@@ -716,7 +716,20 @@ fn run() -> Result<(), BenchError> {
         (false, true) => "gemm-fp8",
         (true, true) => "gemm-grid-fp8",
     };
-    let stem = format!("{bench}-{}-{}", &provenance.date[..10], provenance.commit);
+    // A filtered run names its files after the filter, so that the calls a grid is split
+    // over (`--filter 8b`, `--filter 70b`, …) do not overwrite each other.
+    let part = filter.as_ref().map_or(String::new(), |f| {
+        let slug: String = f
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+            .collect();
+        format!("-{slug}")
+    });
+    let stem = format!(
+        "{bench}-{}-{}{part}",
+        &provenance.date[..10],
+        provenance.commit
+    );
     let header = format!(
         "# `benches/gemm{}{}`: our GEMM against cuBLASLt\n\n{}, driver {}, commit {}, {}; median of {ROUNDS} interleaved rounds per contender{}.\n",
         if args.grid { " --grid" } else { "" },
