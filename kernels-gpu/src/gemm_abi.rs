@@ -164,15 +164,19 @@ impl TileConfig {
         (self.epilogue_cols(), EPILOGUE_CHUNK)
     }
     /// Whether the configuration is one the kernel implements, fits, and keeps every tile
-    /// 1024-byte aligned: 128-row tiles split by rows (N of 128, 224 or 256), or 192×192 tiles
-    /// split by columns (three `m64n96k16` slabs per warpgroup).
+    /// 1024-byte aligned: 128-row tiles split by rows (N of 128, 224 or 256), or split by
+    /// columns 192×192 tiles (three `m64n96k16` slabs per warpgroup) and 64×128 tiles (one
+    /// `m64n64k16` slab per warpgroup).
     pub const fn is_valid(&self) -> bool {
         let shape = match self.split {
             ConsumerSplit::Rows => {
                 self.block_m == 128
                     && (self.block_n == 128 || self.block_n == 224 || self.block_n == 256)
             }
-            ConsumerSplit::Columns => self.block_m == 192 && self.block_n == 192,
+            ConsumerSplit::Columns => {
+                (self.block_m == 192 && self.block_n == 192)
+                    || (self.block_m == 64 && self.block_n == 128)
+            }
         };
         shape
             && self.smem_bytes() <= MAX_SMEM_BYTES
@@ -243,6 +247,21 @@ pub const TILE_128X128_SPLITK: TileConfig = TileConfig {
     ..TILE_128X128
 };
 
+/// 64×128 tiles, 8 stages, split by columns (each consumer warpgroup one `m64n64k16` slab):
+/// for problems of at most 64 rows (decode), where a 128-row tile spends half its tensor work
+/// on rows that do not exist. There the kernel is bound by that work, not by the weight
+/// stream: a 128-row tile at M = 1 takes ~512 cycles per 64-deep k-block whatever M is
+/// (kernels-gpu/NOTES.md step 34), so one SM streams at most ~60 GB/s of B; a 64-row tile
+/// halves the work per byte of B and doubles that.
+pub const TILE_64X128: TileConfig = TileConfig {
+    block_m: 64,
+    block_n: 128,
+    split: ConsumerSplit::Columns,
+    stages: 8,
+    cluster_m: 1,
+    split_k: false,
+};
+
 /// One compiled configuration: its entry points and tile configuration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GemmVariant {
@@ -279,6 +298,7 @@ macro_rules! gemm_variants {
             "128x128c2" => gemm_bf16_128x128c2, gemm_f16_128x128c2, TILE_128X128_CLUSTER2, Tile128x128C2;
             "128x256s" => gemm_bf16_128x256s, gemm_f16_128x256s, TILE_128X256_SPLITK, Tile128x256S, e4m3 gemm_e4m3_128x256s;
             "128x128s" => gemm_bf16_128x128s, gemm_f16_128x128s, TILE_128X128_SPLITK, Tile128x128S;
+            "64x128" => gemm_bf16_64x128, gemm_f16_64x128, TILE_64X128, Tile64x128, e4m3 gemm_e4m3_64x128;
         }
     };
 }

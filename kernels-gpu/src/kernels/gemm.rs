@@ -422,6 +422,16 @@ config!(Tile128x128S {
     mma: mma_n128,
     fence: fence_operands_64,
 });
+config!(Tile64x128 {
+    tile: TILE_64X128,
+    slabs: 1,
+    regs: 32,
+    blocks: 8,
+    chunks: 1,
+    pairs: 4,
+    mma: mma_n64,
+    fence: fence_operands_32,
+});
 
 /// Shared-memory addresses of the ring.
 #[derive(Clone, Copy)]
