@@ -34,11 +34,11 @@ fn cost_per_element(variant: &GemmVariant) -> f64 {
         // operand bytes per output did not buy speed. Costed equal, it wins only where its
         // wave count does (2048×13312).
         "192x192" => 1.0,
-        // Not measured on full waves (it runs only problems of at most 64 rows, where no
-        // 128-row tile competes on equal work): estimated from shared-memory reads per MAC,
-        // 1.6 times 128×256's (an `m64n64k16` reads 4 KiB per 65 536 MACs), discounted as
-        // 128×128's 1.2 measured 1.06.
-        "64x128" => 1.3,
+        // 1.36–1.43 per output element of 128×256 at M = 8192 (70B TP=2 QKV and o-proj,
+        // bf16: 527 and 571 TFLOP/s against 755 and 776; gemm-grid-2026-12-01-469737e-70b):
+        // an `m64n64k16` reads 4 KiB of shared memory per 65 536 MACs, 1.6 times 128×256's
+        // rate. It wins where its halved tile still fits the waves: few rows (decode).
+        "64x128" => 1.4,
         _ => 1.2,
     }
 }
@@ -60,27 +60,15 @@ pub fn estimated_cost(variant: &GemmVariant, m: u64, n: u64, sm_count: u32) -> f
 ///
 /// The split-K configurations are not candidates: they are chosen only by name
 /// ([`variant_named`]), as measured slower than not splitting on most decode shapes
-/// (kernels-gpu/NOTES.md step 34). A 64-row tile is a candidate only for `m ≤ 64`
-/// ([`fits_the_rows`]).
+/// (kernels-gpu/NOTES.md step 34).
 #[must_use]
 pub fn choose_variant(m: u64, n: u64, sm_count: u32) -> &'static GemmVariant {
     cheapest(
-        VARIANTS
-            .iter()
-            .filter(|v| !v.config.split_k && fits_the_rows(v, m)),
+        VARIANTS.iter().filter(|v| !v.config.split_k),
         m,
         n,
         sm_count,
     )
-}
-
-/// Whether the rule considers `variant` for `m` rows: every 128- and 192-row tile, and the
-/// 64-row tile only when one of its tiles holds all the rows. There a 128-row tile would do
-/// twice the tensor work per byte of B for nothing, and that work is what bounds a decode
-/// GEMM (NOTES step 34); with more rows the 64-row tile reads each B tile once per 64 rows,
-/// and its cost factor is an estimate not yet measured against the others.
-fn fits_the_rows(variant: &GemmVariant, m: u64) -> bool {
-    variant.config.block_m >= 128 || m <= u64::from(variant.config.block_m)
 }
 
 /// The candidate with the smallest [`estimated_cost`]; within 0.1 % the earlier one (the
@@ -108,8 +96,7 @@ fn cheapest(
 /// [`estimated_cost`] among those compiled for e4m3 (split-K ones only by name, as for
 /// [`choose_variant`]).
 pub fn choose_fp8_variant(m: u64, n: u64, sm_count: u32) -> &'static GemmVariant {
-    let fp8 =
-        |v: &&GemmVariant| v.kernel_e4m3.is_some() && !v.config.split_k && fits_the_rows(v, m);
+    let fp8 = |v: &&GemmVariant| v.kernel_e4m3.is_some() && !v.config.split_k;
     cheapest(VARIANTS.iter().filter(fp8), m, n, sm_count)
 }
 
@@ -254,15 +241,25 @@ mod tests {
     }
 
     #[test]
-    fn the_64_row_tile_runs_decode_rows_only() {
-        // At most 64 rows: 64×128 tiles cost half a 128-row tile's work each in the same
-        // waves (70B fc2 at TP 2, 16 × 8192: 64 tiles of either height; 70B fc1, 16 × 28672:
-        // two waves of 224 at 1.3 × 8192 against one of 112 128×256 tiles at 32 768).
-        for (m, n) in [(1, 8192), (16, 8192), (64, 5120), (16, 28672), (7, 1001)] {
+    fn the_64_row_tile_runs_decode_rows() {
+        // Few rows: 64×128 tiles cost 1.4 × 8192 each where 128-row tiles cost 16 384 or
+        // more in as many waves (70B fc2 at TP 2, 16 × 8192: 64 tiles of either height; 70B
+        // QKV, 128 × 5120: 80 tiles against 40, one wave each — measured 330 against 240
+        // TFLOP/s). Measured faster than 128×128 on every 70B TP=2 shape of 1–128 rows.
+        for (m, n) in [
+            (1, 8192),
+            (16, 8192),
+            (64, 5120),
+            (16, 28672),
+            (7, 1001),
+            (128, 5120),
+        ] {
             assert_eq!(choose_variant(m, n, 132).name, "64x128", "{m}x{n}");
             assert_eq!(choose_fp8_variant(m, n, 132).name, "64x128", "{m}x{n}");
         }
-        for (m, n) in [(65, 8192), (128, 4096), (256, 4096), (2048, 7168)] {
+        // More rows, or wide enough that its tiles take more waves: 70B fc1 at 128 rows
+        // (448 tiles, 4 waves: 432 TFLOP/s against 128×224's 1.05 of cuBLAS), prefill.
+        for (m, n) in [(128, 28672), (512, 5120), (2048, 7168), (8192, 8192)] {
             assert_ne!(choose_variant(m, n, 132).config.block_m, 64, "{m}x{n}");
             assert_ne!(choose_fp8_variant(m, n, 132).config.block_m, 64, "{m}x{n}");
         }
