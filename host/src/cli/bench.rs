@@ -62,7 +62,7 @@ struct BenchReport {
 pub(super) fn bench(args: &BenchArgs, out: &mut dyn Write) -> Result<(), CliError> {
     let problem = args.problem.problem()?;
     check_counts(args)?;
-    crate::plan::check_gpu_kernel(&problem)?;
+    super::check_gpu_problem(&problem)?;
     // The shapes are checked without a GPU, so bad input is exit 2 everywhere.
     let plan = args.problem.plan(problem)?;
     // The PTX file too: an unusable DISTGEMM_PTX is bad input on every machine.

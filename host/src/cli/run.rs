@@ -14,7 +14,7 @@ use super::{CliError, check_ptx_file, cuda_devices};
 use crate::cpu::CpuExecutor;
 use crate::cuda::{DeviceArgs, DistGemm};
 use crate::dtype::{Dtype, Element};
-use crate::plan::{DeviceInputs, Fp8Inputs, GlobalInputs, Plan, check_gpu_kernel};
+use crate::plan::{DeviceInputs, Fp8Inputs, GlobalInputs, Plan};
 use crate::problem::Problem;
 use crate::reference::{
     CheckInputs, CheckReport, ScaledCheckInputs, check, check_sampled, check_scaled,
@@ -60,10 +60,10 @@ pub(super) fn run(
     let problem = args.problem.problem()?;
     check_counts(args)?;
     let plan = args.problem.plan(problem)?;
-    // FP8 runs on the CPU executor only: the GPU paths refuse it before touching a GPU, and
-    // `auto` falls back to the CPU with a notice, as it does without GPUs.
+    // FP8 runs on the CPU executor only here: the GPU paths refuse it before touching a GPU,
+    // and `auto` falls back to the CPU with a notice, as it does without GPUs.
     if args.ranks.is_some() || args.backend == Backend::Cuda {
-        check_gpu_kernel(&problem)?;
+        super::check_gpu_problem(&problem)?;
     }
     if let Ok(spec) = std::env::var(super::ranks::RANK_ENV) {
         return super::ranks::rank_main(args, &spec, out);
@@ -93,9 +93,10 @@ pub(super) fn run(
             })?;
             (Some(gpus), None)
         }
-        Backend::Auto if problem.fp8.is_some() => {
-            (None, Some("the FP8 kernel is not built yet".to_owned()))
-        }
+        Backend::Auto if problem.fp8.is_some() => (
+            None,
+            Some("the CLI's GPU runs take bf16 and f16 only for now".to_owned()),
+        ),
         Backend::Auto => match cuda_devices(plan.tp) {
             Ok(gpus) => {
                 check_ptx_file()?;

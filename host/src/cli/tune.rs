@@ -43,7 +43,7 @@ const DEFAULT_TABLE: &str = "distgemm-tuning.json";
 pub(super) fn tune(args: &TuneArgs, out: &mut dyn Write) -> Result<(), CliError> {
     let problem = args.problem.problem()?;
     check_options(args)?;
-    crate::plan::check_gpu_kernel(&problem)?;
+    super::check_gpu_problem(&problem)?;
     let tp = args.problem.tp;
     let family = args.problem.schedule.pipelined();
     let plans = candidate_plans(family, problem, tp)?;

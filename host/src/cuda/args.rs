@@ -114,7 +114,6 @@ pub(crate) fn validate_device_args(
             device,
             tp: plan.tp,
         })?;
-    let elem = plan.problem.dtype.size_bytes();
     let needs_c = dev.shards.c.is_some();
     let buffers = [
         (BufferKind::A, Some(args.a)),
@@ -123,7 +122,9 @@ pub(crate) fn validate_device_args(
         (BufferKind::D, Some(args.d)),
     ];
     for (kind, buffer) in buffers {
-        let needed = dev.buffer_elements(kind).saturating_mul(elem);
+        let needed = dev
+            .buffer_elements(kind)
+            .saturating_mul(plan.element_bytes(kind));
         let bad = |reason: String| DistGemmError::BadBuffer {
             device,
             buffer: kind,
@@ -159,7 +160,8 @@ pub(crate) fn validate_device_args(
         (
             kind.name(),
             b.ptr,
-            dev.buffer_elements(kind).saturating_mul(elem),
+            dev.buffer_elements(kind)
+                .saturating_mul(plan.element_bytes(kind)),
         )
     };
     let d = sized(BufferKind::D, &args.d);
@@ -217,9 +219,59 @@ pub(crate) fn validate_args(
     Ok(())
 }
 
+/// `Ok` when `scales` fit `plan`'s problem: `[sa, sb]`, each finite and at least
+/// [`crate::fp8::MIN_SCALE`], for an FP8 problem (tensor-wise: row-wise ones are refused
+/// before planning), none for a 16-bit one.
+pub(crate) fn validate_fp8_scales(
+    plan: &Plan,
+    scales: Option<[f32; 2]>,
+) -> Result<(), DistGemmError> {
+    let p = &plan.problem;
+    match (p.fp8, scales) {
+        (None, None) => Ok(()),
+        (Some(_), Some([a, b])) => crate::fp8::Scales::Tensorwise { a, b }
+            .validate(p.m, p.n)
+            .map_err(|e| DistGemmError::Fp8Scales(e.to_string())),
+        (Some(_), None) => Err(DistGemmError::Fp8Scales(format!(
+            "{p} is FP8: give the tensor-wise scales of A and B (fp8_scales)"
+        ))),
+        (None, Some(_)) => Err(DistGemmError::Fp8Scales(format!(
+            "{p} is not FP8: it takes no scales"
+        ))),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fp8_scales_go_with_fp8_problems_only_and_in_range() {
+        use crate::fp8::ScaleMode;
+        use crate::problem::Problem;
+        use crate::schedule::ScheduleKind;
+        let plan = |p: Problem| {
+            Plan::build(ScheduleKind::AllGatherRotatingA, p, 2).unwrap_or_else(|e| panic!("{e}"))
+        };
+        let bf16 = plan(Problem::new(256, 256, 256));
+        let fp8 = plan(Problem::new(256, 256, 256).with_fp8(ScaleMode::Tensorwise));
+        assert!(validate_fp8_scales(&bf16, None).is_ok());
+        assert!(validate_fp8_scales(&fp8, Some([0.5, 2.0])).is_ok());
+        for (plan, scales, says) in [
+            (&fp8, None, "give the tensor-wise scales"),
+            (&bf16, Some([1.0, 1.0]), "takes no scales"),
+            (&fp8, Some([f32::NAN, 1.0]), "scale"),
+            (&fp8, Some([1.0, 0.0]), "scale"),
+        ] {
+            let e = validate_fp8_scales(plan, scales)
+                .err()
+                .map(|e| e.to_string());
+            assert!(
+                e.as_deref().is_some_and(|e| e.contains(says)),
+                "{scales:?}: {e:?}"
+            );
+        }
+    }
 
     #[test]
     fn addresses_must_be_non_null_and_16_byte_aligned() {

@@ -118,6 +118,10 @@ pub enum DistGemmError {
     /// The builder was not given a required piece.
     #[error("distributed GEMM builder: {0} is required")]
     Missing(&'static str),
+    /// An FP8 problem's tensor-wise scales missing or out of range, or scales given for a
+    /// 16-bit problem.
+    #[error("FP8 scales: {0}")]
+    Fp8Scales(String),
     /// Fewer GPUs than the requested tensor-parallel degree.
     #[error("TP={tp} needs {tp} GPUs, but {given} were given")]
     TooFewDevices {

@@ -140,10 +140,15 @@ fn kernel_launch(
             KernelArgs::new().by_value(p),
             None,
         )),
-        LoweredNode::Gemm { stage, args, hook } => {
+        LoweredNode::Gemm {
+            stage,
+            args,
+            fp8,
+            hook,
+        } => {
             let mut prepared = kernels
                 .gemm
-                .prepare(setup, args)
+                .prepare_stage(setup, args, *fp8)
                 .map_err(at_stage(device, *stage))?;
             prepared.set_hook(*hook);
             if let Some(share) = share {
@@ -300,9 +305,18 @@ impl DeviceGraph {
             let handle = self.nodes[i];
             match (old, node) {
                 (
-                    LoweredNode::Gemm { args: old_args, .. },
-                    LoweredNode::Gemm { stage, args, hook },
-                ) => {
+                    LoweredNode::Gemm {
+                        args: old_args,
+                        fp8: old_fp8,
+                        ..
+                    },
+                    LoweredNode::Gemm {
+                        stage,
+                        args,
+                        fp8,
+                        hook,
+                    },
+                ) if old_fp8 == fp8 => {
                     let (Some(prepared), Some((kernel, cfg))) =
                         (self.gemms[i].as_mut(), self.launches[i].as_ref())
                     else {

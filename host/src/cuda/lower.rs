@@ -31,10 +31,11 @@ use std::time::Duration;
 use kernels_gpu::collective_abi::{
     BarrierParams, PeerErrorWords, REDUCE_VECTOR, ReduceParams, WaitFlagsParams,
 };
-use kernels_gpu::gemm_abi::{HOOK_DEFER_GRID_WAIT, StageHook};
+use kernels_gpu::gemm_abi::{HOOK_DEFER_GRID_WAIT, RowScales, StageHook};
 
 use super::error::{DistGemmError, TimeoutSite, WaitingNode, encode_timeout};
-use crate::gemm::{GemmArgs, MatrixView};
+use crate::fp8::ScaleMode;
+use crate::gemm::{Fp8GemmArgs, Fp8Scales, GemmArgs, MatrixView};
 use crate::plan::{
     AwaitReleaseNode, BarrierNode, DevicePlan, EdgeKind, FlagSetNode, KERNEL_SIGNAL_VALUE, Node,
     PeerCopyNode, Plan,
@@ -74,10 +75,13 @@ impl DeviceAddresses {
 }
 
 /// Options of a lowering.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct LowerOptions {
     /// Bound of every GPU spin-wait.
     pub timeout: Duration,
+    /// An FP8 run's tensor-wise scales of A and B (`[sa, sb]`), which every stage GEMM folds
+    /// into its alpha; required for an FP8 plan, refused for a 16-bit one.
+    pub fp8_scales: Option<[f32; 2]>,
     /// Flags whose stores are left out (fault injection for tests: the nodes stay, a kernel
     /// skips the store, a flag-set node stores 0), so the waiter times out.
     pub missing_signals: Vec<FlagRef>,
@@ -114,8 +118,12 @@ pub enum LoweredNode {
     Gemm {
         /// The stage.
         stage: usize,
-        /// The GEMM.
+        /// The GEMM; for an FP8 plan in pair form ([`Fp8GemmArgs::as_pairs`]: A and B as
+        /// 16-bit pairs of e4m3, the tensor-wise scales folded into alpha).
         args: GemmArgs,
+        /// `Some` for an FP8 stage (the e4m3 entry points), with its row-wise scales (zero
+        /// for tensor-wise).
+        fp8: Option<RowScales>,
         /// Flags to signal and wait on.
         hook: StageHook,
     },
@@ -394,14 +402,45 @@ impl DeviceLowering<'_> {
                 r.view(&v)
             })
             .transpose()?;
-        let args = GemmArgs {
-            dtype: r.plan.problem.dtype,
-            a: r.view(&g.a)?,
-            b: r.view(&g.b)?,
-            c,
-            d: r.view(&g.d)?,
-            alpha: g.epilogue.alpha,
-            beta: g.epilogue.beta,
+        let (a, b, d) = (r.view(&g.a)?, r.view(&g.b)?, r.view(&g.d)?);
+        let (alpha, beta) = (g.epilogue.alpha, g.epilogue.beta);
+        let (args, fp8) = match (r.plan.problem.fp8, self.options.fp8_scales) {
+            (None, None) => {
+                let dtype = r.plan.problem.dtype;
+                let args = GemmArgs {
+                    dtype,
+                    a,
+                    b,
+                    c,
+                    d,
+                    alpha,
+                    beta,
+                };
+                (args, None)
+            }
+            (Some(fp8), Some([sa, sb])) if fp8.scales == ScaleMode::Tensorwise => {
+                let stage = Fp8GemmArgs {
+                    a,
+                    b,
+                    c,
+                    d,
+                    alpha,
+                    beta,
+                    scales: Fp8Scales::Tensorwise { a: sa, b: sb },
+                };
+                let (args, rows) = stage.as_pairs().map_err(|e| DistGemmError::Gemm {
+                    device,
+                    stage: g.stage,
+                    source: e.into(),
+                })?;
+                (args, Some(rows))
+            }
+            (fp8, scales) => {
+                return Err(DistGemmError::Internal(format!(
+                    "device {device}: an FP8 plan ({fp8:?}) needs tensor-wise scales, a 16-bit \
+                     one none (got {scales:?})"
+                )));
+            }
         };
         let signal_flag = match g.signals.filter(|f| self.sends(f)) {
             Some(f) => r.flag(&f)?,
@@ -425,6 +464,7 @@ impl DeviceLowering<'_> {
         Ok(LoweredNode::Gemm {
             stage: g.stage,
             args,
+            fp8,
             hook,
         })
     }
@@ -634,6 +674,7 @@ mod tests {
     fn options() -> LowerOptions {
         LowerOptions {
             timeout: Duration::from_millis(1500),
+            fp8_scales: None,
             missing_signals: Vec::new(),
             diagnostics: TimingDiagnostics::default(),
         }
@@ -937,10 +978,18 @@ mod tests {
 
     /// In an FP8 plan the e4m3 buffers (A, B, an all-gather workspace) have 1-byte elements
     /// and C, D and partials 2-byte ones: every view and copy address steps by its own
-    /// buffer's size.
+    /// buffer's size. The stage GEMMs are in pair form (`Fp8GemmArgs::as_pairs`): A and B
+    /// with half the columns and leading dimension, alpha times both tensor-wise scales, the
+    /// e4m3 entry points.
     #[test]
     fn fp8_addresses_step_by_each_buffers_element_size() {
-        let problem = Problem::new(256, 256, 256).with_fp8(crate::fp8::ScaleMode::Rowwise);
+        let problem = Problem::new(256, 256, 256)
+            .with_scalars(0.75, 0.0)
+            .with_fp8(crate::fp8::ScaleMode::Tensorwise);
+        let options = LowerOptions {
+            fp8_scales: Some([0.5, 0.125]),
+            ..options()
+        };
         let addr = addresses(4);
         let bytes = |kind: ScheduleKind, buffer: BufferKind| -> u64 {
             let operands = matches!(buffer, BufferKind::A | BufferKind::B)
@@ -959,16 +1008,22 @@ mod tests {
             ScheduleKind::ReduceScatterSingleStageB,
         ] {
             let plan = Plan::build(kind, problem, 4).unwrap_or_else(|e| panic!("{e}"));
-            let g = lower_device(&plan, 1, &addr, &options()).unwrap_or_else(|e| panic!("{e}"));
+            let g = lower_device(&plan, 1, &addr, &options).unwrap_or_else(|e| panic!("{e}"));
             for (node, lowered) in plan.devices[1].nodes.iter().zip(&g.nodes) {
                 match (node, lowered) {
-                    (Node::Gemm(s), LoweredNode::Gemm { args, .. }) => {
+                    (Node::Gemm(s), LoweredNode::Gemm { args, fp8, .. }) => {
                         for (view, got) in [(&s.a, args.a), (&s.b, args.b), (&s.d, args.d)] {
                             assert_eq!(got.ptr, at(kind, view), "{kind} stage {}", s.stage);
                             if view.offset > 0 {
                                 offsets.insert(bytes(kind, view.buffer));
                             }
                         }
+                        for (view, got) in [(&s.a, args.a), (&s.b, args.b)] {
+                            let pairs = (view.cols as u64 / 2, view.ld as u64 / 2);
+                            assert_eq!((got.cols, got.ld), pairs, "{kind} stage {}", s.stage);
+                        }
+                        assert_eq!(args.alpha, s.epilogue.alpha * 0.5 * 0.125, "{kind}");
+                        assert_eq!(*fp8, Some(RowScales::default()), "{kind}");
                         if let (Some(c), Some(got)) = (s.epilogue.source.view(), args.c) {
                             assert_eq!(got.ptr, at(kind, c), "{kind} stage {}", s.stage);
                         }
@@ -994,6 +1049,30 @@ mod tests {
         }
         // Nonzero offsets into buffers of both sizes were checked.
         assert_eq!(offsets, [1, 2].into_iter().collect());
+    }
+
+    /// A stage GEMM needs scales exactly when the plan is FP8, and tensor-wise ones: the
+    /// lowering refuses the other combinations instead of running the wrong kernel.
+    #[test]
+    fn fp8_stages_need_tensor_wise_scales_and_16_bit_ones_none() {
+        use crate::fp8::ScaleMode;
+        let kind = ScheduleKind::AllGatherRotatingA;
+        let plan = |p: Problem| Plan::build(kind, p, 2).unwrap_or_else(|e| panic!("{e}"));
+        let scaled = LowerOptions {
+            fp8_scales: Some([1.0, 1.0]),
+            ..options()
+        };
+        let base = Problem::new(256, 256, 256);
+        for (problem, options) in [
+            (base.with_fp8(ScaleMode::Tensorwise), options()),
+            (base.with_fp8(ScaleMode::Rowwise), scaled.clone()),
+            (base, scaled.clone()),
+        ] {
+            let result = lower_device(&plan(problem), 0, &addresses(2), &options);
+            assert!(result.is_err(), "{problem:?} {:?}", options.fp8_scales);
+        }
+        let fp8 = plan(base.with_fp8(ScaleMode::Tensorwise));
+        assert!(lower_device(&fp8, 0, &addresses(2), &scaled).is_ok());
     }
 
     #[test]

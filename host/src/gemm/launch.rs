@@ -131,6 +131,30 @@ impl GemmKernel {
         self.prepare_inputs(stream, &pairs, variant, Inputs::E4m3Pairs(row_scales))
     }
 
+    /// Prepares a distributed stage's GEMM as the CUDA lowering resolved it: a 16-bit GEMM
+    /// (`fp8: None`), or an FP8 one already in pair form ([`Fp8GemmArgs::as_pairs`]) with its
+    /// row-wise scales (`fp8: Some(..)`, zero addresses for tensor-wise scales, which the
+    /// lowering folded into alpha). The rule picks the configuration, as in [`Self::prepare`]
+    /// and [`Self::prepare_fp8`].
+    pub(crate) fn prepare_stage(
+        &self,
+        stream: &CudaStream,
+        args: &GemmArgs,
+        fp8: Option<RowScales>,
+    ) -> Result<PreparedGemm, GemmLaunchError> {
+        let (m, n, _) = args.shape();
+        let sms = self.gpu.sm_count();
+        match fp8 {
+            None => self.prepare_inputs(stream, args, choose_variant(m, n, sms), Inputs::Native),
+            Some(rows) => self.prepare_inputs(
+                stream,
+                args,
+                choose_fp8_variant(m, n, sms),
+                Inputs::E4m3Pairs(rows),
+            ),
+        }
+    }
+
     /// Prepares `args` on `variant`'s entry point for `inputs` (see [`Inputs`]).
     fn prepare_inputs(
         &self,
@@ -404,12 +428,12 @@ impl PreparedGemm {
     }
 
     /// Points this GEMM at operands at new addresses with the same shapes, leading
-    /// dimensions, type and scalars (`args` must differ from the prepared ones in addresses
-    /// only): re-encodes the tensor maps in place, in stream order on `stream`, so the
-    /// parameter block keeps its map addresses and only its D and C pointers change (the
-    /// maps travel from pageable host memory: see
-    /// [`crate::runtime::caller_stream::upload_async`]). Returns an error, and changes
-    /// nothing, if anything but an address differs.
+    /// dimensions, type and beta (`args` may differ from the prepared ones in addresses and
+    /// alpha only; alpha carries an FP8 run's tensor-wise scales): re-encodes the moved tensor
+    /// maps in place, in stream order on `stream`, so the parameter block keeps its map
+    /// addresses and only its D and C pointers and alpha change (the maps travel from
+    /// pageable host memory: see [`crate::runtime::caller_stream::upload_async`]). Returns an
+    /// error, and changes nothing, if anything else differs.
     ///
     /// # Safety
     /// Every launch that uses this GEMM's tensor maps must be enqueued on `stream`, and the
@@ -429,7 +453,6 @@ impl PreparedGemm {
             _ => false,
         };
         if previous.dtype != args.dtype
-            || previous.alpha.to_bits() != args.alpha.to_bits()
             || previous.beta.to_bits() != args.beta.to_bits()
             || !same_shape(&previous.a, &args.a)
             || !same_shape(&previous.b, &args.b)
@@ -437,7 +460,8 @@ impl PreparedGemm {
             || !same_c
         {
             return Err(GemmError::Shape(
-                "a pointer update may change addresses only, not shapes, types or scalars".into(),
+                "a pointer update may change addresses and alpha only, not shapes, types or beta"
+                    .into(),
             )
             .into());
         }
@@ -459,6 +483,7 @@ impl PreparedGemm {
         }
         self.params.d = args.d.ptr;
         self.params.c = args.c.map_or(0, |c| c.ptr);
+        self.params.alpha = args.alpha;
         Ok(())
     }
 

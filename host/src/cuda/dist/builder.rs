@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{DistGemm, Rank, check_gemms};
-use crate::cuda::args::{DeviceArgs, validate_args};
+use crate::cuda::args::{DeviceArgs, validate_args, validate_fp8_scales};
 use crate::cuda::auto::{
     ASSUMED_GPU_NAME, MachineModel, Resolution, ScheduleSource, choose_schedule_tuned,
 };
@@ -105,6 +105,7 @@ pub struct DistGemmBuilder<'a> {
     share_gpus: bool,
     rs_partials: RsPartials,
     tuning: Option<Arc<LoadedTable>>,
+    fp8_scales: Option<[f32; 2]>,
     #[cfg(feature = "testing")]
     missing_signals: Vec<FlagRef>,
 }
@@ -186,6 +187,16 @@ impl<'a> DistGemmBuilder<'a> {
     pub fn timeout(self, timeout: Duration) -> Self {
         DistGemmBuilder {
             timeout: Some(timeout),
+            ..self
+        }
+    }
+
+    /// An FP8 problem's tensor-wise scales: `D = alpha · (sa·A) · (sb·B)ᵀ + beta · C` with A
+    /// and B the e4m3 shards. Required for an FP8 problem, refused for a 16-bit one; change
+    /// them between runs with [`DistGemm::set_fp8_scales`].
+    pub fn fp8_scales(self, sa: f32, sb: f32) -> Self {
+        DistGemmBuilder {
+            fp8_scales: Some([sa, sb]),
             ..self
         }
     }
@@ -280,6 +291,7 @@ impl<'a> DistGemmBuilder<'a> {
         #[allow(unused_mut)]
         let mut options = LowerOptions {
             timeout: self.timeout.unwrap_or(DEFAULT_TIMEOUT),
+            fp8_scales: self.fp8_scales,
             ..LowerOptions::default()
         };
         #[cfg(feature = "testing")]
@@ -304,6 +316,7 @@ impl<'a> DistGemmBuilder<'a> {
         let args = self.args.clone().ok_or(DistGemmError::Missing("args"))?;
         let ordinals: Vec<usize> = gpus.iter().map(Gpu::ordinal).collect();
         validate_args(&plan, &ordinals, &args)?;
+        validate_fp8_scales(&plan, self.fp8_scales)?;
 
         let mut ranks = Vec::with_capacity(tp);
         for (d, gpu) in gpus.iter().enumerate() {

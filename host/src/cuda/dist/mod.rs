@@ -32,7 +32,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use self::builder::{DEFAULT_TIMEOUT, DistGemmBuilder, ScheduleChoice};
-use super::args::{DeviceArgs, validate_args};
+use super::args::{DeviceArgs, validate_args, validate_fp8_scales};
 use super::error::{DistGemmError, decode_timeout};
 use super::graphs::{DeviceGraph, DeviceKernels, GridShare, Poison};
 #[cfg(feature = "diagnostics")]
@@ -371,6 +371,25 @@ impl<'a> DistGemm<'a> {
             }
         }
         Ok(())
+    }
+
+    /// An FP8 problem's tensor-wise scales for the runs from now on (see
+    /// [`DistGemmBuilder::fp8_scales`]): waits for any run in flight, then rewrites the stage
+    /// GEMMs' alpha in place. Out-of-range scales, or scales for a 16-bit problem, are an
+    /// error that changes nothing.
+    pub fn set_fp8_scales(&mut self, sa: f32, sb: f32) -> Result<(), DistGemmError> {
+        self.poisoned.check()?;
+        validate_fp8_scales(&self.plan, Some([sa, sb]))?;
+        if self.in_flight {
+            self.wait()?;
+        }
+        let previous = self.options.fp8_scales.replace([sa, sb]);
+        let args = self.args.clone();
+        let result = self.relower(&args);
+        if result.is_err() {
+            self.options.fp8_scales = previous;
+        }
+        result
     }
 
     /// Diagnostics for benchmarks: from now on, runs leave out what `diagnostics` says

@@ -10,6 +10,7 @@ use super::handshake::{
     gathered_operand,
 };
 use super::{OwnMemory, RankArgs, RankGemm, Rendezvous};
+use crate::cuda::args::validate_fp8_scales;
 use crate::cuda::auto::{ASSUMED_GPU_NAME, MachineModel, Resolution};
 use crate::cuda::dist::{DEFAULT_TIMEOUT, ScheduleChoice, check_gemms};
 use crate::cuda::error::DistGemmError;
@@ -36,9 +37,20 @@ pub struct RankGemmBuilder {
     module: Option<Arc<Module>>,
     rs_partials: RsPartials,
     tuning: Option<Arc<LoadedTable>>,
+    fp8_scales: Option<[f32; 2]>,
 }
 
 impl RankGemmBuilder {
+    /// An FP8 problem's tensor-wise scales (the same on every rank): `D = alpha · (sa·A) ·
+    /// (sb·B)ᵀ + beta · C`. Required for an FP8 problem, refused for a 16-bit one; change them
+    /// between launches with [`RankGemm::set_fp8_scales`].
+    pub fn fp8_scales(self, sa: f32, sb: f32) -> Self {
+        RankGemmBuilder {
+            fp8_scales: Some([sa, sb]),
+            ..self
+        }
+    }
+
     /// This rank's GPU.
     pub fn gpu(self, gpu: Gpu) -> Self {
         RankGemmBuilder {
@@ -261,6 +273,7 @@ impl RankGemmBuilder {
         schedule: ScheduleKind,
     ) -> Result<Local, DistGemmError> {
         let plan = self.plan_of(world, schedule)?;
+        validate_fp8_scales(&plan, self.fp8_scales)?;
         let gpu = self.gpu.clone().ok_or(DistGemmError::Missing("a GPU"))?;
         if rank >= world {
             return Err(DistGemmError::Group(format!(
@@ -273,7 +286,6 @@ impl RankGemmBuilder {
         };
         let kernels = DeviceKernels::new(&module, plan.problem.dtype)?;
         let setup = gpu.new_stream()?;
-        let elem = plan.problem.dtype.size_bytes();
         let workspace = DeviceBuffer::<u8>::alloc(&gpu, plan.devices[rank].workspace_bytes)?;
         let mut exclusive = DeviceBuffer::<u32>::alloc(&gpu, plan.exclusive.bytes.div_ceil(4))?;
         exclusive.fill_bytes(&setup, 0)?;
@@ -283,7 +295,7 @@ impl RankGemmBuilder {
                 &gpu,
                 plan.devices[rank]
                     .buffer_elements(kind)
-                    .saturating_mul(elem),
+                    .saturating_mul(plan.element_bytes(kind)),
             )?),
             None => None,
         };
@@ -314,7 +326,11 @@ impl RankGemmBuilder {
             input: plan
                 .devices
                 .iter()
-                .map(|d| gathered.map_or(0, |k| d.buffer_elements(k).saturating_mul(elem)))
+                .map(|d| {
+                    gathered.map_or(0, |k| {
+                        d.buffer_elements(k).saturating_mul(plan.element_bytes(k))
+                    })
+                })
                 .collect(),
         };
         let (done, status) = (StreamEvent::new(&gpu)?, PinnedWord::new(&gpu)?);
@@ -336,6 +352,7 @@ impl RankGemmBuilder {
             graph: None,
             options: LowerOptions {
                 timeout: self.timeout_or_default(),
+                fp8_scales: self.fp8_scales,
                 ..LowerOptions::default()
             },
         })

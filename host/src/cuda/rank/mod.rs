@@ -82,7 +82,7 @@ pub use rendezvous::{LocalRendezvous, MAX_FRAME_BYTES, Rendezvous, RendezvousErr
 use self::builder::{OwnAddresses, PeerMemory, rank_addresses};
 
 use self::handshake::gathered_operand;
-use super::args::{address_problem, output_overlap};
+use super::args::{address_problem, output_overlap, validate_fp8_scales};
 use super::dist::{check_gemms, error_of};
 use super::error::DistGemmError;
 use super::graphs::{DeviceGraph, DeviceKernels, Poison};
@@ -236,6 +236,20 @@ impl RankGemm {
         })
     }
 
+    /// An FP8 problem's tensor-wise scales for the launches from now on (see
+    /// [`RankGemmBuilder::fp8_scales`]; every rank should set the same): the next launch
+    /// rewrites the stage GEMMs' alpha in stream order. Out-of-range scales, or scales for a
+    /// 16-bit problem, are an error that changes nothing.
+    pub fn set_fp8_scales(&mut self, sa: f32, sb: f32) -> Result<(), DistGemmError> {
+        validate_fp8_scales(&self.plan, Some([sa, sb]))?;
+        if self.options.fp8_scales != Some([sa, sb]) {
+            self.options.fp8_scales = Some([sa, sb]);
+            // The next launch lowers again and updates the graph in place.
+            self.launched_with = None;
+        }
+        Ok(())
+    }
+
     /// An error of a finished launch, without waiting: the GPU's error word as copied at the
     /// end of the last launch, once that launch has finished. A timeout (this rank's, or one a
     /// peer pushed) poisons the instance.
@@ -272,7 +286,7 @@ impl RankGemm {
         let bytes = |kind: BufferKind| {
             let (rows, cols) = self.shard_shape(kind);
             rows.saturating_mul(cols)
-                .saturating_mul(self.plan.problem.dtype.size_bytes())
+                .saturating_mul(self.plan.element_bytes(kind))
         };
         let mut inputs = vec![
             ("A", args.a, bytes(BufferKind::A)),
