@@ -36,44 +36,28 @@
 //! is [`crate::reference::gemm_scaled_f32`] on the views' rows and their scales, each
 //! reduce-scatter hop stores its partial in the output type (P roundings pipelined, 2
 //! single-stage, as for bf16: [`crate::reference::ErrorBound::scaled`] with those counts), and
-//! `tests/cpu_executor.rs` checks every element at TP 1–8. The CUDA builders refuse FP8
+//! `tests/cpu_executor.rs` checks every element at TP 1–8. The CUDA schedules run FP8 with
+//! tensor-wise scales (the lowering folds `sa·sb` into each stage GEMM's alpha and runs the
+//! e4m3 entry points on the operands as 16-bit pairs); row-wise ones are refused
 //! ([`crate::plan::check_gpu_kernel`]).
 //!
-//! The lowering then needs: a per-buffer element size wherever it sizes allocations, tensor
-//! maps and copies (`Plan::buffer_bytes`, `PeerCopyNode::bytes` and the lowering's view and
-//! copy addresses, which step by `Plan::element_bytes`, are already right); for
-//! row-wise scales, scale buffers beside A, B and the all-gather workspace (one f32 per row,
-//! `Plan::operand_row_elements`) and one extra copy of `len / row` floats beside every
-//! gathered copy (or the scales packed after the rows in one copy); the stage kernel's scale
-//! arguments (two scalars, or the two scale views of its A and B rows); and the check
-//! [`crate::plan::check_gpu_kernel`] removed once the kernel exists.
+//! Row-wise scales through the schedules still need scale buffers beside A, B and the
+//! all-gather workspace (one f32 per row, `Plan::operand_row_elements`), one extra copy of
+//! `len / row` floats beside every gathered copy (or the scales packed after the rows in one
+//! copy), and the two scale views of each stage's A and B rows as its `RowScales`.
 //!
-//! # What the GPU kernel needs (not written yet)
+//! # How the GPU kernel runs it
 //!
-//! - **Layout.** `wgmma.mma_async.sync.aligned.m64nNk32.f32.e4m3.e4m3` (N = 8…256 in steps of
-//!   8) takes both operands K-major: the transpose immediates exist only for f16/bf16. That is
-//!   distgemm's `A·Bᵀ` layout (A M×K and B N×K, K contiguous), so no operand is transposed.
-//! - **Shared-memory tiles.** One instruction consumes k = 32 elements = 32 bytes per row, the
-//!   same bytes as bf16's k = 16: a 128-byte-swizzled K-major row holds 128 e4m3 elements, so
-//!   BK = 128 per swizzle atom (64 for bf16), and the descriptor still advances 32 bytes per
-//!   instruction. BK must be a multiple of 32.
-//! - **TMA.** The global strides (lda, ldb) and base addresses must be multiples of 16 bytes:
-//!   16 elements for 1-byte types against 8 for the 2-byte ones. The tensor map's data type is
-//!   `CU_TENSOR_MAP_DATA_TYPE_UINT8` (the driver has no FP8 enumerator; the bits are copied).
-//!   C, D and reduce-scatter partials stay 2-byte (or f32) with their current 8-element rule.
-//! - **Accumulation.** The f32 accumulation of [`crate::reference::ErrorBound::scaled`] is the
-//!   bound's hypothesis. DeepSeek-V3 (§3.3) reports that the FP8 `wgmma` accumulator keeps only
-//!   about 14 bits, and CUTLASS (`mma_promotion_interval`) and DeepGEMM add the tensor-core
-//!   result into an f32 register accumulator every 128 K-elements (4 instructions). The kernel
-//!   should do the same, and its GPU test will show whether the in-block error needs a term of
-//!   its own in the bound.
-//! - **Epilogue.** The scales enter after the main loop, on the f32 accumulator, in the order
-//!   of `gemm_scaled_f32`: `s = sa_i·sb_j`, `alpha·(s·acc) + beta·c`, one rounding to bf16/f16.
-//!   Tensor-wise that is one scalar pair per launch (a kernel parameter); row-wise each
-//!   consumer thread needs `sa` for the rows and `sb` for the columns of its accumulator
-//!   fragment: BM + BN floats per tile, loaded once per tile (into shared memory by TMA or
-//!   plain loads) before the epilogue. The distributed prologue hook is unchanged; row-wise
-//!   scales of A move with A's rows wherever A is gathered.
+//! The e4m3 entry points (`gemm_e4m3_<tile>`, [`crate::gemm::Fp8GemmArgs`]) run the 16-bit
+//! kernel's pipeline with `wgmma.m64nNk32.f32.e4m3.e4m3`, which takes both operands K-major —
+//! distgemm's `A·Bᵀ` layout. A 32-byte `k32` step reads the bytes of a bf16 `k16` step, so the
+//! host describes A and B to TMA as 16-bit pairs (K/2 columns; K and the leading dimensions
+//! multiples of 16 elements) and every box, swizzle and descriptor is the bf16 kernel's.
+//! The scales enter on the f32 accumulator in the epilogue: tensor-wise folded into alpha,
+//! row-wise `sa_i·sb_j` per element. The accumulation is the tensor cores' own, without
+//! DeepGEMM's promotion into f32 registers every 128 of K: on an H200 every FP8 test case
+//! (K up to 4096) stays within 0.30 of [`crate::reference::ErrorBound::scaled`]
+//! (`kernels-gpu/NOTES.md` step 35).
 
 use serde::{Deserialize, Serialize};
 use thiserror::Error;

@@ -431,7 +431,7 @@ impl DeviceLowering<'_> {
                 let (args, rows) = stage.as_pairs().map_err(|e| DistGemmError::Gemm {
                     device,
                     stage: g.stage,
-                    source: e.into(),
+                    source: e,
                 })?;
                 (args, Some(rows))
             }
