@@ -2,9 +2,9 @@
 //! machine's GPUs and records it in a tuning table ([`crate::cuda::tuning`]) that `Auto` reads.
 //!
 //! Everything that can be refused without a GPU is refused first (exit status 2): the
-//! arguments, a problem neither schedule of the family can run, an FP8 problem (the CLI's GPU runs are
-//! bf16 and f16 for now), an unusable existing table at `--out`, an unusable `DISTGEMM_PTX`; then a machine
-//! without TP Hopper GPUs with peer access. On the GPUs, both candidates (the family's
+//! arguments, a problem neither schedule of the family can run, an FP8 problem (the CLI's GPU
+//! runs are bf16 and f16 for now), an unusable existing table at `--out`, an unusable
+//! `DISTGEMM_PTX`; then a machine without TP Hopper GPUs with peer access. On the GPUs, both candidates (the family's
 //! pipelined schedule, with partials read, as `Auto` runs it, and its single-stage schedule)
 //! are built at once, each a [`DistGemm`] over its own random shards, and timed in
 //! `--rounds` [`interleaved`] rounds (order reversed every other round): each block starts
