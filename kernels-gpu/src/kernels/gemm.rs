@@ -263,6 +263,16 @@ macro_rules! config {
                         let (dr, dc) = $tile.chunk_offset(i);
                         let (slab_row, chunk_col) = ((row + dr) as i32, (col + dc) as i32);
                         let buffer = ring.staging(half, g % 2);
+                        // Row-wise FP8: this lane's B scales for the whole chunk, loaded before
+                        // the chunk waits for its buffer so that their latency overlaps the
+                        // wait (in the pair loop each `stmatrix` would order the next pair's
+                        // loads after it: one memory latency per pair).
+                        let sb_chunk = if row_wise {
+                            let c = col + dc + 2 * (lane % 4);
+                            unsafe { chunk_scales_b::<$pairs>(p, c) }
+                        } else {
+                            [[1.0; 4]; $pairs]
+                        };
                         if with_c {
                             if leader && i + 1 < CHUNKS {
                                 // Chunk g + 1 goes into the other buffer, which the store of
@@ -295,15 +305,7 @@ macro_rules! config {
                                 // v[i] holds (row, col), (row, col + 1) of the accumulator
                                 // layout: rows r0, r0 + 8 (`sa`), columns c0, c0 + 1 of
                                 // block j and c0 + 8, c0 + 9 of block j + 1 (`sb`).
-                                let c0 = col + 8 * j as u32 + 2 * (lane % 4);
-                                let sb = unsafe {
-                                    [
-                                        scale_b(p, c0),
-                                        scale_b(p, c0 + 1),
-                                        scale_b(p, c0 + 8),
-                                        scale_b(p, c0 + 9),
-                                    ]
-                                };
+                                let sb = sb_chunk[PR];
                                 seq!(R in 0..4 {
                                     let (ra, cb) = (R % 2, 2 * (R / 2));
                                     v[R].0 *= sa[ra] * sb[cb];
@@ -828,6 +830,30 @@ unsafe fn finish_split<C: Config>(
 #[inline(always)]
 unsafe fn row_scale(p: &GemmParams, row: u32, col: u32) -> f32 {
     unsafe { scale_a(p, row) * scale_b(p, col) }
+}
+
+/// Row-wise FP8: the B scales a lane applies in one staged epilogue chunk, `PAIRS` groups of
+/// columns `c + 16·pr + {0, 1, 8, 9}` (`c`: the lane's first column in the chunk; group `pr`
+/// covers column blocks `2·pr` and `2·pr + 1` of the chunk, 8 columns each, of which the lane
+/// holds two adjacent columns per block).
+///
+/// # Safety
+/// As [`row_scale`].
+#[inline(always)]
+unsafe fn chunk_scales_b<const PAIRS: usize>(p: &GemmParams, c: u32) -> [[f32; 4]; PAIRS] {
+    let mut scales = [[1.0; 4]; PAIRS];
+    for (pr, group) in scales.iter_mut().enumerate() {
+        let c0 = c + 16 * pr as u32;
+        *group = unsafe {
+            [
+                scale_b(p, c0),
+                scale_b(p, c0 + 1),
+                scale_b(p, c0 + 8),
+                scale_b(p, c0 + 9),
+            ]
+        };
+    }
+    scales
 }
 
 /// Row-wise FP8: `sa[row]`, the row clamped to M − 1 ([`row_scale`]'s first factor).
