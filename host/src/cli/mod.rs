@@ -126,16 +126,14 @@ pub enum CliError {
     Tuning(#[from] crate::cuda::TuningError),
 }
 
-/// `Ok` when the CLI's GPU commands (`run` on the CUDA backend or `--ranks`, `bench`,
-/// `tune`) can run `problem`: bf16 and f16. The library's CUDA schedules take FP8 with
-/// tensor-wise scales (`DistGemmBuilder::fp8_scales`), but the CLI's GPU runs do not
-/// generate, upload and check e4m3 inputs yet; row-wise FP8 is refused by the plan check.
+/// `Ok` when `bench` and `tune` can run `problem` on GPUs: bf16 and f16. (`run` takes
+/// tensor-wise FP8 on GPUs too; these two do not generate e4m3 inputs yet.)
 pub(super) fn check_gpu_problem(problem: &crate::problem::Problem) -> Result<(), CliError> {
     crate::plan::check_gpu_kernel(problem)?;
     match problem.fp8 {
         Some(_) => Err(CliError::Usage(format!(
-            "{problem}: the CLI runs FP8 on the CPU executor only for now (--backend cpu); the \
-             library's CUDA schedules take tensor-wise FP8 (DistGemmBuilder::fp8_scales)"
+            "{problem}: bench and tune take bf16 and f16 only for now (`run --dtype e4m3` runs \
+             FP8 with tensor-wise scales on the GPUs)"
         ))),
         None => Ok(()),
     }

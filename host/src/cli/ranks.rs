@@ -16,15 +16,16 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::args::RunArgs;
-use super::run::{CPU_FLOP_CAP, check_failed, upload_shard};
+use super::run::{CPU_FLOP_CAP, check_failed, tensor_scales, upload_fp8_shard, upload_shard};
 use super::sample::{RANDOM_SAMPLES, sample_indices};
 use super::{CliError, EXIT_RUN_FAILED};
+use crate::cuda::rank::RankGemmBuilder;
 use crate::cuda::{LocalRendezvous, RankArgs, RankGemm, Rendezvous};
 use crate::dtype::{Dtype, Element};
-use crate::plan::GlobalInputs;
-use crate::reference::{CheckInputs, check_sampled};
+use crate::plan::{Fp8Inputs, GlobalInputs, Plan};
+use crate::reference::{CheckInputs, ScaledCheckInputs, check_sampled, check_scaled_sampled};
 use crate::runtime::device::device_count;
-use crate::runtime::{DeviceBuffer, DeviceCopy, Gpu, RawStream};
+use crate::runtime::{CudaStream, DeviceBuffer, DeviceCopy, Gpu, RawStream};
 
 /// Set in a rank process: `<rank>,<socket path>`.
 pub(crate) const RANK_ENV: &str = "DISTGEMM_RUN_RANK";
@@ -122,18 +123,76 @@ pub(crate) fn rank_main(args: &RunArgs, spec: &str, out: &mut dyn Write) -> Resu
     );
     let gpu = Gpu::open(if args.share_gpu { 0 } else { rank })?;
     let problem = args.problem.problem()?;
-    let dg = RankGemm::builder()
+    let builder = RankGemm::builder()
         .gpu(gpu.clone())
         .schedule(args.problem.schedule)
         .rs_partials(args.problem.rs_partials)
         .problem(problem)
         .timeout(Duration::from_millis(args.timeout_ms))
-        .allow_shared_gpu(args.share_gpu)
-        .build(rendezvous)?;
-    match problem.dtype {
-        Dtype::Bf16 => run_rank::<half::bf16>(args, &gpu, dg, out),
-        Dtype::F16 => run_rank::<half::f16>(args, &gpu, dg, out),
+        .allow_shared_gpu(args.share_gpu);
+    match (problem.fp8, problem.dtype) {
+        (None, Dtype::Bf16) => run_rank::<half::bf16>(args, &gpu, builder.build(rendezvous)?, out),
+        (None, Dtype::F16) => run_rank::<half::f16>(args, &gpu, builder.build(rendezvous)?, out),
+        (Some(_), Dtype::Bf16) => run_rank_fp8::<half::bf16>(args, &gpu, builder, rendezvous, out),
+        (Some(_), Dtype::F16) => run_rank_fp8::<half::f16>(args, &gpu, builder, rendezvous, out),
     }
+}
+
+/// One rank of `run --ranks N --dtype e4m3` (tensor-wise scales): every rank draws the same
+/// global inputs from the seed, builds with their scales, uploads its shard (A and B as e4m3
+/// bytes) and checks its block of D against `reference::check_scaled` (sampled as in
+/// [`run_rank`]).
+fn run_rank_fp8<T: Element + DeviceCopy>(
+    args: &RunArgs,
+    gpu: &Gpu,
+    builder: RankGemmBuilder,
+    rendezvous: Arc<dyn Rendezvous>,
+    out: &mut dyn Write,
+) -> Result<(), CliError> {
+    let problem = args.problem.problem()?;
+    let inputs = Fp8Inputs::<T>::random(&problem, args.seed);
+    let [sa, sb] = tensor_scales(&inputs.scales)?;
+    let mut dg = builder.fp8_scales(sa, sb).build(rendezvous)?;
+    let plan = dg.plan().clone();
+    let rank = dg.rank();
+    let shard = plan
+        .shard_fp8_inputs(&inputs)?
+        .into_iter()
+        .nth(rank)
+        .ok_or_else(|| CliError::Usage(format!("no shard for rank {rank}")))?;
+    let stream = gpu.new_stream()?;
+    let block = plan.devices[rank].shards.d;
+    let (a, b, c, d) = upload_fp8_shard(gpu, &stream, &shard, block.elements())?;
+    let launch = RankArgs {
+        a: a.device_ptr(),
+        b: b.device_ptr(),
+        c: c.as_ref().map_or(0, DeviceBuffer::device_ptr),
+        d: d.device_ptr(),
+    };
+    let ms = launch_iters(args, &mut dg, &stream, launch)?;
+    let verdict = if args.check {
+        let (global, indices) = own_block(args, &plan, rank, &d.download(&stream)?);
+        let report = check_scaled_sampled(
+            &plan.problem,
+            plan.schedule.roundings(plan.tp),
+            plan.tp,
+            ScaledCheckInputs {
+                a: &inputs.a,
+                b: &inputs.b,
+                scales: &inputs.scales,
+                c: inputs.c.as_deref(),
+            },
+            &global,
+            &indices,
+        )?;
+        if !report.passed() {
+            return Err(check_failed(&report, plan.problem.n));
+        }
+        format!(", check ok ({} elements of its block)", report.elements)
+    } else {
+        String::new()
+    };
+    print_rank_line(args, &plan, rank, gpu, ms, &verdict, out)
 }
 
 fn run_rank<T: Element + DeviceCopy>(
@@ -159,31 +218,9 @@ fn run_rank<T: Element + DeviceCopy>(
         c: c.as_ref().map_or(0, DeviceBuffer::device_ptr),
         d: d.device_ptr(),
     };
-    let start = Instant::now();
-    for _ in 0..args.iters {
-        // SAFETY: the buffers are this GPU's, sized by the plan, and outlive the runs (the
-        // synchronisation below comes before they drop); nothing else writes them.
-        unsafe { dg.launch_raw(RawStream::of(&stream), launch)? };
-    }
-    dg.synchronize()?;
-    let ms = start.elapsed().as_secs_f64() * 1e3 / args.iters as f64;
+    let ms = launch_iters(args, &mut dg, &stream, launch)?;
     let verdict = if args.check {
-        let mut global = vec![T::nan(); plan.problem.m * plan.problem.n];
-        let mine = d.download(&stream)?;
-        block.insert(&mine, &mut global, plan.problem.n);
-        let inside = |idx: &usize| {
-            let (i, j) = (idx / plan.problem.n, idx % plan.problem.n);
-            (block.row0..block.row0 + block.rows).contains(&i)
-                && (block.col0..block.col0 + block.cols).contains(&j)
-        };
-        let indices: Vec<usize> = if plan.problem.flops() / plan.tp as f64 <= CPU_FLOP_CAP {
-            (0..global.len()).filter(inside).collect()
-        } else {
-            sample_indices(&plan, RANDOM_SAMPLES, args.seed)
-                .into_iter()
-                .filter(inside)
-                .collect()
-        };
+        let (global, indices) = own_block(args, &plan, rank, &d.download(&stream)?);
         let report = check_sampled(
             &plan.problem,
             plan.schedule.roundings(plan.tp),
@@ -203,6 +240,64 @@ fn run_rank<T: Element + DeviceCopy>(
     } else {
         String::new()
     };
+    print_rank_line(args, &plan, rank, gpu, ms, &verdict, out)
+}
+
+/// Launches `args.iters` runs on `stream` and waits; returns the milliseconds per run.
+fn launch_iters(
+    args: &RunArgs,
+    dg: &mut RankGemm,
+    stream: &CudaStream,
+    launch: RankArgs,
+) -> Result<f64, CliError> {
+    let start = Instant::now();
+    for _ in 0..args.iters {
+        // SAFETY: the caller's buffers are this GPU's, sized by the plan, and outlive the runs
+        // (the synchronisation below comes before they drop); nothing else writes them.
+        unsafe { dg.launch_raw(RawStream::of(stream), launch)? };
+    }
+    dg.synchronize()?;
+    Ok(start.elapsed().as_secs_f64() * 1e3 / args.iters as f64)
+}
+
+/// Rank `rank`'s block of D (`mine`) placed in a global M×N matrix of NaN, and the indices
+/// `--check` compares there: every element of the block up to [`CPU_FLOP_CAP`] per rank,
+/// else the run's sample restricted to the block.
+fn own_block<T: Element>(
+    args: &RunArgs,
+    plan: &Plan,
+    rank: usize,
+    mine: &[T],
+) -> (Vec<T>, Vec<usize>) {
+    let (p, block) = (&plan.problem, plan.devices[rank].shards.d);
+    let mut global = vec![T::nan(); p.m * p.n];
+    block.insert(mine, &mut global, p.n);
+    let inside = |idx: &usize| {
+        let (i, j) = (idx / p.n, idx % p.n);
+        (block.row0..block.row0 + block.rows).contains(&i)
+            && (block.col0..block.col0 + block.cols).contains(&j)
+    };
+    let indices: Vec<usize> = if p.flops() / plan.tp as f64 <= CPU_FLOP_CAP {
+        (0..global.len()).filter(inside).collect()
+    } else {
+        sample_indices(plan, RANDOM_SAMPLES, args.seed)
+            .into_iter()
+            .filter(inside)
+            .collect()
+    };
+    (global, indices)
+}
+
+/// The rank's one-line summary.
+fn print_rank_line(
+    args: &RunArgs,
+    plan: &Plan,
+    rank: usize,
+    gpu: &Gpu,
+    ms: f64,
+    verdict: &str,
+    out: &mut dyn Write,
+) -> Result<(), CliError> {
     writeln!(
         out,
         "rank {rank}/{} {} {} on GPU {}: {} iteration(s), {ms:.3} ms/iteration{verdict}",

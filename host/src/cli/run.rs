@@ -14,7 +14,7 @@ use super::{CliError, check_ptx_file, cuda_devices};
 use crate::cpu::CpuExecutor;
 use crate::cuda::{DeviceArgs, DistGemm};
 use crate::dtype::{Dtype, Element};
-use crate::plan::{DeviceInputs, Fp8Inputs, GlobalInputs, Plan};
+use crate::plan::{DeviceInputs, Fp8DeviceInputs, Fp8Inputs, GlobalInputs, Plan};
 use crate::problem::Problem;
 use crate::reference::{
     CheckInputs, CheckReport, ScaledCheckInputs, check, check_sampled, check_scaled,
@@ -60,10 +60,10 @@ pub(super) fn run(
     let problem = args.problem.problem()?;
     check_counts(args)?;
     let plan = args.problem.plan(problem)?;
-    // FP8 runs on the CPU executor only here: the GPU paths refuse it before touching a GPU,
-    // and `auto` falls back to the CPU with a notice, as it does without GPUs.
+    // Row-wise FP8 runs on the CPU executor only: the GPU paths refuse it before touching a
+    // GPU, and `auto` falls back to the CPU with a notice, as it does without GPUs.
     if args.ranks.is_some() || args.backend == Backend::Cuda {
-        super::check_gpu_problem(&problem)?;
+        crate::plan::check_gpu_kernel(&problem)?;
     }
     if let Ok(spec) = std::env::var(super::ranks::RANK_ENV) {
         return super::ranks::rank_main(args, &spec, out);
@@ -93,9 +93,9 @@ pub(super) fn run(
             })?;
             (Some(gpus), None)
         }
-        Backend::Auto if problem.fp8.is_some() => (
+        Backend::Auto if crate::plan::check_gpu_kernel(&problem).is_err() => (
             None,
-            Some("the CLI's GPU runs take bf16 and f16 only for now".to_owned()),
+            Some("row-wise FP8 scales do not run on the GPU schedules yet".to_owned()),
         ),
         Backend::Auto => match cuda_devices(plan.tp) {
             Ok(gpus) => {
@@ -108,9 +108,11 @@ pub(super) fn run(
     };
     if let Some(gpus) = gpus {
         memory::check_devices(&plan, &gpus)?;
-        return match problem.dtype {
-            Dtype::Bf16 => run_cuda::<half::bf16>(args, plan, gpus, out),
-            Dtype::F16 => run_cuda::<half::f16>(args, plan, gpus, out),
+        return match (problem.fp8, problem.dtype) {
+            (Some(_), Dtype::Bf16) => run_cuda_fp8::<half::bf16>(args, plan, gpus, out),
+            (Some(_), Dtype::F16) => run_cuda_fp8::<half::f16>(args, plan, gpus, out),
+            (None, Dtype::Bf16) => run_cuda::<half::bf16>(args, plan, gpus, out),
+            (None, Dtype::F16) => run_cuda::<half::f16>(args, plan, gpus, out),
         };
     }
     if problem.flops() > CPU_FLOP_CAP {
@@ -256,7 +258,19 @@ fn run_fp8<T: Element>(args: &RunArgs, plan: Plan, out: &mut dyn Write) -> Resul
     exec.run(args.iters)?;
     let seconds_per_iter = start.elapsed().as_secs_f64() / args.iters as f64;
     let d = exec.gathered_output()?;
-    let plan = exec.plan();
+    let checked = check_fp8(args, exec.plan(), &inputs, &d)?;
+    print_report(args, exec.plan(), "cpu", checked, seconds_per_iter, out)
+}
+
+/// `--check` of an FP8 run's gathered D against `reference::check_scaled`: every element up
+/// to [`CPU_FLOP_CAP`], else the sample of `cli::sample`.
+fn check_fp8<T: Element>(
+    args: &RunArgs,
+    plan: &Plan,
+    inputs: &Fp8Inputs<T>,
+    d: &[T],
+) -> Result<(Option<CheckReport>, Option<Coverage>), CliError> {
+    let problem = plan.problem;
     let coverage = coverage(args, &problem);
     let check_inputs = ScaledCheckInputs {
         a: &inputs.a,
@@ -267,13 +281,7 @@ fn run_fp8<T: Element>(args: &RunArgs, plan: Plan, out: &mut dyn Write) -> Resul
     let roundings = plan.schedule.roundings(plan.tp);
     let report = match coverage {
         None => None,
-        Some(Coverage::Full) => Some(check_scaled(
-            &problem,
-            roundings,
-            plan.tp,
-            check_inputs,
-            &d,
-        )?),
+        Some(Coverage::Full) => Some(check_scaled(&problem, roundings, plan.tp, check_inputs, d)?),
         Some(Coverage::Sampled) => {
             let indices = sample_indices(plan, RANDOM_SAMPLES, args.seed);
             Some(check_scaled_sampled(
@@ -281,12 +289,12 @@ fn run_fp8<T: Element>(args: &RunArgs, plan: Plan, out: &mut dyn Write) -> Resul
                 roundings,
                 plan.tp,
                 check_inputs,
-                &d,
+                d,
                 &indices,
             )?)
         }
     };
-    print_report(args, plan, "cpu", (report, coverage), seconds_per_iter, out)
+    Ok((report, coverage))
 }
 
 /// How much of D `--check` compares: all of it up to [`CPU_FLOP_CAP`], else a sample.
@@ -417,6 +425,80 @@ fn run_cuda<T: Element + DeviceCopy>(
     }
     let d = plan.gather_output(&outputs)?;
     report(args, &plan, "cuda", &inputs, &d, seconds_per_iter, out)
+}
+
+/// `run --backend cuda --dtype e4m3` (tensor-wise scales): random FP8 inputs
+/// ([`Fp8Inputs::random`]) sharded, uploaded (A and B as e4m3 bytes), run `--iters` times
+/// with the scales passed to the builder, D gathered and checked against
+/// `reference::check_scaled`.
+fn run_cuda_fp8<T: Element + DeviceCopy>(
+    args: &RunArgs,
+    plan: Plan,
+    gpus: Vec<Gpu>,
+    out: &mut dyn Write,
+) -> Result<(), CliError> {
+    let problem = plan.problem;
+    let modules = gpus
+        .iter()
+        .map(Module::load)
+        .collect::<Result<Vec<_>, _>>()?;
+    let inputs = Fp8Inputs::<T>::random(&problem, args.seed);
+    let [sa, sb] = tensor_scales(&inputs.scales)?;
+    let mut shards = Vec::with_capacity(plan.tp);
+    for ((shard, gpu), dev) in plan
+        .shard_fp8_inputs(&inputs)?
+        .into_iter()
+        .zip(&gpus)
+        .zip(&plan.devices)
+    {
+        let stream = gpu.new_stream()?;
+        let d_elements = dev.buffer_elements(BufferKind::D);
+        let buffers = upload_fp8_shard(gpu, &stream, &shard, d_elements)?;
+        crate::runtime::stream::synchronize(&stream)?;
+        shards.push((buffers, stream));
+    }
+    let device_args = shards
+        .iter()
+        .map(|((a, b, c, d), _)| DeviceArgs {
+            a: a.into(),
+            b: b.into(),
+            c: c.as_ref().map(Into::into),
+            d: d.into(),
+        })
+        .collect();
+    let mut dist = DistGemm::builder()
+        .devices(gpus)
+        .schedule(plan.schedule)
+        .rs_partials(plan.rs_partials)
+        .problem(problem)
+        .timeout(Duration::from_millis(args.timeout_ms))
+        .modules(modules)
+        .fp8_scales(sa, sb)
+        .args(device_args)
+        .build()?;
+    let start = Instant::now();
+    for _ in 0..args.iters {
+        dist.run()?;
+    }
+    dist.wait()?;
+    let seconds_per_iter = start.elapsed().as_secs_f64() / args.iters as f64;
+    let mut outputs = Vec::with_capacity(shards.len());
+    for ((_, _, _, d), stream) in &shards {
+        outputs.push(d.download(stream)?);
+    }
+    let d = plan.gather_output(&outputs)?;
+    let checked = check_fp8(args, &plan, &inputs, &d)?;
+    print_report(args, &plan, "cuda", checked, seconds_per_iter, out)
+}
+
+/// The tensor-wise `[sa, sb]` of an FP8 GPU run (row-wise ones are refused before planning).
+pub(super) fn tensor_scales(scales: &crate::fp8::Scales) -> Result<[f32; 2], CliError> {
+    match scales {
+        crate::fp8::Scales::Tensorwise { a, b } => Ok([*a, *b]),
+        crate::fp8::Scales::Rowwise { .. } => Err(CliError::Usage(
+            "row-wise FP8 scales do not run on the GPU schedules yet".into(),
+        )),
+    }
 }
 
 /// Prints the run's summary (and check) and turns a failed check into an error. The check
@@ -558,6 +640,34 @@ pub(super) fn upload_shard<T: Element + DeviceCopy>(
 ) -> Result<ShardBuffers<T>, CliError> {
     let a = DeviceBuffer::from_host(gpu, stream, &shard.a)?;
     let b = DeviceBuffer::from_host(gpu, stream, &shard.b)?;
+    let c = match &shard.c {
+        Some(c) => Some(DeviceBuffer::from_host(gpu, stream, c)?),
+        None => None,
+    };
+    let mut d = DeviceBuffer::<T>::alloc(gpu, d_elements)?;
+    d.fill_bytes(stream, 0xFF)?;
+    Ok((a, b, c, d))
+}
+
+/// An FP8 device's A and B (e4m3 bytes), C (if any) and D.
+pub(super) type Fp8ShardBuffers<T> = (
+    DeviceBuffer<u8>,
+    DeviceBuffer<u8>,
+    Option<DeviceBuffer<T>>,
+    DeviceBuffer<T>,
+);
+
+/// An FP8 device's shard buffers on `gpu`: A and B uploaded as e4m3 bytes, C (output type)
+/// from `shard`, D of `d_elements` poisoned with NaN (0xFF bytes), all ordered on `stream`.
+pub(super) fn upload_fp8_shard<T: Element + DeviceCopy>(
+    gpu: &Gpu,
+    stream: &CudaStream,
+    shard: &Fp8DeviceInputs<T>,
+    d_elements: usize,
+) -> Result<Fp8ShardBuffers<T>, CliError> {
+    let bytes = |codes: &[crate::fp8::E4m3]| codes.iter().map(|x| x.to_bits()).collect::<Vec<u8>>();
+    let a = DeviceBuffer::from_host(gpu, stream, &bytes(&shard.a))?;
+    let b = DeviceBuffer::from_host(gpu, stream, &bytes(&shard.b))?;
     let c = match &shard.c {
         Some(c) => Some(DeviceBuffer::from_host(gpu, stream, c)?),
         None => None,
