@@ -16,14 +16,16 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::args::RunArgs;
-use super::run::{CPU_FLOP_CAP, check_failed, tensor_scales, upload_fp8_shard, upload_shard};
+use super::run::{CPU_FLOP_CAP, check_failed, e4m3_bytes, tensor_scales, upload_shard};
 use super::sample::{RANDOM_SAMPLES, sample_indices};
 use super::{CliError, EXIT_RUN_FAILED};
 use crate::cuda::rank::RankGemmBuilder;
 use crate::cuda::{LocalRendezvous, RankArgs, RankGemm, Rendezvous};
 use crate::dtype::{Dtype, Element};
 use crate::plan::{Fp8Inputs, GlobalInputs, Plan};
-use crate::reference::{CheckInputs, ScaledCheckInputs, check_sampled, check_scaled_sampled};
+use crate::reference::{
+    CheckInputs, CheckReport, ScaledCheckInputs, check_sampled, check_scaled_sampled,
+};
 use crate::runtime::device::device_count;
 use crate::runtime::{CudaStream, DeviceBuffer, DeviceCopy, Gpu, RawStream};
 
@@ -139,9 +141,8 @@ pub(crate) fn rank_main(args: &RunArgs, spec: &str, out: &mut dyn Write) -> Resu
 }
 
 /// One rank of `run --ranks N --dtype e4m3` (tensor-wise scales): every rank draws the same
-/// global inputs from the seed, builds with their scales, uploads its shard (A and B as e4m3
-/// bytes) and checks its block of D against `reference::check_scaled` (sampled as in
-/// [`run_rank`]).
+/// global inputs from the seed and builds with their scales; then as [`run_rank`], with D
+/// checked against `reference::check_scaled`.
 fn run_rank_fp8<T: Element + DeviceCopy>(
     args: &RunArgs,
     gpu: &Gpu,
@@ -152,66 +153,73 @@ fn run_rank_fp8<T: Element + DeviceCopy>(
     let problem = args.problem.problem()?;
     let inputs = Fp8Inputs::<T>::random(&problem, args.seed);
     let [sa, sb] = tensor_scales(&inputs.scales)?;
-    let mut dg = builder.fp8_scales(sa, sb).build(rendezvous)?;
+    let dg = builder.fp8_scales(sa, sb).build(rendezvous)?;
     let plan = dg.plan().clone();
-    let rank = dg.rank();
-    let shard = plan
-        .shard_fp8_inputs(&inputs)?
-        .into_iter()
-        .nth(rank)
-        .ok_or_else(|| CliError::Usage(format!("no shard for rank {rank}")))?;
-    let stream = gpu.new_stream()?;
-    let block = plan.devices[rank].shards.d;
-    let (a, b, c, d) = upload_fp8_shard(gpu, &stream, &shard, block.elements())?;
-    let launch = RankArgs {
-        a: a.device_ptr(),
-        b: b.device_ptr(),
-        c: c.as_ref().map_or(0, DeviceBuffer::device_ptr),
-        d: d.device_ptr(),
+    let shard = own_shard(plan.shard_fp8_inputs(&inputs)?, dg.rank())?;
+    let host = (e4m3_bytes(&shard.a), e4m3_bytes(&shard.b), shard.c);
+    let check = |d: &[T], indices: &[usize]| {
+        let inputs = ScaledCheckInputs {
+            a: &inputs.a,
+            b: &inputs.b,
+            scales: &inputs.scales,
+            c: inputs.c.as_deref(),
+        };
+        let roundings = plan.schedule.roundings(plan.tp);
+        check_scaled_sampled(&plan.problem, roundings, plan.tp, inputs, d, indices)
     };
-    let ms = launch_iters(args, &mut dg, &stream, launch)?;
-    let verdict = if args.check {
-        let (global, indices) = own_block(args, &plan, rank, &d.download(&stream)?);
-        let report = check_scaled_sampled(
-            &plan.problem,
-            plan.schedule.roundings(plan.tp),
-            plan.tp,
-            ScaledCheckInputs {
-                a: &inputs.a,
-                b: &inputs.b,
-                scales: &inputs.scales,
-                c: inputs.c.as_deref(),
-            },
-            &global,
-            &indices,
-        )?;
-        if !report.passed() {
-            return Err(check_failed(&report, plan.problem.n));
-        }
-        format!(", check ok ({} elements of its block)", report.elements)
-    } else {
-        String::new()
-    };
-    print_rank_line(args, &plan, rank, gpu, ms, &verdict, out)
+    run_rank_shard(args, gpu, dg, host, check, out)
 }
 
+/// One rank of `run --ranks N` in bf16 or f16: the global inputs from the seed, this rank's
+/// shard, then as [`run_rank_shard`], with D checked against `reference::check`.
 fn run_rank<T: Element + DeviceCopy>(
     args: &RunArgs,
     gpu: &Gpu,
-    mut dg: RankGemm,
+    dg: RankGemm,
     out: &mut dyn Write,
 ) -> Result<(), CliError> {
     let plan = dg.plan().clone();
-    let rank = dg.rank();
     let inputs = GlobalInputs::<T>::random(&plan.problem, args.seed);
-    let shard = plan
-        .shard_inputs(&inputs)?
+    let shard = own_shard(plan.shard_inputs(&inputs)?, dg.rank())?;
+    let check = |d: &[T], indices: &[usize]| {
+        let inputs = CheckInputs {
+            a: &inputs.a,
+            b: &inputs.b,
+            c: inputs.c.as_deref(),
+        };
+        let roundings = plan.schedule.roundings(plan.tp);
+        check_sampled(&plan.problem, roundings, plan.tp, inputs, d, indices)
+    };
+    run_rank_shard(args, gpu, dg, (shard.a, shard.b, shard.c), check, out)
+}
+
+/// Rank `rank`'s element of every device's `shards`.
+fn own_shard<S>(shards: Vec<S>, rank: usize) -> Result<S, CliError> {
+    shards
         .into_iter()
         .nth(rank)
-        .ok_or_else(|| CliError::Usage(format!("no shard for rank {rank}")))?;
+        .ok_or_else(|| CliError::Usage(format!("no shard for rank {rank}")))
+}
+
+/// Uploads this rank's operands `(a, b, c)` (A and B as `O`: the element type, or e4m3
+/// bytes), launches `args.iters` runs, and with `--check` compares its block of D with
+/// `check(global D, indices)` ([`own_block`]); prints the rank's line.
+fn run_rank_shard<O: DeviceCopy, T: Element + DeviceCopy, E>(
+    args: &RunArgs,
+    gpu: &Gpu,
+    mut dg: RankGemm,
+    (a, b, c): (Vec<O>, Vec<O>, Option<Vec<T>>),
+    check: impl FnOnce(&[T], &[usize]) -> Result<CheckReport, E>,
+    out: &mut dyn Write,
+) -> Result<(), CliError>
+where
+    CliError: From<E>,
+{
+    let plan = dg.plan().clone();
+    let rank = dg.rank();
     let stream = gpu.new_stream()?;
     let block = plan.devices[rank].shards.d;
-    let (a, b, c, d) = upload_shard(gpu, &stream, &shard, block.elements())?;
+    let (a, b, c, d) = upload_shard(gpu, &stream, (&a, &b, c.as_deref()), block.elements())?;
     let launch = RankArgs {
         a: a.device_ptr(),
         b: b.device_ptr(),
@@ -221,18 +229,7 @@ fn run_rank<T: Element + DeviceCopy>(
     let ms = launch_iters(args, &mut dg, &stream, launch)?;
     let verdict = if args.check {
         let (global, indices) = own_block(args, &plan, rank, &d.download(&stream)?);
-        let report = check_sampled(
-            &plan.problem,
-            plan.schedule.roundings(plan.tp),
-            plan.tp,
-            CheckInputs {
-                a: &inputs.a,
-                b: &inputs.b,
-                c: inputs.c.as_deref(),
-            },
-            &global,
-            &indices,
-        )?;
+        let report = check(&global, &indices)?;
         if !report.passed() {
             return Err(check_failed(&report, plan.problem.n));
         }

@@ -14,7 +14,7 @@ use super::{CliError, check_ptx_file, cuda_devices};
 use crate::cpu::CpuExecutor;
 use crate::cuda::{DeviceArgs, DistGemm};
 use crate::dtype::{Dtype, Element};
-use crate::plan::{DeviceInputs, Fp8DeviceInputs, Fp8Inputs, GlobalInputs, Plan};
+use crate::plan::{Fp8Inputs, GlobalInputs, Plan};
 use crate::problem::Problem;
 use crate::reference::{
     CheckInputs, CheckReport, ScaledCheckInputs, check, check_sampled, check_scaled,
@@ -375,55 +375,16 @@ fn run_cuda<T: Element + DeviceCopy>(
     gpus: Vec<Gpu>,
     out: &mut dyn Write,
 ) -> Result<(), CliError> {
-    let problem = plan.problem;
     // The kernels first: a PTX that the driver rejects is bad input, reported before the
     // inputs are generated and uploaded.
-    let modules = gpus
-        .iter()
-        .map(Module::load)
-        .collect::<Result<Vec<_>, _>>()?;
-    let inputs = GlobalInputs::<T>::random(&problem, args.seed);
-    let mut shards = Vec::with_capacity(plan.tp);
-    for ((shard, gpu), dev) in plan
+    let modules = load_modules(&gpus)?;
+    let inputs = GlobalInputs::<T>::random(&plan.problem, args.seed);
+    let shards = plan
         .shard_inputs(&inputs)?
         .into_iter()
-        .zip(&gpus)
-        .zip(&plan.devices)
-    {
-        let stream = gpu.new_stream()?;
-        let (a, b, c, d) = upload_shard(gpu, &stream, &shard, dev.buffer_elements(BufferKind::D))?;
-        crate::runtime::stream::synchronize(&stream)?;
-        shards.push((a, b, c, d, stream));
-    }
-    let device_args = shards
-        .iter()
-        .map(|(a, b, c, d, _)| DeviceArgs {
-            a: a.into(),
-            b: b.into(),
-            c: c.as_ref().map(Into::into),
-            d: d.into(),
-        })
+        .map(|s| (s.a, s.b, s.c))
         .collect();
-    let mut dist = DistGemm::builder()
-        .devices(gpus)
-        .schedule(plan.schedule)
-        .rs_partials(plan.rs_partials)
-        .problem(problem)
-        .timeout(Duration::from_millis(args.timeout_ms))
-        .modules(modules)
-        .args(device_args)
-        .build()?;
-    let start = Instant::now();
-    for _ in 0..args.iters {
-        dist.run()?;
-    }
-    dist.wait()?;
-    let seconds_per_iter = start.elapsed().as_secs_f64() / args.iters as f64;
-    let mut outputs = Vec::with_capacity(shards.len());
-    for (_, _, _, d, stream) in &shards {
-        outputs.push(d.download(stream)?);
-    }
-    let d = plan.gather_output(&outputs)?;
+    let (d, seconds_per_iter) = run_dist(args, &plan, gpus, modules, shards, None)?;
     report(args, &plan, "cuda", &inputs, &d, seconds_per_iter, out)
 }
 
@@ -437,27 +398,49 @@ fn run_cuda_fp8<T: Element + DeviceCopy>(
     gpus: Vec<Gpu>,
     out: &mut dyn Write,
 ) -> Result<(), CliError> {
-    let problem = plan.problem;
-    let modules = gpus
-        .iter()
-        .map(Module::load)
-        .collect::<Result<Vec<_>, _>>()?;
-    let inputs = Fp8Inputs::<T>::random(&problem, args.seed);
-    let [sa, sb] = tensor_scales(&inputs.scales)?;
-    let mut shards = Vec::with_capacity(plan.tp);
-    for ((shard, gpu), dev) in plan
+    let modules = load_modules(&gpus)?;
+    let inputs = Fp8Inputs::<T>::random(&plan.problem, args.seed);
+    let scales = tensor_scales(&inputs.scales)?;
+    let shards = plan
         .shard_fp8_inputs(&inputs)?
         .into_iter()
-        .zip(&gpus)
-        .zip(&plan.devices)
-    {
+        .map(|s| (e4m3_bytes(&s.a), e4m3_bytes(&s.b), s.c))
+        .collect();
+    let (d, seconds_per_iter) = run_dist(args, &plan, gpus, modules, shards, Some(scales))?;
+    let checked = check_fp8(args, &plan, &inputs, &d)?;
+    print_report(args, &plan, "cuda", checked, seconds_per_iter, out)
+}
+
+/// The module of every GPU.
+fn load_modules(gpus: &[Gpu]) -> Result<Vec<std::sync::Arc<Module>>, CliError> {
+    Ok(gpus
+        .iter()
+        .map(Module::load)
+        .collect::<Result<Vec<_>, _>>()?)
+}
+
+/// One device's host operands: A and B (`O`: the element type, or e4m3 bytes), C if any.
+type HostShard<O, T> = (Vec<O>, Vec<O>, Option<Vec<T>>);
+
+/// Uploads every device's `shards`, runs the plan's schedule `args.iters` times (with an FP8
+/// problem's tensor-wise `fp8_scales`) and returns the gathered D and the seconds per run.
+fn run_dist<O: DeviceCopy, T: Element + DeviceCopy>(
+    args: &RunArgs,
+    plan: &Plan,
+    gpus: Vec<Gpu>,
+    modules: Vec<std::sync::Arc<Module>>,
+    shards: Vec<HostShard<O, T>>,
+    fp8_scales: Option<[f32; 2]>,
+) -> Result<(Vec<T>, f64), CliError> {
+    let mut buffers = Vec::with_capacity(plan.tp);
+    for (((a, b, c), gpu), dev) in shards.iter().zip(&gpus).zip(&plan.devices) {
         let stream = gpu.new_stream()?;
         let d_elements = dev.buffer_elements(BufferKind::D);
-        let buffers = upload_fp8_shard(gpu, &stream, &shard, d_elements)?;
+        let uploaded = upload_shard(gpu, &stream, (a, b, c.as_deref()), d_elements)?;
         crate::runtime::stream::synchronize(&stream)?;
-        shards.push((buffers, stream));
+        buffers.push((uploaded, stream));
     }
-    let device_args = shards
+    let device_args = buffers
         .iter()
         .map(|((a, b, c, d), _)| DeviceArgs {
             a: a.into(),
@@ -466,29 +449,34 @@ fn run_cuda_fp8<T: Element + DeviceCopy>(
             d: d.into(),
         })
         .collect();
-    let mut dist = DistGemm::builder()
+    let mut builder = DistGemm::builder()
         .devices(gpus)
         .schedule(plan.schedule)
         .rs_partials(plan.rs_partials)
-        .problem(problem)
+        .problem(plan.problem)
         .timeout(Duration::from_millis(args.timeout_ms))
         .modules(modules)
-        .fp8_scales(sa, sb)
-        .args(device_args)
-        .build()?;
+        .args(device_args);
+    if let Some([sa, sb]) = fp8_scales {
+        builder = builder.fp8_scales(sa, sb);
+    }
+    let mut dist = builder.build()?;
     let start = Instant::now();
     for _ in 0..args.iters {
         dist.run()?;
     }
     dist.wait()?;
     let seconds_per_iter = start.elapsed().as_secs_f64() / args.iters as f64;
-    let mut outputs = Vec::with_capacity(shards.len());
-    for ((_, _, _, d), stream) in &shards {
+    let mut outputs = Vec::with_capacity(buffers.len());
+    for ((_, _, _, d), stream) in &buffers {
         outputs.push(d.download(stream)?);
     }
-    let d = plan.gather_output(&outputs)?;
-    let checked = check_fp8(args, &plan, &inputs, &d)?;
-    print_report(args, &plan, "cuda", checked, seconds_per_iter, out)
+    Ok((plan.gather_output(&outputs)?, seconds_per_iter))
+}
+
+/// The bytes of e4m3 codes, as the GPU reads them.
+pub(super) fn e4m3_bytes(codes: &[crate::fp8::E4m3]) -> Vec<u8> {
+    codes.iter().map(|x| x.to_bits()).collect()
 }
 
 /// The tensor-wise `[sa, sb]` of an FP8 GPU run (row-wise ones are refused before planning).
@@ -622,53 +610,25 @@ pub(super) fn check_failed(r: &CheckReport, n: usize) -> CliError {
     }
 }
 
-/// A device's shard buffers: A, B, optional C, D.
-pub(super) type ShardBuffers<T> = (
-    DeviceBuffer<T>,
-    DeviceBuffer<T>,
+/// A device's shard buffers: A and B (`O`: the element type, or e4m3 bytes), optional C, D.
+pub(super) type ShardBuffers<O, T> = (
+    DeviceBuffer<O>,
+    DeviceBuffer<O>,
     Option<DeviceBuffer<T>>,
     DeviceBuffer<T>,
 );
 
-/// A device's shard buffers on `gpu`: A, B and C uploaded from `shard`, D of `d_elements`
-/// poisoned with NaN (0xFF bytes), all ordered on `stream`.
-pub(super) fn upload_shard<T: Element + DeviceCopy>(
+/// A device's shard buffers on `gpu`: A, B and C uploaded from `(a, b, c)`, D of
+/// `d_elements` poisoned with NaN (0xFF bytes), all ordered on `stream`.
+pub(super) fn upload_shard<O: DeviceCopy, T: Element + DeviceCopy>(
     gpu: &Gpu,
     stream: &CudaStream,
-    shard: &DeviceInputs<T>,
+    (a, b, c): (&[O], &[O], Option<&[T]>),
     d_elements: usize,
-) -> Result<ShardBuffers<T>, CliError> {
-    let a = DeviceBuffer::from_host(gpu, stream, &shard.a)?;
-    let b = DeviceBuffer::from_host(gpu, stream, &shard.b)?;
-    let c = match &shard.c {
-        Some(c) => Some(DeviceBuffer::from_host(gpu, stream, c)?),
-        None => None,
-    };
-    let mut d = DeviceBuffer::<T>::alloc(gpu, d_elements)?;
-    d.fill_bytes(stream, 0xFF)?;
-    Ok((a, b, c, d))
-}
-
-/// An FP8 device's A and B (e4m3 bytes), C (if any) and D.
-pub(super) type Fp8ShardBuffers<T> = (
-    DeviceBuffer<u8>,
-    DeviceBuffer<u8>,
-    Option<DeviceBuffer<T>>,
-    DeviceBuffer<T>,
-);
-
-/// An FP8 device's shard buffers on `gpu`: A and B uploaded as e4m3 bytes, C (output type)
-/// from `shard`, D of `d_elements` poisoned with NaN (0xFF bytes), all ordered on `stream`.
-pub(super) fn upload_fp8_shard<T: Element + DeviceCopy>(
-    gpu: &Gpu,
-    stream: &CudaStream,
-    shard: &Fp8DeviceInputs<T>,
-    d_elements: usize,
-) -> Result<Fp8ShardBuffers<T>, CliError> {
-    let bytes = |codes: &[crate::fp8::E4m3]| codes.iter().map(|x| x.to_bits()).collect::<Vec<u8>>();
-    let a = DeviceBuffer::from_host(gpu, stream, &bytes(&shard.a))?;
-    let b = DeviceBuffer::from_host(gpu, stream, &bytes(&shard.b))?;
-    let c = match &shard.c {
+) -> Result<ShardBuffers<O, T>, CliError> {
+    let a = DeviceBuffer::from_host(gpu, stream, a)?;
+    let b = DeviceBuffer::from_host(gpu, stream, b)?;
+    let c = match c {
         Some(c) => Some(DeviceBuffer::from_host(gpu, stream, c)?),
         None => None,
     };
