@@ -186,8 +186,18 @@ pub fn choose_schedule(
         };
     }
     let p = tp.max(1);
-    let (m, n, k) = (problem.m, problem.n, problem.k);
+    let (m, n) = (problem.m, problem.n);
     let elem = problem.dtype.size_bytes();
+    // An FP8 problem is modelled as the 16-bit one with half the K, which is how the kernel
+    // runs it (A and B as K/2 columns of e4m3 pairs: the same bytes, and a `k32` e4m3 `wgmma`
+    // at the rate of a `k16` bf16 one — measured 1300–1530 against 650–710 TFLOP/s,
+    // benches/results/gemm-fp8-2026-12-01-90939d6.md): the GEMMs take the time of K/2, an
+    // all-gather stage moves `rows · K` bytes, and the reduce-scatter partials keep the
+    // output type's size.
+    let k = match problem.fp8 {
+        Some(_) => problem.k.div_ceil(2),
+        None => problem.k,
+    };
     // Per-stage GEMM shape and per-stage bytes moved, and the local (single GEMM) shape.
     let (stage, local, stage_bytes) = match (kind.collective(), kind.tiles_rows()) {
         // All-gather: stage (M/P, N/P, K); one stage moves one shard of the rotating operand.
@@ -390,6 +400,24 @@ mod tests {
                 (16384, true),
             ],
         );
+    }
+
+    /// An FP8 problem is estimated as the 16-bit one with half the K (the kernel's pair
+    /// view): the same time for every schedule, so the same choice.
+    #[test]
+    fn fp8_is_modelled_as_the_16_bit_gemm_of_half_the_k() {
+        let m = MachineModel::H200;
+        for kind in ScheduleKind::ALL {
+            for (tokens, n, k) in [(512, 28672, 8192), (4096, 8192, 28672), (16384, 8192, 8192)] {
+                let fp8 = Problem::new(tokens, n, k).with_fp8(crate::fp8::ScaleMode::Tensorwise);
+                let half = Problem::new(tokens, n, k / 2);
+                let (a, b) = (
+                    choose_schedule(kind, &fp8, 4, &m),
+                    choose_schedule(kind, &half, 4, &m),
+                );
+                assert_eq!(a, b, "{kind} {tokens}x{n}x{k}");
+            }
+        }
     }
 
     #[test]
