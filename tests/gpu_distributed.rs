@@ -878,11 +878,17 @@ fn fp8_tensor_wise_on_every_schedule_two_ranks_on_one_gpu() {
     };
     let modules = vec![session.module().expect("module")];
     let gpus = vec![session.gpu.clone(), session.gpu.clone()];
-    let problem = Problem::new(512, 768, 1024)
-        .with_scalars(0.75, 0.5)
-        .with_fp8(ScaleMode::Tensorwise);
     let bytes = |v: &[E4m3]| v.iter().map(|x| x.to_bits()).collect::<Vec<u8>>();
     for kind in ScheduleKind::ALL {
+        // beta·C on the all-gather schedules; reduce-scatter keeps its partial sums in C, so
+        // beta = 0 there (the plan refuses anything else).
+        let beta = match kind.collective() {
+            Collective::AllGather => 0.5,
+            Collective::ReduceScatter => 0.0,
+        };
+        let problem = Problem::new(512, 768, 1024)
+            .with_scalars(0.75, beta)
+            .with_fp8(ScaleMode::Tensorwise);
         let builder = || {
             DistGemm::builder()
                 .devices(gpus.clone())
