@@ -9,6 +9,9 @@ cross-process protocol are distgemm's Rust library; this package runs them on
     h = distgemm.all_gather_linear(x_shard, w1_shard)          # all_gather(x) @ w1_shard.T
     y = distgemm.linear_reduce_scatter(act, w2_shard)          # reduce_scatter(act @ w2_shard.T)
 
+    # FP8 (float8_e4m3fn operands, tensor-wise scales, bf16 result):
+    h = distgemm.all_gather_linear(x8_shard, w8_shard, scale_a=sx, scale_b=sw)
+
     # or, switching from PyTorch's async-TP ops by changing the import:
     A, [h] = distgemm.fused_all_gather_matmul(x_shard, [w1_shard.t()], 0, group.group_name)
     y = distgemm.fused_matmul_reduce_scatter(act, w2_shard.t(), "sum", 0, group.group_name)
@@ -26,6 +29,7 @@ from ._distgemm import DistGemmError, __version__
 from ._ops import (
     all_gather_linear,
     fused_all_gather_matmul,
+    fused_all_gather_scaled_matmul,
     fused_matmul_reduce_scatter,
     linear_reduce_scatter,
     synchronize,
@@ -37,6 +41,7 @@ __all__ = [
     "all_gather_linear",
     "clear_cache",
     "fused_all_gather_matmul",
+    "fused_all_gather_scaled_matmul",
     "fused_matmul_reduce_scatter",
     "linear_reduce_scatter",
     "synchronize",

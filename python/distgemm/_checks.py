@@ -10,10 +10,20 @@ builder checks them again (a ValueError from there too).
 from __future__ import annotations
 
 import math
+import numbers
+import struct
 from typing import NamedTuple
 
 # torch dtype (as str(dtype), so no torch import is needed) -> distgemm's dtype name.
-DTYPES = {"torch.bfloat16": "bf16", "torch.float16": "f16"}
+DTYPES = {"torch.bfloat16": "bf16", "torch.float16": "f16", "torch.float8_e4m3fn": "e4m3"}
+# Bytes per element of A and B.
+ELEMENT_BYTES = {"bf16": 2, "f16": 2, "e4m3": 1}
+# distgemm's dtype name of A and B -> the output dtypes its kernels write for them (the first
+# is the default). FP8 GEMMs write bf16 only.
+OUT_DTYPES = {"bf16": ("torch.bfloat16",), "f16": ("torch.float16",), "e4m3": ("torch.bfloat16",)}
+# The smallest FP8 scale distgemm takes (2^-63, host/src/fp8.rs MIN_SCALE): every product
+# sa·sb is then a normal f32.
+MIN_SCALE = 2.0**-63
 
 # Per op: accepted schedule names -> (distgemm schedule, let distgemm pick within the family).
 # Only the schedules whose shard layouts are the op's: all-gather "A" (A and W row-sharded,
@@ -31,7 +41,8 @@ SCHEDULES = {
     },
 }
 
-# Elements per 16 bytes: rows of every operand and every view offset must be 16-byte aligned.
+# Elements of a 16-bit type per 16 bytes: rows of every operand and every view offset must be
+# 16-byte aligned (twice as many e4m3 elements).
 ALIGN_ELEMENTS = 8
 MAX_TP = 8
 MAX_DIMENSION = 1 << 31
@@ -61,15 +72,21 @@ def dtype_name(name: str, dtype: object) -> str:
     """distgemm's name of a torch dtype, or TypeError naming the argument."""
     got = DTYPES.get(str(dtype))
     if got is None:
+        hint = (
+            " (of the FP8 formats, distgemm takes e4m3 only)"
+            if str(dtype).startswith("torch.float8")
+            else ""
+        )
         raise TypeError(
-            f"{name} has dtype {dtype}; distgemm supports torch.bfloat16 and torch.float16"
+            f"{name} has dtype {dtype}; distgemm supports torch.bfloat16, torch.float16 and "
+            f"torch.float8_e4m3fn (with scale_a and scale_b){hint}"
         )
     return got
 
 
 def check_tensor(name: str, t: object, device_index: int) -> str:
-    """Checks that ``t`` is a contiguous, 16-byte aligned bf16/f16 CUDA tensor on this rank's
-    device; returns distgemm's dtype name."""
+    """Checks that ``t`` is a contiguous, 16-byte aligned bf16/f16/e4m3 CUDA tensor on this
+    rank's device; returns distgemm's dtype name."""
     if not all(hasattr(t, a) for a in ("dtype", "device", "shape", "is_contiguous", "data_ptr")):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     dtype = dtype_name(name, t.dtype)
@@ -162,8 +179,72 @@ def reduce_scatter_shapes(
     return Shapes(m=_rows(x), n=w[0], k=tp * x[-1], out=(x[0] // tp, *x[1:-1], w[0]))
 
 
-def check_problem(schedule: str, m: int, n: int, k: int, tp: int) -> None:
-    """The schedule's divisibility and alignment rules for the global problem (ValueError)."""
+def scale_value(name: str, value: object) -> float:
+    """A tensor-wise FP8 scale as the f32 value the kernels use (a Python float holding it
+    exactly): ``value`` is a real number or a one-element tensor, whose value is read on the
+    host (``.item()``, which waits for a CUDA tensor's stream: a synchronisation). TypeError for
+    another kind of value, ValueError for a tensor of several elements (row-wise scales) or a
+    value that is not finite and at least 2^-63 in f32."""
+    if isinstance(value, bool) or not (
+        isinstance(value, numbers.Real) or all(hasattr(value, a) for a in ("numel", "item"))
+    ):
+        raise TypeError(
+            f"{name} must be a float or a one-element tensor (a tensor-wise scale), got "
+            f"{type(value).__name__}"
+        )
+    if not isinstance(value, numbers.Real):
+        if value.numel() != 1:
+            raise ValueError(
+                f"{name} has {value.numel()} elements: distgemm takes tensor-wise FP8 scales "
+                "(one element); row-wise scales are not supported yet"
+            )
+        value = value.item()
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise TypeError(f"{name} holds {value!r}, not a real number")
+    try:
+        f32 = struct.unpack("f", struct.pack("f", float(value)))[0]
+    except OverflowError:
+        f32 = math.inf
+    if not (math.isfinite(f32) and f32 >= MIN_SCALE):
+        raise ValueError(
+            f"{name}={float(value)!r}: FP8 scales must be finite and at least 2^-63 in f32 (so "
+            "that every product scale_a·scale_b is a normal f32)"
+        )
+    return f32
+
+
+def fp8_arguments(names, dtype: str, scale_a, scale_b, out_dtype) -> tuple:
+    """The output dtype (as ``str(torch dtype)``) and the FP8 scales ``(sa, sb)`` (``None``
+    for bf16/f16) of an op whose A and B are ``dtype``: e4m3 needs both scales and writes
+    bf16; bf16/f16 take no scales and write their own dtype. TypeError otherwise; the scales'
+    values as :func:`scale_value`."""
+    allowed = OUT_DTYPES[dtype]
+    if out_dtype is not None and str(out_dtype) not in allowed:
+        raise TypeError(
+            f"out_dtype={out_dtype}: distgemm's GEMM of {dtype} operands writes {allowed[0]}"
+            + (" (the only output of its FP8 kernels)" if dtype == "e4m3" else "")
+        )
+    given = [n for n, s in (("scale_a", scale_a), ("scale_b", scale_b)) if s is not None]
+    if dtype != "e4m3":
+        if given:
+            raise TypeError(
+                f"{' and '.join(given)} given, but {names[0]} and {names[1]} are {dtype}: scales "
+                "apply to torch.float8_e4m3fn inputs only"
+            )
+        return allowed[0], None
+    if len(given) != 2:
+        raise TypeError(
+            f"{names[0]} and {names[1]} are float8_e4m3fn: pass both scale_a and scale_b (the "
+            "tensor-wise dequantisation factors, D = (scale_a·A)·(scale_b·B)ᵀ)"
+        )
+    return allowed[0], (scale_value("scale_a", scale_a), scale_value("scale_b", scale_b))
+
+
+def check_problem(
+    schedule: str, m: int, n: int, k: int, tp: int, operand_bytes: int = 2
+) -> None:
+    """The schedule's divisibility and alignment rules for the global problem (ValueError);
+    ``operand_bytes`` is the size of A's and B's elements (1 for e4m3: rows of 16)."""
     if not 1 <= tp <= MAX_TP:
         raise ValueError(f"the group has {tp} ranks; distgemm runs TP from 1 to {MAX_TP}")
     for dim, value in (("M (tokens)", m), ("N", n), ("K", k)):
@@ -181,15 +262,22 @@ def check_problem(schedule: str, m: int, n: int, k: int, tp: int) -> None:
             raise ValueError(
                 f"{dim}={value} is not divisible by the group size {tp} for schedule {schedule}"
             )
-    if k % ALIGN_ELEMENTS:
+    operand = ALIGN_BYTES // operand_bytes
+    if k % operand:
         raise ValueError(
-            f"K={k} is not a multiple of 8: rows of the operands must be 16-byte aligned"
+            f"K={k} is not a multiple of {operand}: rows of the operands must be 16-byte aligned"
         )
-    aligned = (("N/TP", n // tp),) if schedule.startswith("ag-") else (("K/TP", k // tp), ("N", n))
-    for what, value in aligned:
-        if value % ALIGN_ELEMENTS:
+    # (quantity, value, elements per 16 bytes): K/TP counts A and B elements, N the output's.
+    aligned = (
+        (("N/TP", n // tp, ALIGN_ELEMENTS),)
+        if schedule.startswith("ag-")
+        else (("K/TP", k // tp, operand), ("N", n, ALIGN_ELEMENTS))
+    )
+    for what, value, multiple in aligned:
+        if value % multiple:
             raise ValueError(
-                f"{what}={value} is not a multiple of 8 for schedule {schedule}: rows must be 16-byte aligned"
+                f"{what}={value} is not a multiple of {multiple} for schedule {schedule}: rows "
+                "must be 16-byte aligned"
             )
 
 

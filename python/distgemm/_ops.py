@@ -141,9 +141,14 @@ def _instance(
     alpha: float,
     expect: dict,
     partials: str = "read",
+    scales=None,
 ):
     """The cached instance for this call's key, built (collectively) on a miss; checks that its
-    shard shapes are the tensors' (so every launch stays inside the tensors)."""
+    shard shapes are the tensors' (so every launch stays inside the tensors).
+
+    ``scales`` are an e4m3 problem's ``(sa, sb)``: not part of the key (a new pair of scales is
+    the same GEMM with another alpha), so a cached instance whose scales differ gets
+    ``set_fp8_scales``, which its next launch applies in stream order without a rebuild."""
     key = (
         ctx.group_key,
         ctx.device,
@@ -173,6 +178,7 @@ def _instance(
             timeout_s=_timeout_s(),
             allow_shared_gpu=_env_flag("DISTGEMM_ALLOW_SHARED_GPU"),
             rs_partials=partials,
+            fp8_scales=scales,
         )
         for operand, shape in expect.items():
             got = inst.shard_shape(operand)
@@ -185,16 +191,20 @@ def _instance(
         return inst
 
     with _lock:
-        return CACHE.get(key, build, group=ctx.group_key)
+        inst = CACHE.get(key, build, group=ctx.group_key)
+    if scales is not None and tuple(inst.fp8_scales) != scales:
+        inst.set_fp8_scales(*scales)
+    return inst
 
 
-def _output(torch, out, shape, like, name="out"):
-    """``out`` checked against the result's shape and dtype, or a new tensor from torch."""
+def _output(torch, out, shape, dtype, like, name="out"):
+    """``out`` checked against the result's shape and ``dtype`` (on ``like``'s device), or a
+    new tensor from torch."""
     if out is None:
-        return torch.empty(shape, dtype=like.dtype, device=like.device)
+        return torch.empty(shape, dtype=dtype, device=like.device)
     _checks.check_tensor(name, out, like.device.index)
-    if out.dtype != like.dtype:
-        raise TypeError(f"{name} has dtype {out.dtype}; the result is {like.dtype}")
+    if out.dtype != dtype:
+        raise TypeError(f"{name} has dtype {out.dtype}; the result is {dtype}")
     if tuple(out.shape) != tuple(shape):
         raise ValueError(f"{name} has shape {tuple(out.shape)}; the result is {tuple(shape)}")
     return out
@@ -245,33 +255,57 @@ def _gather_rows(torch, ctx, x, tp):
     import torch.distributed as dist
 
     gathered = torch.empty((tp * x.shape[0], *x.shape[1:]), dtype=x.dtype, device=x.device)
+    src, dst = x, gathered
+    if x.element_size() == 1:  # e4m3: gathered as bytes (not every backend knows float8)
+        src, dst = x.view(torch.uint8), gathered.view(torch.uint8)
     if "nccl" in str(dist.get_backend(ctx.group)).lower():
-        dist.all_gather_into_tensor(gathered, x, group=ctx.group)
+        dist.all_gather_into_tensor(dst, src, group=ctx.group)
     else:
-        dist.all_gather(list(gathered.chunk(tp)), x, group=ctx.group)
+        dist.all_gather(list(dst.chunk(tp)), src, group=ctx.group)
     return gathered
 
 
-def _all_gather_linear(torch, ctx, x, weight, schedule, out, names):
+class _Operands(NamedTuple):
+    dtype: str  # distgemm's name of A's and B's type: bf16, f16 or e4m3
+    out_dtype: object  # the result's torch dtype
+    scales: object  # e4m3: the tensor-wise scales (sa, sb) as f32 values; else None
+
+
+def _operands(torch, ctx, x, weight, names, scale_a, scale_b, out_dtype) -> _Operands:
+    """The checked dtypes of one op call's operands: both bf16, both f16, or both e4m3 with
+    their scales (a one-element tensor's value is read on the host: a synchronisation)."""
     xn, wn = names
-    sched, auto = _checks.resolve_schedule("all_gather", schedule)
     dtypes = (_checks.check_tensor(xn, x, ctx.device), _checks.check_tensor(wn, weight, ctx.device))
     _checks.same_dtype(names, dtypes)
     _checks.check_no_grad(((xn, x), (wn, weight)), torch.is_grad_enabled())
+    out_name, scales = _checks.fp8_arguments(names, dtypes[0], scale_a, scale_b, out_dtype)
+    result = {"torch.bfloat16": torch.bfloat16, "torch.float16": torch.float16}[out_name]
+    return _Operands(dtypes[0], result, scales)
+
+
+def _all_gather_linear(
+    torch, ctx, x, weight, schedule, out, names, scale_a=None, scale_b=None, out_dtype=None
+):
+    sched, auto = _checks.resolve_schedule("all_gather", schedule)
+    ops = _operands(torch, ctx, x, weight, names, scale_a, scale_b, out_dtype)
     shapes = _checks.all_gather_shapes(tuple(x.shape), tuple(weight.shape), ctx.tp, names)
-    _checks.check_problem(sched, shapes.m, shapes.n, shapes.k, ctx.tp)
+    _checks.check_problem(
+        sched, shapes.m, shapes.n, shapes.k, ctx.tp, _checks.ELEMENT_BYTES[ops.dtype]
+    )
     m_local, n_local = shapes.m // ctx.tp, shapes.n // ctx.tp
     inst = _instance(
         ctx,
         sched,
         auto,
         shapes,
-        dtypes[0],
+        ops.dtype,
         1.0,
         {"A": (m_local, shapes.k), "B": (n_local, shapes.k), "D": (shapes.m, n_local)},
+        scales=ops.scales,
     )
+    xn, wn = names
     given = out is not None
-    out = _output(torch, out, shapes.out, x)
+    out = _output(torch, out, shapes.out, ops.out_dtype, x)
     if given:  # a new tensor cannot overlap the inputs
         _check_no_overlap(out, ((xn, x), (wn, weight)))
     stream = torch.cuda.current_stream(ctx.device).cuda_stream
@@ -279,28 +313,42 @@ def _all_gather_linear(torch, ctx, x, weight, schedule, out, names):
     return out
 
 
-def _linear_reduce_scatter(torch, ctx, x, weight, schedule, out, alpha, names, partials="read"):
-    xn, wn = names
+def _linear_reduce_scatter(
+    torch,
+    ctx,
+    x,
+    weight,
+    schedule,
+    out,
+    alpha,
+    names,
+    partials="read",
+    scale_a=None,
+    scale_b=None,
+    out_dtype=None,
+):
     sched, auto = _checks.resolve_schedule("reduce_scatter", schedule)
     _checks.check_partials(partials)
-    dtypes = (_checks.check_tensor(xn, x, ctx.device), _checks.check_tensor(wn, weight, ctx.device))
-    _checks.same_dtype(names, dtypes)
-    _checks.check_no_grad(((xn, x), (wn, weight)), torch.is_grad_enabled())
+    ops = _operands(torch, ctx, x, weight, names, scale_a, scale_b, out_dtype)
     shapes = _checks.reduce_scatter_shapes(tuple(x.shape), tuple(weight.shape), ctx.tp, names)
-    _checks.check_problem(sched, shapes.m, shapes.n, shapes.k, ctx.tp)
+    _checks.check_problem(
+        sched, shapes.m, shapes.n, shapes.k, ctx.tp, _checks.ELEMENT_BYTES[ops.dtype]
+    )
     k_local = shapes.k // ctx.tp
     inst = _instance(
         ctx,
         sched,
         auto,
         shapes,
-        dtypes[0],
+        ops.dtype,
         alpha,
         {"A": (shapes.m, k_local), "B": (shapes.n, k_local), "D": (shapes.m // ctx.tp, shapes.n)},
         partials,
+        ops.scales,
     )
+    xn, wn = names
     given = out is not None
-    out = _output(torch, out, shapes.out, x)
+    out = _output(torch, out, shapes.out, ops.out_dtype, x)
     if given:  # a new tensor cannot overlap the inputs
         _check_no_overlap(out, ((xn, x), (wn, weight)))
     stream = torch.cuda.current_stream(ctx.device).cuda_stream
@@ -309,41 +357,84 @@ def _linear_reduce_scatter(torch, ctx, x, weight, schedule, out, alpha, names, p
 
 
 def all_gather_linear(
-    x_shard, weight, group=None, schedule="auto", return_gathered=False, out=None
+    x_shard,
+    weight,
+    group=None,
+    schedule="auto",
+    return_gathered=False,
+    out=None,
+    *,
+    scale_a=None,
+    scale_b=None,
+    out_dtype=None,
 ):
     """``all_gather(x_shard, dim=0) @ weight.T`` in one fused, pipelined op (column-parallel
     linear layer, e.g. a Llama MLP's fused gate+up projection under tensor parallelism).
 
     Args:
-        x_shard: this rank's tokens, ``(T, ..., K)``, bf16 or f16, contiguous, on this rank's
-            current CUDA device; the group's shards in rank order are the whole input.
-        weight: this rank's weight shard as ``nn.Linear`` stores it, ``(N/TP, K)``, contiguous.
+        x_shard: this rank's tokens, ``(T, ..., K)``, bf16, f16 or float8_e4m3fn (K a multiple
+            of 16 then), contiguous, on this rank's current CUDA device; the group's shards in
+            rank order are the whole input.
+        weight: this rank's weight shard as ``nn.Linear`` stores it, ``(N/TP, K)``, contiguous,
+            the dtype of ``x_shard``.
         group: the torch.distributed process group (default: the world).
         schedule: ``"auto"`` (distgemm picks pipelined or single-stage by its cost model),
             ``"ag-a"`` (pipelined) or ``"ag-a-single"``.
         return_gathered: also return the gathered input ``(TP·T, ..., K)`` (an extra
             all-gather through torch.distributed).
         out: optional output ``(TP·T, ..., N/TP)``; a new tensor otherwise.
+        scale_a, scale_b: with ``torch.float8_e4m3fn`` operands (both e4m3, then both
+            required): the tensor-wise dequantisation factors, the result being
+            ``(scale_a·x) @ (scale_b·weight).T``; each a Python float or a one-element tensor,
+            finite and at least 2^-63, the same on every rank. A tensor's value is read on the
+            host (``.item()``), which synchronises with its stream: pass floats to avoid that.
+            New scales need no rebuild (the cached instance's next launch applies them).
+        out_dtype: the result's dtype: ``torch.bfloat16`` for e4m3 operands (the only one
+            distgemm's FP8 kernels write; the default), the operands' dtype for bf16/f16.
 
     Returns:
         ``out``, or ``(out, gathered)`` with ``return_gathered``.
     """
     torch = _torch()
     ctx = _context(torch, group)
-    result = _all_gather_linear(torch, ctx, x_shard, weight, schedule, out, ("x_shard", "weight"))
+    result = _all_gather_linear(
+        torch,
+        ctx,
+        x_shard,
+        weight,
+        schedule,
+        out,
+        ("x_shard", "weight"),
+        scale_a,
+        scale_b,
+        out_dtype,
+    )
     if return_gathered:
         return result, _gather_rows(torch, ctx, x_shard, ctx.tp)
     return result
 
 
-def linear_reduce_scatter(x, weight, group=None, schedule="auto", out=None, partials="read"):
+def linear_reduce_scatter(
+    x,
+    weight,
+    group=None,
+    schedule="auto",
+    out=None,
+    partials="read",
+    *,
+    scale_a=None,
+    scale_b=None,
+    out_dtype=None,
+):
     """``reduce_scatter(x @ weight.T, dim=0)`` (sum) in one fused, pipelined op (row-parallel
     linear layer, e.g. a Llama MLP's down projection under tensor parallelism).
 
     Args:
         x: this rank's activation, ``(T, ..., K/TP)`` (all T tokens, this rank's K-slice),
-            bf16 or f16, contiguous, on this rank's current CUDA device; T divisible by TP.
-        weight: this rank's weight shard as ``nn.Linear`` stores it, ``(N, K/TP)``, contiguous.
+            bf16, f16 or float8_e4m3fn (K/TP a multiple of 16 then), contiguous, on this
+            rank's current CUDA device; T divisible by TP.
+        weight: this rank's weight shard as ``nn.Linear`` stores it, ``(N, K/TP)``, contiguous,
+            the dtype of ``x``.
         group: the torch.distributed process group (default: the world).
         schedule: ``"auto"``, ``"rs-a"`` (pipelined) or ``"rs-a-single"``.
         out: optional output ``(T/TP, ..., N)``; a new tensor otherwise.
@@ -351,14 +442,34 @@ def linear_reduce_scatter(x, weight, group=None, schedule="auto", out=None, part
             epilogue reads the neighbour's memory; the default) or ``"push"`` (the
             neighbour's copy engine pushes it into this rank's memory first; more workspace,
             not yet measured faster). Ignored by the single-stage schedule.
+        scale_a, scale_b: with ``torch.float8_e4m3fn`` operands (both e4m3, then both
+            required): the tensor-wise dequantisation factors, the result being
+            ``(scale_a·x) @ (scale_b·weight).T``; each a Python float or a one-element tensor,
+            finite and at least 2^-63, the same on every rank. A tensor's value is read on the
+            host (``.item()``), which synchronises with its stream: pass floats to avoid that.
+            New scales need no rebuild (the cached instance's next launch applies them).
+        out_dtype: the result's dtype: ``torch.bfloat16`` for e4m3 operands (the only one
+            distgemm's FP8 kernels write; the default), the operands' dtype for bf16/f16.
 
     Returns:
-        This rank's block of token rows of the summed product, ``(T/TP, ..., N)``.
+        This rank's block of token rows of the summed product, ``(T/TP, ..., N)`` (with e4m3
+        operands, each rank's partial sum is rounded to bf16 at every reduce-scatter hop).
     """
     torch = _torch()
     ctx = _context(torch, group)
     return _linear_reduce_scatter(
-        torch, ctx, x, weight, schedule, out, 1.0, ("x", "weight"), partials
+        torch,
+        ctx,
+        x,
+        weight,
+        schedule,
+        out,
+        1.0,
+        ("x", "weight"),
+        partials,
+        scale_a,
+        scale_b,
+        out_dtype,
     )
 
 
@@ -385,6 +496,79 @@ def fused_all_gather_matmul(A_shard, Bs, gather_dim, group_name, *, return_A=Tru
         weight = _weight_from_b(torch, B, f"Bs[{i}]")
         outs.append(
             _all_gather_linear(torch, ctx, A_shard, weight, "auto", None, ("A_shard", f"Bs[{i}]"))
+        )
+    gathered = _gather_rows(torch, ctx, A_shard, ctx.tp) if return_A else None
+    return gathered, outs
+
+
+def fused_all_gather_scaled_matmul(
+    A_shard,
+    Bs,
+    A_scale,
+    B_scales,
+    gather_dim,
+    group_name,
+    biases=None,
+    result_scales=None,
+    out_dtypes=None,
+    use_fast_accum=None,
+    *,
+    return_A=True,
+):
+    """Drop-in for ``torch.ops.symm_mem.fused_all_gather_scaled_matmul`` (same arguments and
+    results) for ``gather_dim=0``, ``float8_e4m3fn`` operands and tensor-wise scales: returns
+    ``(A or None, [(A_scale·all_gather(A_shard)) @ (B_scale·B) for B, B_scale in zip(Bs,
+    B_scales)])`` in bf16.
+
+    ``A_scale`` and each of ``B_scales`` are one-element tensors (read on the host: a
+    synchronisation) or floats; row-wise scales raise ``ValueError``. Each ``B`` is
+    ``K × N/TP``, ``W.t()`` of a contiguous e4m3 ``(N/TP, K)`` weight (the layout torch's
+    ``_scaled_mm`` wants; any other is copied per call, with a one-time warning). ``biases`` and
+    ``result_scales`` must be None or lists of None; ``out_dtypes`` None (bf16) or a list of
+    ``torch.bfloat16``. ``use_fast_accum`` is accepted and ignored: distgemm's FP8 GEMM always
+    accumulates in the tensor cores' own precision, without promotion (what
+    ``use_fast_accum=True`` selects in torch). ``return_A`` as in
+    :func:`fused_all_gather_matmul` (torch's op always returns A).
+    """
+    torch = _torch()
+    group = _group_from_name(group_name)
+    ctx = _context(torch, group)
+    if not hasattr(A_shard, "dim"):
+        raise TypeError(f"A_shard must be a torch.Tensor, got {type(A_shard).__name__}")
+    _checks.normalize_dim("gather_dim", gather_dim, A_shard.dim())
+    if not isinstance(Bs, (list, tuple)) or not Bs:
+        raise ValueError("Bs must be a non-empty list of matrices (K × N/TP)")
+    count = len(Bs)
+    if not isinstance(B_scales, (list, tuple)) or len(B_scales) != count:
+        raise ValueError(f"B_scales must be a list of {count} scales, one per B")
+    for name, values in (("biases", biases), ("result_scales", result_scales)):
+        if values is not None and any(v is not None for v in values):
+            raise ValueError(f"{name}: distgemm's scaled all-gather GEMM takes no {name} yet")
+    if out_dtypes is None:
+        out_dtypes = [torch.bfloat16] * count
+    if not isinstance(out_dtypes, (list, tuple)) or len(out_dtypes) != count:
+        raise ValueError(f"out_dtypes must be a list of {count} dtypes, one per B")
+    outs = []
+    for i, (B, b_scale, dtype) in enumerate(zip(Bs, B_scales, out_dtypes)):
+        if dtype is None:
+            raise TypeError(
+                f"out_dtypes[{i}]=None asks for e4m3 results; distgemm's FP8 GEMMs write "
+                "torch.bfloat16"
+            )
+        weight = _weight_from_b(torch, B, f"Bs[{i}]")
+        outs.append(
+            _all_gather_linear(
+                torch,
+                ctx,
+                A_shard,
+                weight,
+                "auto",
+                None,
+                ("A_shard", f"Bs[{i}]"),
+                A_scale,
+                b_scale,
+                dtype,
+            )
         )
     gathered = _gather_rows(torch, ctx, A_shard, ctx.tp) if return_A else None
     return gathered, outs

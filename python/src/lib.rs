@@ -7,10 +7,11 @@
 //! passes raw device addresses here, which is what makes [`rank::PyRankGemm::launch`]'s call
 //! of the unsafe `launch_raw` sound (see its comment).
 //!
-//! Errors: a shape or argument the schedule cannot run raises `ValueError`; everything else
-//! raised by distgemm (CUDA errors, a peer that timed out, a rendezvous that failed) raises
-//! `DistGemmError`. A Rust panic never unwinds into the interpreter: every entry point runs
-//! inside [`guard`], which turns one into a `DistGemmError`.
+//! Errors: a shape or argument the schedule cannot run, and FP8 scales that are missing or out
+//! of range, raise `ValueError`; everything else raised by distgemm (CUDA errors, a peer that
+//! timed out, a rendezvous that failed) raises `DistGemmError`. A Rust panic never unwinds into
+//! the interpreter: every entry point runs inside [`guard`], which turns one into a
+//! `DistGemmError`.
 
 mod rank;
 mod rendezvous;
@@ -36,6 +37,7 @@ pyo3::create_exception!(
 fn to_py_err(err: RustError) -> PyErr {
     match err {
         RustError::Plan(PlanError::Schedule(e)) => PyValueError::new_err(e.to_string()),
+        e @ RustError::Fp8Scales(_) => PyValueError::new_err(e.to_string()),
         other => DistGemmError::new_err(other.to_string()),
     }
 }

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use distgemm::cuda::{DistGemmError as DistGemmErrorKind, RankArgs, RankGemm, Rendezvous};
 use distgemm::dtype::Dtype;
+use distgemm::fp8::ScaleMode;
 use distgemm::problem::Problem;
 use distgemm::runtime::{Gpu, Module, RawStream};
 use distgemm::schedule::{BufferKind, RsPartials, ScheduleKind};
@@ -41,6 +42,8 @@ pub struct PyRankGemm {
     inner: Option<RankGemm>,
     rank: usize,
     tp: usize,
+    /// An FP8 instance's tensor-wise scales `(sa, sb)` as last set; `None` for bf16/f16.
+    fp8_scales: Option<(f32, f32)>,
 }
 
 fn parse_schedule(name: &str) -> PyResult<ScheduleKind> {
@@ -68,11 +71,19 @@ fn parse_partials(name: &str) -> PyResult<RsPartials> {
         })
 }
 
-fn parse_dtype(name: &str) -> PyResult<Dtype> {
+/// The problem's output type and whether A and B are e4m3: `"bf16"`/`"f16"` are 16-bit
+/// GEMMs, `"e4m3"` is A and B in e4m3 with bf16 C and D (the only FP8 output the kernels write).
+fn parse_dtype(name: &str) -> PyResult<(Dtype, bool)> {
+    if name == "e4m3" {
+        return Ok((Dtype::Bf16, true));
+    }
     Dtype::ALL
         .into_iter()
         .find(|d| d.name() == name)
-        .ok_or_else(|| PyValueError::new_err(format!("unknown dtype {name:?}; known: bf16, f16")))
+        .map(|d| (d, false))
+        .ok_or_else(|| {
+            PyValueError::new_err(format!("unknown dtype {name:?}; known: bf16, f16, e4m3"))
+        })
 }
 
 fn parse_buffer(name: &str) -> PyResult<BufferKind> {
@@ -100,10 +111,13 @@ impl PyRankGemm {
     /// Builds this rank's GEMM of the GLOBAL problem `D = alpha·A·Bᵀ + beta·C` (M×N×K) on CUDA
     /// device `device`, exchanging handles through `rendezvous` (an object with `rank`,
     /// `world_size` and `all_gather(bytes) -> list[bytes]`). `auto=True` lets distgemm pick
-    /// the pipelined or single-stage schedule of `schedule`'s family. Collective; the GIL is
-    /// released except while the rendezvous runs.
+    /// the pipelined or single-stage schedule of `schedule`'s family. `dtype` is `"bf16"`,
+    /// `"f16"` or `"e4m3"` (A and B e4m3, C and D bf16), which needs
+    /// `fp8_scales=(sa, sb)`: `D = alpha·(sa·A)·(sb·B)ᵀ + beta·C` (tensor-wise; change them
+    /// later with `set_fp8_scales`). Collective; the GIL is released except while the
+    /// rendezvous runs.
     #[new]
-    #[pyo3(signature = (rendezvous, device, schedule, auto, m, n, k, dtype, alpha=1.0, beta=0.0, timeout_s=None, allow_shared_gpu=false, rs_partials="read"))]
+    #[pyo3(signature = (rendezvous, device, schedule, auto, m, n, k, dtype, alpha=1.0, beta=0.0, timeout_s=None, allow_shared_gpu=false, rs_partials="read", fp8_scales=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -120,11 +134,12 @@ impl PyRankGemm {
         timeout_s: Option<f64>,
         allow_shared_gpu: bool,
         rs_partials: &str,
+        fp8_scales: Option<(f32, f32)>,
     ) -> PyResult<Self> {
         guard("build", || {
             let kind = parse_schedule(schedule)?;
             let partials = parse_partials(rs_partials)?;
-            let dtype = parse_dtype(dtype)?;
+            let (dtype, fp8) = parse_dtype(dtype)?;
             let timeout = timeout_s
                 .map(|s| {
                     Duration::try_from_secs_f64(s).map_err(|_| {
@@ -137,11 +152,18 @@ impl PyRankGemm {
             let rdv = PyRendezvous::new(rendezvous)?;
             let (rank, tp) = (rdv.rank(), rdv.world_size());
             let rdv: Arc<dyn Rendezvous> = Arc::new(rdv);
-            let problem = Problem::new(m, n, k)
+            let mut problem = Problem::new(m, n, k)
                 .with_dtype(dtype)
                 .with_scalars(alpha, beta);
+            if fp8 {
+                problem = problem.with_fp8(ScaleMode::Tensorwise);
+            }
             let built = py.detach(move || {
                 let mut builder = RankGemm::builder().problem(problem).rs_partials(partials);
+                // Checked by the builder: required for e4m3, refused for bf16/f16, in range.
+                if let Some((sa, sb)) = fp8_scales {
+                    builder = builder.fp8_scales(sa, sb);
+                }
                 builder = if auto {
                     builder.auto_schedule(kind)
                 } else {
@@ -176,6 +198,7 @@ impl PyRankGemm {
                 inner: Some(inner),
                 rank,
                 tp,
+                fp8_scales,
             })
         })
     }
@@ -196,6 +219,25 @@ impl PyRankGemm {
     #[getter]
     fn schedule(&mut self) -> PyResult<&'static str> {
         Ok(self.live()?.schedule().cli_name())
+    }
+
+    /// An FP8 instance's tensor-wise scales `(sa, sb)` (as built or last set; the f32 values
+    /// the kernels use), `None` for bf16/f16.
+    #[getter]
+    fn fp8_scales(&self) -> Option<(f32, f32)> {
+        self.fp8_scales
+    }
+
+    /// Sets an FP8 instance's tensor-wise scales for its launches from now on (every rank
+    /// should set the same): the next launch rewrites the stage GEMMs' alpha in stream order,
+    /// without a rebuild. Scales that are not finite or below 2^-63, or scales for a bf16/f16
+    /// instance, raise `ValueError` and change nothing.
+    fn set_fp8_scales(&mut self, sa: f32, sb: f32) -> PyResult<()> {
+        guard("set_fp8_scales", || {
+            self.live()?.set_fp8_scales(sa, sb).map_err(to_py_err)?;
+            self.fp8_scales = Some((sa, sb));
+            Ok(())
+        })
     }
 
     /// `(rows, cols)` of this rank's packed row-major shard of operand `which` ("A".."D").

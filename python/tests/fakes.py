@@ -20,6 +20,21 @@ class Dtype:
 
 
 BF16, F16, F32 = Dtype("bfloat16", 2), Dtype("float16", 2), Dtype("float32", 4)
+E4M3, E5M2, U8 = Dtype("float8_e4m3fn", 1), Dtype("float8_e5m2", 1), Dtype("uint8", 1)
+
+
+class FakeScale:
+    """A one-element (or longer) tensor holding a scale; counts the host reads (``item()``)."""
+
+    def __init__(self, value, numel=1):
+        self.value, self._numel, self.reads = value, numel, 0
+
+    def numel(self):
+        return self._numel
+
+    def item(self):
+        self.reads += 1
+        return self.value
 
 
 class Device:
@@ -83,6 +98,10 @@ class FakeTensor:
             for i in range(n)
         ]
 
+    def view(self, dtype):
+        assert dtype.size == self.dtype.size
+        return FakeTensor(self.shape, dtype, self.device, self._ptr, self._strides)
+
     def contiguous(self):
         return self if self.is_contiguous() else FakeTensor(self.shape, self.dtype, self.device)
 
@@ -107,6 +126,7 @@ class FakeRankGemm:
         timeout_s=None,
         allow_shared_gpu=False,
         rs_partials="read",
+        fp8_scales=None,
     ):
         self.rank, self.tp = rendezvous.rank, rendezvous.world_size
         self.args = {
@@ -124,7 +144,10 @@ class FakeRankGemm:
             "rs_partials": rs_partials,
         }
         self.schedule = schedule
+        self.fp8_scales = fp8_scales
+        self.scale_updates = []
         self.launches = []
+        self.launch_scales = []  # the scales each launch ran with
         self.closed = False
         FakeRankGemm.built.append(self)
 
@@ -135,9 +158,15 @@ class FakeRankGemm:
             return {"A": (m // p, k), "B": (n // p, k), "D": (m, n // p)}[which]
         return {"A": (m, k // p), "B": (n, k // p), "D": (m // p, n)}[which]
 
+    def set_fp8_scales(self, sa, sb):
+        assert not self.closed and self.fp8_scales is not None
+        self.fp8_scales = (sa, sb)
+        self.scale_updates.append((sa, sb))
+
     def launch(self, stream, a, b, c, d):
         assert not self.closed
         self.launches.append((stream, a, b, c, d))
+        self.launch_scales.append(self.fp8_scales)
 
     def synchronize(self):
         pass
@@ -160,6 +189,7 @@ def install_fake_torch(
     """Puts a fake `torch` (with `torch.cuda` and `torch.distributed`) into sys.modules."""
     torch = types.ModuleType("torch")
     torch.bfloat16, torch.float16, torch.float32 = BF16, F16, F32
+    torch.float8_e4m3fn, torch.float8_e5m2, torch.uint8 = E4M3, E5M2, U8
     torch.empty = lambda shape, dtype, device: FakeTensor(shape, dtype, device)
     torch.is_grad_enabled = lambda: grad_enabled
 

@@ -24,6 +24,7 @@ def test_public_names():
         "all_gather_linear",
         "linear_reduce_scatter",
         "fused_all_gather_matmul",
+        "fused_all_gather_scaled_matmul",
         "fused_matmul_reduce_scatter",
         "clear_cache",
         "synchronize",
@@ -119,3 +120,28 @@ def test_the_wheel_carries_the_kernels():
     from distgemm import _distgemm
 
     assert _distgemm.embedded_ptx_bytes > 100_000
+
+
+def test_extension_checks_fp8_scales_before_any_gpu():
+    """FP8 scales reach the extension's builder: missing for e4m3, given for bf16, or out of
+    range is a ValueError (raised on every rank, after the build's collective failure
+    report); valid ones get as far as the GPU (none in CI: DistGemmError)."""
+    from distgemm._distgemm import RankGemm
+
+    from distgemm._rendezvous import GroupRendezvous
+
+    def gather(out, obj):
+        out[0] = obj
+
+    for dtype, scales, says in (
+        ("e4m3", None, "give the tensor-wise scales"),
+        ("bf16", (1.0, 1.0), "is not FP8: it takes no scales"),
+        ("e4m3", (float("nan"), 1.0), "the tensor-wise scale of A is NaN"),
+    ):
+        rdv = GroupRendezvous(0, 1, gather)
+        with pytest.raises(ValueError, match=says):
+            RankGemm(rdv, 0, "ag-a", False, 64, 64, 64, dtype, fp8_scales=scales)
+    with pytest.raises(distgemm.DistGemmError):
+        rdv = GroupRendezvous(0, 1, gather)
+        RankGemm(rdv, 0, "ag-a", False, 64, 64, 64, "e4m3", fp8_scales=(0.5, 2.0))
+    assert callable(RankGemm.set_fp8_scales)

@@ -8,6 +8,12 @@ which is how one H200 tests TP=2; times mean nothing then, results do. For every
 linear-style ops and the torch.ops.symm_mem drop-ins), both dtypes, the four Llama-3 presets at
 small token counts and ragged shapes, it checks:
 
+- FP8 (float8_e4m3fn operands, tensor-wise scales, bf16 out): every schedule the ops expose
+  (auto, ag-a, ag-a-single; auto, rs-a read and push, rs-a-single) on a ragged and a 256-token
+  shape, random e4m3 inputs, the output poisoned with NaN, every element within the float64
+  bound of fp8_bound; a second call with new inputs and new scales on the same instance (no
+  rebuild); fused_all_gather_scaled_matmul; FP8 arguments that must raise;
+
 - all-gather: bitwise equal to distgemm's own single-GPU GEMM (a one-rank group) on the gathered
   input, and within the float64 bound of the unsharded product;
 - reduce-scatter: within the float64 bound (r roundings: max(TP, 2));
@@ -291,6 +297,238 @@ def main():
             f"bad calls {bad_rs[:10]}",
         )
 
+    def f32(v):
+        """The f32 value the kernels use for a scale given as a Python float."""
+        return torch.tensor(v, dtype=torch.float32).item()
+
+    def rand_e4m3(shape, seed):
+        """Random e4m3 codes: N(0, 1) rounded to e4m3 (mostly nonzero, up to about ±4)."""
+        return rand(shape, torch.float32, seed).to(torch.float8_e4m3fn)
+
+    def fp8_bound(name, got, a_rows, b_rows, scales, r, k):
+        """got (bf16) vs sa·sb·a_rows @ b_rows.T in f64 (e4m3 values and f32 scales are exact
+        there), every element.
+
+        Bound: |D − D_ref| ≤ 1.05·(r·2^-8 + (K + P + 4)·2^-22)·sa·sb·Σ_k|a||b| + r·2^-134
+        + 5·2^-150. It is host/src/reference's ErrorBound::scaled for bf16 output with the f32
+        unit roundoff 2^-24 of the accumulation terms widened to 2^-22: r bf16 roundings (the
+        output store, and on reduce-scatter one per hop of a partial sum, r = max(TP, 2)),
+        each at most 2^-8 of a value that is at most sa·sb·Σ|a||b| (every partial sum of a row
+        is bounded by the sum of the absolute products); the K − 1 accumulation additions,
+        P hop additions and 4 epilogue operations (sa·sb, its product with the accumulator,
+        alpha, beta·C) in f32; the absolute terms cover bf16 subnormal rounding and f32
+        underflow. The factor 4 on the f32 terms covers the tensor cores' FP8 accumulation,
+        which keeps fewer bits than f32 between steps (the library measured its FP8 kernel at
+        at most 0.30 of the 2^-24 bound for K ≤ 4096, kernels-gpu/NOTES.md step 35); the cases
+        below keep K ≤ 2048."""
+        sa, sb = scales
+        a64, b64 = a_rows.float().double(), b_rows.float().double()
+        ref = sa * sb * (a64 @ b64.T)
+        mag = sa * sb * (a64.abs() @ b64.abs().T)
+        bound = (
+            1.05 * (r * 2.0**-8 + (k + world + 4) * 2.0**-22) * mag
+            + r * 2.0**-134
+            + 5 * 2.0**-150
+        )
+        err = (got.double().reshape(ref.shape) - ref).abs()
+        bad = int((err > bound).sum())  # NaN (the poison left unwritten) is never <= bound
+        finite = bool(torch.isfinite(got).all())
+        check.ok(
+            name,
+            bad == 0 and finite and got.dtype == torch.bfloat16,
+            f"max err {err.max().item():.3g}, max bound {bound.max().item():.3g}, {bad} outside, "
+            f"{got.dtype}",
+        )
+
+    # The scales of the two calls of each FP8 case: the first a float and a one-element CUDA
+    # tensor (read on the host), the second changed (the cached instance's set_fp8_scales).
+    fp8_scales = [
+        (0.3, torch.tensor(0.125, device=dev)),
+        (torch.tensor(1.5, device=dev), 0.0390625),
+    ]
+
+    def scale_of(s):
+        return s.item() if hasattr(s, "item") else f32(s)
+
+    def fp8_ag_case(tag, m, n, k, schedule):
+        """FP8 all_gather_linear, two calls on one instance with new inputs and new scales,
+        the output poisoned with NaN, every element against the f64 reference."""
+        ml, nl = m // world, n // world
+        built = len(distgemm._ops.CACHE)
+        for call, (sa, sb) in enumerate(fp8_scales):
+            seed = seed_of(tag, "fp8", call)
+            a_full = rand_e4m3((m, k), seed)
+            w = rand_e4m3((nl, k), seed + 1 + rank)
+            x = a_full[rank * ml : (rank + 1) * ml].clone()
+            out = torch.full((m, nl), float("nan"), dtype=torch.bfloat16, device=dev)
+            res = distgemm.all_gather_linear(
+                x, w.clone(), schedule=schedule, out=out, scale_a=sa, scale_b=sb
+            )
+            x.view(torch.uint8).fill_(0x7F)  # overwritten (e4m3 NaN) right after the call
+            torch.cuda.synchronize()
+            scales = (scale_of(sa), scale_of(sb))
+            fp8_bound(
+                f"{tag} e4m3 ag {schedule} call {call} scales {scales}: f64 bound",
+                res,
+                a_full,
+                w,
+                scales,
+                1,
+                k,
+            )
+        check.ok(
+            f"{tag} e4m3 ag {schedule}: new scales reused the instance",
+            len(distgemm._ops.CACHE) == built + 1,
+            f"{len(distgemm._ops.CACHE) - built} instances built",
+        )
+        distgemm.synchronize()
+
+    def fp8_rs_case(tag, m, n, k, schedule, partials="read"):
+        """FP8 linear_reduce_scatter, as fp8_ag_case (r = max(TP, 2) bf16 roundings)."""
+        kl, ml = k // world, m // world
+        built = len(distgemm._ops.CACHE)
+        for call, (sa, sb) in enumerate(fp8_scales):
+            seed = seed_of(tag, "fp8", call, partials)
+            a32 = rand((m, k), torch.float32, seed)
+            w32 = rand((n, k), torch.float32, seed + 1)
+            a_full, w_full = a32.to(torch.float8_e4m3fn), w32.to(torch.float8_e4m3fn)
+            x = a32[:, rank * kl : (rank + 1) * kl].contiguous().to(torch.float8_e4m3fn)
+            w = w32[:, rank * kl : (rank + 1) * kl].contiguous().to(torch.float8_e4m3fn)
+            out = torch.full((ml, n), float("nan"), dtype=torch.bfloat16, device=dev)
+            res = distgemm.linear_reduce_scatter(
+                x, w, schedule=schedule, out=out, partials=partials, scale_a=sa, scale_b=sb
+            )
+            x.view(torch.uint8).fill_(0x7F)
+            w.view(torch.uint8).fill_(0x7F)
+            torch.cuda.synchronize()
+            scales = (scale_of(sa), scale_of(sb))
+            fp8_bound(
+                f"{tag} e4m3 rs {schedule} {partials} call {call} scales {scales}: f64 bound",
+                res,
+                a_full[rank * ml : (rank + 1) * ml],
+                w_full,
+                scales,
+                max(world, 2),
+                k,
+            )
+        check.ok(
+            f"{tag} e4m3 rs {schedule} {partials}: new scales reused the instance",
+            len(distgemm._ops.CACHE) == built + 1,
+            f"{len(distgemm._ops.CACHE) - built} instances built",
+        )
+        distgemm.synchronize()
+
+    def fp8_checks():
+        """FP8 (tensor-wise) through every schedule the ops expose, the scaled drop-in, and
+        FP8 arguments that must be refused."""
+        shapes = [(world * 37, world * 8 * 13, 16 * world * 29), (256, world * 256, 2048)]
+        for m, n, k in shapes:
+            tag = f"fp8 M={m} N={n} K={k}"
+            for schedule in ("auto", "ag-a", "ag-a-single"):
+                fp8_ag_case(tag, m, n, k, schedule)
+            for schedule, partials in (
+                ("auto", "read"),
+                ("rs-a", "read"),
+                ("rs-a", "push"),
+                ("rs-a-single", "read"),
+            ):
+                fp8_rs_case(tag, m, n, k, schedule, partials)
+        # The drop-in: the same GEMM as all_gather_linear with the same scales, and A.
+        m, n, k = world * 20, world * 64, 256
+        a_full = rand_e4m3((m, k), seed_of("fp8 drop-in"))
+        w = rand_e4m3((n // world, k), seed_of("fp8 drop-in w", rank))
+        x = a_full[rank * 20 : (rank + 1) * 20].clone()
+        sa, sb = torch.tensor(0.5, device=dev), torch.tensor(0.25, device=dev)
+        gathered, (o1,) = distgemm.fused_all_gather_scaled_matmul(
+            x,
+            [w.t()],
+            sa,
+            [sb],
+            0,
+            dist.group.WORLD.group_name,
+            [None],
+            [None],
+            [torch.bfloat16],
+            [True],
+        )
+        direct = distgemm.all_gather_linear(x, w, scale_a=0.5, scale_b=0.25)
+        torch.cuda.synchronize()
+        check.ok(
+            "fp8 fused_all_gather_scaled_matmul: A returned",
+            torch.equal(gathered.view(torch.uint8), a_full.view(torch.uint8)),
+        )
+        check.ok(
+            "fp8 fused_all_gather_scaled_matmul = all_gather_linear", torch.equal(o1, direct)
+        )
+        name = "fp8 fused_all_gather_scaled_matmul: f64 bound"
+        fp8_bound(name, o1, a_full, w, (0.5, 0.25), 1, k)
+        distgemm.synchronize()
+        xb = x.float().to(torch.bfloat16)
+        bad = [
+            (
+                "e4m3 without scales",
+                TypeError,
+                lambda: distgemm.all_gather_linear(x, w),
+                ["scale_a"],
+            ),
+            (
+                "e4m3 A with bf16 weight",
+                TypeError,
+                lambda: distgemm.all_gather_linear(
+                    x, w.float().to(torch.bfloat16), scale_a=1.0, scale_b=1.0
+                ),
+                ["e4m3", "bf16"],
+            ),
+            (
+                "float8_e5m2",
+                TypeError,
+                lambda: distgemm.all_gather_linear(
+                    x.float().to(torch.float8_e5m2),
+                    w.float().to(torch.float8_e5m2),
+                    scale_a=1.0,
+                    scale_b=1.0,
+                ),
+                ["float8_e5m2"],
+            ),
+            (
+                "scales with bf16 inputs",
+                TypeError,
+                lambda: distgemm.all_gather_linear(
+                    xb, w.float().to(torch.bfloat16), scale_a=1.0, scale_b=1.0
+                ),
+                ["scale_a", "bf16"],
+            ),
+            (
+                "e4m3 with out_dtype f16",
+                TypeError,
+                lambda: distgemm.all_gather_linear(
+                    x, w, scale_a=1.0, scale_b=1.0, out_dtype=torch.float16
+                ),
+                ["out_dtype", "bfloat16"],
+            ),
+            (
+                "zero scale",
+                ValueError,
+                lambda: distgemm.all_gather_linear(x, w, scale_a=0.0, scale_b=1.0),
+                ["scale_a"],
+            ),
+            (
+                "row-wise scale tensor",
+                ValueError,
+                lambda: distgemm.all_gather_linear(
+                    x, w, scale_a=torch.ones(20, 1, device=dev), scale_b=1.0
+                ),
+                ["row-wise"],
+            ),
+        ]
+        for name, exc, fn, words in bad:
+            check.raises(f"bad input: {name}", exc, fn, words)
+
+    try:
+        fp8_checks()
+    except Exception:  # noqa: BLE001 - report, then run the 16-bit checks
+        check.failures.append(f"rank {rank}: FP8 checks: {traceback.format_exc()}")
+        print(check.failures[-1], file=sys.stderr, flush=True)
     try:
         tokens = [256] if args.quick else [256, 37 * world]  # 37 * TP: ragged per rank
         for preset, (n, k) in PRESETS.items():
