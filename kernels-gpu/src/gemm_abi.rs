@@ -83,6 +83,23 @@ impl TileConfig {
             ConsumerSplit::Columns => self.block_n / 2,
         }
     }
+    /// Split-K: how many splits' partial sums the finishing warpgroup loads at once (1 ..=
+    /// [`MAX_SUM_GROUP`]) before adding them in split order. Each split is
+    /// `block_m · block_n / 256` floats per consumer thread (its accumulators); a group keeps
+    /// `sum_group` of those in flight beside the accumulators, within 160 of the consumers'
+    /// 232 registers (more spilled: `128x128s` with 2 groups of 64). One L2 round trip per
+    /// group, so the sum of `s` splits costs `⌈s / sum_group⌉` round trips.
+    pub const fn sum_group(&self) -> u32 {
+        let per_split = self.block_m * self.block_n / 256;
+        let g = 160 / per_split;
+        if g <= 1 {
+            1
+        } else if g - 1 > MAX_SUM_GROUP {
+            MAX_SUM_GROUP
+        } else {
+            g - 1
+        }
+    }
     /// 64-row accumulator slabs per consumer warpgroup.
     pub const fn slabs(&self) -> u32 {
         self.wg_rows() / SLAB_M
@@ -261,6 +278,16 @@ pub const TILE_64X128: TileConfig = TileConfig {
     cluster_m: 1,
     split_k: false,
 };
+/// 64×128 tiles with split-K: decode shapes whose 64-row tiles are still fewer than the SMs
+/// (few, wide-K weight matrices: a QKV projection at high TP), where only splitting K puts
+/// every SM on the weight stream.
+pub const TILE_64X128_SPLITK: TileConfig = TileConfig {
+    split_k: true,
+    ..TILE_64X128
+};
+
+/// The largest [`TileConfig::sum_group`] (the kernel unrolls its group loop to this bound).
+pub const MAX_SUM_GROUP: u32 = 4;
 
 /// One compiled configuration: its entry points and tile configuration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -299,6 +326,7 @@ macro_rules! gemm_variants {
             "128x256s" => gemm_bf16_128x256s, gemm_f16_128x256s, TILE_128X256_SPLITK, Tile128x256S, e4m3 gemm_e4m3_128x256s;
             "128x128s" => gemm_bf16_128x128s, gemm_f16_128x128s, TILE_128X128_SPLITK, Tile128x128S;
             "64x128" => gemm_bf16_64x128, gemm_f16_64x128, TILE_64X128, Tile64x128, e4m3 gemm_e4m3_64x128;
+            "64x128s" => gemm_bf16_64x128s, gemm_f16_64x128s, TILE_64X128_SPLITK, Tile64x128S, e4m3 gemm_e4m3_64x128s;
         }
     };
 }

@@ -111,8 +111,8 @@ impl MachineModel {
     #[must_use]
     pub fn gemm_compute_seconds(&self, m: usize, n: usize, k: usize) -> f64 {
         let sms = self.sm_count.max(1);
-        let (m, n) = (m as u64, n as u64);
-        let elements_per_sm = estimated_cost(choose_variant(m, n, sms), m, n, sms);
+        let (m, n, k64) = (m as u64, n as u64, k as u64);
+        let elements_per_sm = estimated_cost(choose_variant(m, n, k64, sms), m, n, k64, sms);
         elements_per_sm * 2.0 * k as f64 * f64::from(sms) / self.gemm_flops
     }
 

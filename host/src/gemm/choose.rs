@@ -7,13 +7,14 @@
 //! `⌈tiles / slots⌉ · tile_cost`, with `tile_cost` proportional to the tile's area times a
 //! per-configuration efficiency factor (smaller tiles reread more operand bytes per FLOP).
 //! The rule picks the configuration with the smallest estimate; ties go to the larger tile.
-use kernels_gpu::gemm_abi::{GemmVariant, VARIANTS};
+use kernels_gpu::gemm_abi::{BLOCK_K, GemmVariant, VARIANTS};
 
 /// Relative cost of one tile's main loop per output element, by configuration name
 /// (128×256 = 1). The factors come from the measured per-SM throughput of each configuration
 /// on large problems, where every configuration fills its waves (kernels-gpu/NOTES.md).
 fn cost_per_element(variant: &GemmVariant) -> f64 {
-    match variant.name {
+    // A split-K configuration's main loop is its base tile's (`128x128s` is `128x128`'s).
+    match variant.name.strip_suffix('s').unwrap_or(variant.name) {
         // 2-block clusters (B multicast) measured within noise of the same tile without them
         // (benches/results/gemm-2026-11-30-b3588aa-variants.md): equal cost, so ties keep the
         // simpler launch, which comes first in `VARIANTS`.
@@ -43,46 +44,62 @@ fn cost_per_element(variant: &GemmVariant) -> f64 {
     }
 }
 
-/// Estimated relative run time of `variant` on an `m × n` output with `sm_count` SMs.
+/// Estimated relative run time of `variant` on an `m × n × k` problem with `sm_count` SMs.
+///
+/// With split-K ([`split_count`] `s > 1`) the units are `tiles · s`, each `1/s` of a tile's
+/// main loop plus [`SPLIT_COST_K_BLOCKS`] k-blocks per L2 round trip of the finishing
+/// warpgroup's sum (`⌈s / sum_group⌉` of them: `TileConfig::sum_group`).
 #[must_use]
-pub fn estimated_cost(variant: &GemmVariant, m: u64, n: u64, sm_count: u32) -> f64 {
+pub fn estimated_cost(variant: &GemmVariant, m: u64, n: u64, k: u64, sm_count: u32) -> f64 {
     let c = variant.config;
     let slots = u64::from((sm_count / c.cluster_m) * c.cluster_m).max(1);
     let tiles = m
         .div_ceil(u64::from(c.block_m))
         .next_multiple_of(u64::from(c.cluster_m))
         * n.div_ceil(u64::from(c.block_n));
-    let waves = tiles.div_ceil(slots);
-    waves as f64 * f64::from(c.block_m * c.block_n) * cost_per_element(variant)
+    let splits = u64::from(split_count(variant, m, n, k, sm_count));
+    let waves = (tiles * splits).div_ceil(slots);
+    let tile = f64::from(c.block_m * c.block_n) * cost_per_element(variant);
+    let per_unit = if splits > 1 {
+        let k_blocks = k.div_ceil(u64::from(BLOCK_K)) as f64;
+        let round_trips = splits.div_ceil(u64::from(c.sum_group())) as f64;
+        (k_blocks / splits as f64 + SPLIT_COST_K_BLOCKS * round_trips) / k_blocks
+    } else {
+        1.0
+    };
+    waves as f64 * tile * per_unit
 }
 
-/// The configuration the rule picks for an `m × n` output on a GPU with `sm_count` SMs.
-///
-/// The split-K configurations are not candidates: they are chosen only by name
-/// ([`variant_named`]), as measured slower than not splitting on most decode shapes
-/// (kernels-gpu/NOTES.md step 34).
+/// What one L2 round trip of split-K's sum costs, in k-blocks of the unit's main loop: at
+/// decode a 64-deep k-block of a weight-streaming `64x128` tile takes ~0.23 µs (405B QKV at
+/// TP 8, M = 1: 58 µs for 256 k-blocks, gemm-grid-2026-12-01-e6d8b28-405b) and an L2 round
+/// trip under load ~0.5–1 µs, plus the counter hand-off.
+const SPLIT_COST_K_BLOCKS: f64 = 4.0;
+
+/// The configuration the rule picks for an `m × n × k` problem on a GPU with `sm_count` SMs:
+/// the cheapest by [`estimated_cost`], split-K ones only where they split (`s ≥ 2`, i.e. the
+/// tiles fill at most half the SMs).
 #[must_use]
-pub fn choose_variant(m: u64, n: u64, sm_count: u32) -> &'static GemmVariant {
-    cheapest(
-        VARIANTS.iter().filter(|v| !v.config.split_k),
-        m,
-        n,
-        sm_count,
-    )
+pub fn choose_variant(m: u64, n: u64, k: u64, sm_count: u32) -> &'static GemmVariant {
+    cheapest(VARIANTS.iter(), m, n, k, sm_count)
 }
 
 /// The candidate with the smallest [`estimated_cost`]; within 0.1 % the earlier one (the
-/// order of [`VARIANTS`]: the simpler launch first).
-fn cheapest(
-    mut candidates: impl Iterator<Item = &'static GemmVariant>,
+/// order of [`VARIANTS`]: the simpler launch first). A split-K candidate that would not split
+/// is skipped (it is its base configuration plus the hand-off).
+fn cheapest<'v>(
+    candidates: impl Iterator<Item = &'v GemmVariant>,
     m: u64,
     n: u64,
+    k: u64,
     sm_count: u32,
-) -> &'static GemmVariant {
+) -> &'v GemmVariant {
+    let mut candidates =
+        candidates.filter(|v| !v.config.split_k || split_count(v, m, n, k, sm_count) > 1);
     let first = candidates
         .next()
         .expect("at least one candidate configuration");
-    let cost = |v: &GemmVariant| estimated_cost(v, m, n, sm_count);
+    let cost = |v: &GemmVariant| estimated_cost(v, m, n, k, sm_count);
     candidates.fold(first, |best, v| {
         if cost(v) < cost(best) * 0.999 {
             v
@@ -92,12 +109,12 @@ fn cheapest(
     })
 }
 
-/// The configuration the rule picks for an FP8 GEMM with an `m × n` output: the cheapest by
-/// [`estimated_cost`] among those compiled for e4m3 (split-K ones only by name, as for
-/// [`choose_variant`]).
-pub fn choose_fp8_variant(m: u64, n: u64, sm_count: u32) -> &'static GemmVariant {
-    let fp8 = |v: &&GemmVariant| v.kernel_e4m3.is_some() && !v.config.split_k;
-    cheapest(VARIANTS.iter().filter(fp8), m, n, sm_count)
+/// The configuration the rule picks for an FP8 GEMM with an `m × n` output and `k_pairs`
+/// columns of e4m3 pairs (the kernel's view: K/2 16-bit columns): the cheapest by
+/// [`estimated_cost`] among those compiled for e4m3, as [`choose_variant`].
+pub fn choose_fp8_variant(m: u64, n: u64, k_pairs: u64, sm_count: u32) -> &'static GemmVariant {
+    let fp8 = VARIANTS.iter().filter(|v| v.kernel_e4m3.is_some());
+    cheapest(fp8, m, n, k_pairs, sm_count)
 }
 
 /// Height of the tile order's bands, in cluster tiles, for `variant` on an `m × n` output run
@@ -131,19 +148,19 @@ pub const MAX_SPLITS: u32 = 32;
 
 /// The fewest 64-wide k-blocks a split runs: below this the pipeline's fill and the partial
 /// sum's write and read cost more than the split saves.
-pub const MIN_SPLIT_K_BLOCKS: u64 = 4;
+pub const MIN_SPLIT_K_BLOCKS: u64 = 8;
 
 /// K-splits per tile for a split-K configuration ([`SplitParams`](kernels_gpu::gemm_abi::SplitParams))
-/// on an `m × n × k` problem with `sm_count` SMs: the `s` in `1 ..= min(MAX_SPLITS,
-/// k-blocks / MIN_SPLIT_K_BLOCKS)` with the fewest waves of units per unit of work,
-/// `⌈tiles·s / SMs⌉ / s` (a split's main loop is `1/s` of the tile's), the smallest `s`
-/// among those within 2 % of the best (each split adds a partial sum to write and read).
-/// It is 1 without split-K and when the tiles alone fill the SMs (`tiles ≥ SMs`): there the
-/// partial sums of whole M-tall tiles would cost more than evener waves save.
+/// on an `m × n × k` problem with `sm_count` SMs: as many as fit one wave of units,
+/// `⌊SMs / tiles⌋`, at most [`MAX_SPLITS`] and with at least [`MIN_SPLIT_K_BLOCKS`] k-blocks
+/// each. One wave because every unit beyond a block's first restarts the pipeline and every
+/// split adds to the finishing warpgroup's serial sum (kernels-gpu/NOTES.md steps 34 and
+/// 37: more splits in several waves measured slower than none). It is 1 without split-K and
+/// when the tiles fill more than half the SMs.
 ///
-/// Examples on 132 SMs with 128×256 tiles: 16 × 8192 × 14336 (32 tiles) splits 4 ways
-/// (128 units, one wave); 16 × 28672 × 8192 (112 tiles) 7 ways (784 units of a seventh of
-/// a tile each, in 6 waves: 6/7 = 0.86 of the unsplit single wave).
+/// Examples on 132 SMs: 1 × 2304 × 16384 (405B QKV at TP 8) in 64×128 tiles: 18 tiles, 7
+/// splits of 36–37 k-blocks (126 units); 16 × 8192 × 14336 in 128×256 tiles: 32 tiles, 4
+/// splits.
 #[must_use]
 pub fn split_count(variant: &GemmVariant, m: u64, n: u64, k: u64, sm_count: u32) -> u32 {
     let c = variant.config;
@@ -152,18 +169,14 @@ pub fn split_count(variant: &GemmVariant, m: u64, n: u64, k: u64, sm_count: u32)
     }
     let tiles = m.div_ceil(u64::from(c.block_m)) * n.div_ceil(u64::from(c.block_n));
     let slots = u64::from(sm_count.max(1));
-    if tiles >= slots {
-        return 1;
-    }
-    let k_blocks = k.div_ceil(u64::from(kernels_gpu::gemm_abi::BLOCK_K));
-    let most = (k_blocks / MIN_SPLIT_K_BLOCKS).clamp(1, u64::from(MAX_SPLITS));
-    let cost = |s: u64| (tiles * s).div_ceil(slots) as f64 / s as f64;
-    let best = (1..=most).map(cost).fold(f64::INFINITY, f64::min);
-    (1..=most).find(|&s| cost(s) <= best * 1.02).unwrap_or(1) as u32
+    let k_blocks = k.div_ceil(u64::from(BLOCK_K));
+    (slots / tiles.max(1))
+        .min(k_blocks / MIN_SPLIT_K_BLOCKS)
+        .clamp(1, u64::from(MAX_SPLITS)) as u32
 }
 
 /// The configuration named `name` (`128x256`, `128x256c2`, `192x192`, `128x224`, `128x128`,
-/// `128x128c2`, `64x128`, and the split-K `128x256s`, `128x128s`).
+/// `128x128c2`, `64x128`, and the split-K `128x256s`, `128x128s`, `64x128s`).
 #[must_use]
 pub fn variant_named(name: &str) -> Option<&'static GemmVariant> {
     VARIANTS.iter().find(|v| v.name == name)
@@ -179,22 +192,22 @@ mod tests {
         // = 6.3 waves → 7; 1664 narrow ones = 12.6 → 13 · 1.06 / 2 = 6.89; 11 · 70 = 770
         // tiles of 192×192 = 5.8 waves → 6 · 1.125 = 6.75. Measured: 192×192 3–4 % faster
         // than 128×256 and 6–7 % faster than 128×128 (gemm-2026-11-30-d18f3ea-variants.md).
-        assert_eq!(choose_variant(2048, 13312, 132).name, "192x192");
+        assert_eq!(choose_variant(2048, 13312, 16384, 132).name, "192x192");
         // 2048×16384 (405B fc2, TP=8 stage): 8 waves against 16 · 1.06 / 2 = 8.5: wide.
-        assert_eq!(choose_variant(2048, 16384, 132).config.block_n, 256);
+        assert_eq!(choose_variant(2048, 16384, 6656, 132).config.block_n, 256);
     }
 
     #[test]
     fn full_waves_keep_the_large_tile_and_ragged_waves_split() {
         // 8192×8192: 64×32 = 2048 tiles of 128×256 = 15.5 waves on 132 SMs: keeps wide tiles.
-        assert_eq!(choose_variant(8192, 8192, 132).config.block_n, 256);
+        assert_eq!(choose_variant(8192, 8192, 8192, 132).config.block_n, 256);
         // 2048×7168: 448 wide tiles = 3.39 waves (4 waves for 3.39 of work); 896 narrow
         // tiles = 6.8 waves (7 · 1.06 / 2 = 3.71); 512 tiles of 224 columns = 3.88 waves
         // (4 · 1.02 · 224 / 256 = 3.57): the 224-wide tiles win.
-        assert_eq!(choose_variant(2048, 7168, 132).config.block_n, 224);
+        assert_eq!(choose_variant(2048, 7168, 8192, 132).config.block_n, 224);
         // 8192×8192 in 224-wide tiles: 64 × 37 = 2368 tiles, 18 waves (17.9) against 16
         // (15.5) of 256-wide ones: 18 · 1.02 · 224 / 256 = 16.07 > 16, the wide tiles stay.
-        assert_eq!(choose_variant(8192, 8192, 132).config.block_n, 256);
+        assert_eq!(choose_variant(8192, 8192, 8192, 132).config.block_n, 256);
     }
 
     #[test]
@@ -212,20 +225,23 @@ mod tests {
     }
 
     #[test]
-    fn split_k_fills_the_sms_with_units() {
+    fn split_k_fills_one_wave_of_units() {
         let s = variant_named("128x256s").unwrap();
         // 32 tiles: 4 splits make one full wave of 128 units.
         assert_eq!(split_count(s, 16, 8192, 14336, 132), 4);
-        // 112 tiles: 7 splits make 784 units, 6 waves (5.94 of work).
-        assert_eq!(split_count(s, 16, 28672, 8192, 132), 7);
+        // 112 tiles: a second split would need a second wave: none.
+        assert_eq!(split_count(s, 16, 28672, 8192, 132), 1);
         // The tiles alone fill the SMs: no split.
         assert_eq!(split_count(s, 8192, 8192, 8192, 132), 1);
         assert_eq!(split_count(s, 128, 33792, 8192, 132), 1);
-        // Short K: at most k-blocks / 4 splits (K = 512: 8 k-blocks, 2 splits).
-        assert_eq!(split_count(s, 16, 8192, 512, 132), 2);
-        assert_eq!(split_count(s, 16, 8192, 64, 132), 1);
+        // Short K: at least 8 k-blocks a split (K = 1024: 16 k-blocks, 2 splits).
+        assert_eq!(split_count(s, 16, 8192, 1024, 132), 2);
+        assert_eq!(split_count(s, 16, 8192, 512, 132), 1);
+        // 405B QKV at TP 8, one token, 64×128 tiles: 18 tiles, 7 splits (126 units).
+        let narrow = variant_named("64x128s").unwrap();
+        assert_eq!(split_count(narrow, 1, 2304, 16384, 132), 7);
         // Never more than MAX_SPLITS, even with one tile and a huge K.
-        assert!(split_count(s, 1, 8, 1 << 24, 132) <= MAX_SPLITS);
+        assert_eq!(split_count(s, 1, 8, 1 << 24, 132), MAX_SPLITS);
         // Other configurations never split.
         assert_eq!(
             split_count(variant_named("128x256").unwrap(), 16, 8192, 14336, 132),
@@ -234,9 +250,25 @@ mod tests {
     }
 
     #[test]
-    fn the_rule_does_not_pick_split_k() {
-        for (m, n) in [(1, 8192), (16, 28672), (2048, 7168), (8192, 8192)] {
-            assert!(!choose_variant(m, n, 132).config.split_k, "{m}x{n}");
+    fn split_k_runs_where_the_tiles_leave_sms_idle() {
+        // 405B QKV at TP 8 (2304 × 16384): 18 or 36 tiles of 64×128 at 1–128 tokens; 8B fc2
+        // (4096 × 14336) at 16: 32 tiles. A split costs 1/s of the main loop plus 4 k-blocks
+        // per round trip of the sum, which 64×128 does for 4 splits at once.
+        for (m, n, k) in [(1, 2304, 16384), (128, 2304, 16384), (16, 4096, 14336)] {
+            assert_eq!(choose_variant(m, n, k, 132).name, "64x128s", "{m}x{n}x{k}");
+        }
+        // 70B QKV at TP 2, 128 tokens: 80 tiles of 64×128 (one wave, unsplit: 11 469) against
+        // 40 of 128×128 split 3 ways (16 384 · 1.06 · (42.7 + 4) / 128 = 6 332).
+        assert_eq!(choose_variant(128, 5120, 8192, 132).name, "128x128s");
+        // The tiles fill more than half the SMs (70B fc1 at TP 2, 16 tokens: 224 tiles of
+        // 64×128, 112 of 128×256), K too short to split (8 k-blocks), or prefill: no split.
+        for (m, n, k) in [
+            (16, 28672, 8192),
+            (1, 2304, 512),
+            (2048, 7168, 8192),
+            (8192, 8192, 8192),
+        ] {
+            assert!(!choose_variant(m, n, k, 132).config.split_k, "{m}x{n}x{k}");
         }
     }
 
@@ -245,37 +277,50 @@ mod tests {
         // Few rows: 64×128 tiles cost 1.4 × 8192 each where 128-row tiles cost 16 384 or
         // more in as many waves (70B fc2 at TP 2, 16 × 8192: 64 tiles of either height; 70B
         // QKV, 128 × 5120: 80 tiles against 40, one wave each — measured 330 against 240
-        // TFLOP/s). Measured faster than 128×128 on every 70B TP=2 shape of 1–128 rows.
-        for (m, n) in [
-            (1, 8192),
-            (16, 8192),
-            (64, 5120),
-            (16, 28672),
-            (7, 1001),
-            (128, 5120),
-        ] {
-            assert_eq!(choose_variant(m, n, 132).name, "64x128", "{m}x{n}");
-            assert_eq!(choose_fp8_variant(m, n, 132).name, "64x128", "{m}x{n}");
+        // TFLOP/s). Measured faster than 128×128 on every 70B TP=2 shape of 1–128 rows. Where
+        // its tiles fill at most half the SMs it also splits K (`64x128s`).
+        for (m, n) in [(1, 8192), (16, 8192), (64, 5120), (16, 28672), (7, 1001)] {
+            assert_eq!(
+                choose_variant(m, n, 8192, 132).config.block_m,
+                64,
+                "{m}x{n}"
+            );
+            assert_eq!(
+                choose_fp8_variant(m, n, 4096, 132).config.block_m,
+                64,
+                "{m}x{n}"
+            );
         }
         // More rows, or wide enough that its tiles take more waves: 70B fc1 at 128 rows
         // (448 tiles, 4 waves: 432 TFLOP/s against 128×224's 1.05 of cuBLAS), prefill.
         for (m, n) in [(128, 28672), (512, 5120), (2048, 7168), (8192, 8192)] {
-            assert_ne!(choose_variant(m, n, 132).config.block_m, 64, "{m}x{n}");
-            assert_ne!(choose_fp8_variant(m, n, 132).config.block_m, 64, "{m}x{n}");
+            assert_ne!(
+                choose_variant(m, n, 8192, 132).config.block_m,
+                64,
+                "{m}x{n}"
+            );
+            assert_ne!(
+                choose_fp8_variant(m, n, 4096, 132).config.block_m,
+                64,
+                "{m}x{n}"
+            );
         }
     }
 
     #[test]
     fn fp8_picks_among_its_compiled_configurations() {
-        for (m, n) in [(1, 8192), (2048, 7168), (8192, 8192), (2048, 13312)] {
-            let v = choose_fp8_variant(m, n, 132);
-            assert!(
-                v.kernel_e4m3.is_some() && !v.config.split_k,
-                "{m}x{n}: {}",
-                v.name
-            );
+        for (m, n) in [
+            (1, 8192),
+            (1, 2304),
+            (2048, 7168),
+            (8192, 8192),
+            (2048, 13312),
+        ] {
+            let v = choose_fp8_variant(m, n, 8192, 132);
+            assert!(v.kernel_e4m3.is_some(), "{m}x{n}: {}", v.name);
         }
-        assert_eq!(choose_fp8_variant(8192, 8192, 132).name, "128x256");
+        assert_eq!(choose_fp8_variant(8192, 8192, 4096, 132).name, "128x256");
+        assert_eq!(choose_fp8_variant(1, 2304, 8192, 132).name, "64x128s");
     }
 
     #[test]

@@ -94,8 +94,8 @@ impl GemmKernel {
         stream: &CudaStream,
         args: &GemmArgs,
     ) -> Result<PreparedGemm, GemmLaunchError> {
-        let (m, n, _) = args.shape();
-        self.prepare_variant(stream, args, choose_variant(m, n, self.gpu.sm_count()))
+        let (m, n, k) = args.shape();
+        self.prepare_variant(stream, args, choose_variant(m, n, k, self.gpu.sm_count()))
     }
 
     /// Like [`Self::prepare`] with the tile configuration given (an override of the rule).
@@ -115,8 +115,9 @@ impl GemmKernel {
         stream: &CudaStream,
         args: &Fp8GemmArgs,
     ) -> Result<PreparedGemm, GemmLaunchError> {
-        let (m, n, _) = (args.a.rows, args.b.rows, args.a.cols);
-        self.prepare_fp8_variant(stream, args, choose_fp8_variant(m, n, self.gpu.sm_count()))
+        let (m, n, k) = (args.a.rows, args.b.rows, args.a.cols);
+        let variant = choose_fp8_variant(m, n, k.div_ceil(2), self.gpu.sm_count());
+        self.prepare_fp8_variant(stream, args, variant)
     }
 
     /// Like [`Self::prepare_fp8`] with the tile configuration given; it must be one compiled
@@ -142,14 +143,14 @@ impl GemmKernel {
         args: &GemmArgs,
         fp8: Option<RowScales>,
     ) -> Result<PreparedGemm, GemmLaunchError> {
-        let (m, n, _) = args.shape();
+        let (m, n, k) = args.shape();
         let sms = self.gpu.sm_count();
         match fp8 {
-            None => self.prepare_inputs(stream, args, choose_variant(m, n, sms), Inputs::Native),
+            None => self.prepare_inputs(stream, args, choose_variant(m, n, k, sms), Inputs::Native),
             Some(rows) => self.prepare_inputs(
                 stream,
                 args,
-                choose_fp8_variant(m, n, sms),
+                choose_fp8_variant(m, n, k, sms),
                 Inputs::E4m3Pairs(rows),
             ),
         }

@@ -90,6 +90,15 @@ trait Config {
     );
 }
 
+// `seq!(G in 0..4)` in `sum_partials` spells the bound of its group loop as a literal.
+const _: () = assert!(MAX_SUM_GROUP == 4);
+
+/// Split-K: adds split `x` to the running sum `acc`, or starts it with split 0 (`first`).
+#[inline(always)]
+fn add_split(acc: &mut f32, x: f32, first: bool) {
+    *acc = if first { x } else { *acc + x };
+}
+
 /// Bytes between the A rows of consecutive 64-row slabs in a stage's A tile (128-byte rows).
 const SLAB_A_BYTES: u32 = SLAB_M * BLOCK_K * 2;
 
@@ -180,6 +189,9 @@ macro_rules! config {
                     });
                 });
             }
+            /// The loads of `TileConfig::sum_group` splits are issued together, then added in
+            /// split order: the sum is the same, bit for bit, as one split at a time, but a
+            /// group costs one L2 round trip instead of one per split.
             #[inline(always)]
             unsafe fn sum_partials(
                 acc: &mut Self::Acc,
@@ -189,20 +201,47 @@ macro_rules! config {
                 row: u32,
                 m: u32,
             ) {
+                const SUM_GROUP: u32 = $tile.sum_group();
                 let t = index::thread_in_warpgroup();
-                for j in 0..splits {
-                    let slot = unsafe { first.add(j as usize * stride) };
-                    seq!(S in 0..$slabs {
-                        let r0 = row + S * SLAB_M + 16 * (t / 32) + (t % 32) / 4;
-                        let rows = [r0 < m, r0 + 8 < m];
-                        seq!(R in 0..$regs {
-                            if rows[(R % 4) / 2] {
-                                let at = ((S * $regs + R) * 128 + t) as usize;
-                                let v = unsafe { grid::load_f32_cg(slot.add(at)) };
-                                acc[S][R] = if j == 0 { v } else { acc[S][R] + v };
+                for j0 in (0..splits).step_by(SUM_GROUP as usize) {
+                    seq!(G in 0..4 {
+                        let mut v~G = [[0.0f32; $regs]; $slabs];
+                        if G < SUM_GROUP && j0 + G < splits {
+                            let slot = unsafe { first.add((j0 + G) as usize * stride) };
+                            seq!(S in 0..$slabs {
+                                let r0 = row + S * SLAB_M + 16 * (t / 32) + (t % 32) / 4;
+                                let rows = [r0 < m, r0 + 8 < m];
+                                seq!(R in 0..$regs {
+                                    if rows[(R % 4) / 2] {
+                                        let at = ((S * $regs + R) * 128 + t) as usize;
+                                        let x = unsafe { grid::load_f32_cg(slot.add(at)) };
+                                        // One split at a time (the wide tiles, whose registers
+                                        // cannot hold a second split): add as it arrives.
+                                        if SUM_GROUP == 1 {
+                                            add_split(&mut acc[S][R], x, j0 == 0);
+                                        } else {
+                                            v~G[S][R] = x;
+                                        }
+                                    }
+                                });
+                            });
+                        }
+                    });
+                    if SUM_GROUP > 1 {
+                        seq!(G in 0..4 {
+                            if G < SUM_GROUP && j0 + G < splits {
+                                seq!(S in 0..$slabs {
+                                    let r0 = row + S * SLAB_M + 16 * (t / 32) + (t % 32) / 4;
+                                    let rows = [r0 < m, r0 + 8 < m];
+                                    seq!(R in 0..$regs {
+                                        if rows[(R % 4) / 2] {
+                                            add_split(&mut acc[S][R], v~G[S][R], j0 + G == 0);
+                                        }
+                                    });
+                                });
                             }
                         });
-                    });
+                    }
                 }
             }
             /// Writes the consumer's share slab by slab as chunks of 64 rows × `W` columns
@@ -426,6 +465,16 @@ config!(Tile128x128S {
 });
 config!(Tile64x128 {
     tile: TILE_64X128,
+    slabs: 1,
+    regs: 32,
+    blocks: 8,
+    chunks: 1,
+    pairs: 4,
+    mma: mma_n64,
+    fence: fence_operands_32,
+});
+config!(Tile64x128S {
+    tile: TILE_64X128_SPLITK,
     slabs: 1,
     regs: 32,
     blocks: 8,
