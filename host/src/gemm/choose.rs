@@ -47,8 +47,10 @@ fn cost_per_element(variant: &GemmVariant) -> f64 {
 /// Estimated relative run time of `variant` on an `m × n × k` problem with `sm_count` SMs.
 ///
 /// With split-K ([`split_count`] `s > 1`) the units are `tiles · s`, each `1/s` of a tile's
-/// main loop plus [`SPLIT_COST_K_BLOCKS`] k-blocks per L2 round trip of the finishing
-/// warpgroup's sum (`⌈s / sum_group⌉` of them: `TileConfig::sum_group`).
+/// main loop plus the hand-off, in k-blocks of that loop: [`SPLIT_ROUND_TRIP_K_BLOCKS`] per L2
+/// round trip of the finishing warpgroup's sum (`⌈s / sum_group⌉` of them:
+/// `TileConfig::sum_group`) and [`SPLIT_PARTIAL_K_BLOCKS`] per split and 64 real rows of
+/// partial sums (each split stores them, the finisher reads them all back).
 #[must_use]
 pub fn estimated_cost(variant: &GemmVariant, m: u64, n: u64, k: u64, sm_count: u32) -> f64 {
     let c = variant.config;
@@ -63,7 +65,10 @@ pub fn estimated_cost(variant: &GemmVariant, m: u64, n: u64, k: u64, sm_count: u
     let per_unit = if splits > 1 {
         let k_blocks = k.div_ceil(u64::from(BLOCK_K)) as f64;
         let round_trips = splits.div_ceil(u64::from(c.sum_group())) as f64;
-        (k_blocks / splits as f64 + SPLIT_COST_K_BLOCKS * round_trips) / k_blocks
+        let rows = m.min(u64::from(c.block_m)) as f64 / 64.0;
+        let hand_off =
+            SPLIT_ROUND_TRIP_K_BLOCKS * round_trips + SPLIT_PARTIAL_K_BLOCKS * splits as f64 * rows;
+        (k_blocks / splits as f64 + hand_off) / k_blocks
     } else {
         1.0
     };
@@ -74,7 +79,14 @@ pub fn estimated_cost(variant: &GemmVariant, m: u64, n: u64, k: u64, sm_count: u
 /// decode a 64-deep k-block of a weight-streaming `64x128` tile takes ~0.23 µs (405B QKV at
 /// TP 8, M = 1: 58 µs for 256 k-blocks, gemm-grid-2026-12-01-e6d8b28-405b) and an L2 round
 /// trip under load ~0.5–1 µs, plus the counter hand-off.
-const SPLIT_COST_K_BLOCKS: f64 = 4.0;
+const SPLIT_ROUND_TRIP_K_BLOCKS: f64 = 4.0;
+
+/// What a split's partial sums cost per 64 real rows, in k-blocks: a 64-row partial of a
+/// 128-wide tile is 32 KiB of f32, twice a k-block's 16 KiB of B, stored by the split and read
+/// back by the finisher. Fitted to the grids of kernels-gpu/NOTES.md step 37: it makes
+/// `128x128s` lose to `64x128` at 128 rows where it measured slower (70B QKV, o-proj) and win
+/// where it measured faster (8B fc2).
+const SPLIT_PARTIAL_K_BLOCKS: f64 = 8.0;
 
 /// The configuration the rule picks for an `m × n × k` problem on a GPU with `sm_count` SMs:
 /// the cheapest by [`estimated_cost`], split-K ones only where they split (`s ≥ 2`, i.e. the
@@ -150,13 +162,18 @@ pub const MAX_SPLITS: u32 = 32;
 /// sum's write and read cost more than the split saves.
 pub const MIN_SPLIT_K_BLOCKS: u64 = 8;
 
+/// The most rows of partial sums with which two splits still pay: measured, two splits of
+/// 48–64 tiles gained 7–20 % at 1 and 16 rows and lost 5–12 % at 64 (NOTES step 37): there the
+/// unsplit kernel already streams ~3.8 TB/s on half the SMs, and the partials are 64 rows.
+pub const TWO_SPLIT_MAX_ROWS: u64 = 16;
+
 /// K-splits per tile for a split-K configuration ([`SplitParams`](kernels_gpu::gemm_abi::SplitParams))
 /// on an `m × n × k` problem with `sm_count` SMs: as many as fit one wave of units,
 /// `⌊SMs / tiles⌋`, at most [`MAX_SPLITS`] and with at least [`MIN_SPLIT_K_BLOCKS`] k-blocks
-/// each. One wave because every unit beyond a block's first restarts the pipeline and every
-/// split adds to the finishing warpgroup's serial sum (kernels-gpu/NOTES.md steps 34 and
-/// 37: more splits in several waves measured slower than none). It is 1 without split-K and
-/// when the tiles fill more than half the SMs.
+/// each; two only for at most [`TWO_SPLIT_MAX_ROWS`] rows. One wave because every unit beyond
+/// a block's first restarts the pipeline and every split adds to the finishing warpgroup's
+/// sum (NOTES steps 34 and 37: more splits in several waves measured slower than none). It
+/// is 1 without split-K and when the tiles fill more than half the SMs.
 ///
 /// Examples on 132 SMs: 1 × 2304 × 16384 (405B QKV at TP 8) in 64×128 tiles: 18 tiles, 7
 /// splits of 36–37 k-blocks (126 units); 16 × 8192 × 14336 in 128×256 tiles: 32 tiles, 4
@@ -170,9 +187,14 @@ pub fn split_count(variant: &GemmVariant, m: u64, n: u64, k: u64, sm_count: u32)
     let tiles = m.div_ceil(u64::from(c.block_m)) * n.div_ceil(u64::from(c.block_n));
     let slots = u64::from(sm_count.max(1));
     let k_blocks = k.div_ceil(u64::from(BLOCK_K));
-    (slots / tiles.max(1))
+    let s = (slots / tiles.max(1))
         .min(k_blocks / MIN_SPLIT_K_BLOCKS)
-        .clamp(1, u64::from(MAX_SPLITS)) as u32
+        .clamp(1, u64::from(MAX_SPLITS));
+    if s == 2 && m > TWO_SPLIT_MAX_ROWS {
+        1
+    } else {
+        s as u32
+    }
 }
 
 /// The configuration named `name` (`128x256`, `128x256c2`, `192x192`, `128x224`, `128x128`,
@@ -237,8 +259,11 @@ mod tests {
         // Short K: at least 8 k-blocks a split (K = 1024: 16 k-blocks, 2 splits).
         assert_eq!(split_count(s, 16, 8192, 1024, 132), 2);
         assert_eq!(split_count(s, 16, 8192, 512, 132), 1);
-        // 405B QKV at TP 8, one token, 64×128 tiles: 18 tiles, 7 splits (126 units).
+        // Two splits only for few rows: 8B QKV (48 tiles of 64×128) at 16 and 64 tokens.
         let narrow = variant_named("64x128s").unwrap();
+        assert_eq!(split_count(narrow, 16, 6144, 4096, 132), 2);
+        assert_eq!(split_count(narrow, 64, 6144, 4096, 132), 1);
+        // 405B QKV at TP 8, one token, 64×128 tiles: 18 tiles, 7 splits (126 units).
         assert_eq!(split_count(narrow, 1, 2304, 16384, 132), 7);
         // Never more than MAX_SPLITS, even with one tile and a huge K.
         assert_eq!(split_count(s, 1, 8, 1 << 24, 132), MAX_SPLITS);
@@ -252,14 +277,19 @@ mod tests {
     #[test]
     fn split_k_runs_where_the_tiles_leave_sms_idle() {
         // 405B QKV at TP 8 (2304 × 16384): 18 or 36 tiles of 64×128 at 1–128 tokens; 8B fc2
-        // (4096 × 14336) at 16: 32 tiles. A split costs 1/s of the main loop plus 4 k-blocks
-        // per round trip of the sum, which 64×128 does for 4 splits at once.
+        // (4096 × 14336) at 16: 32 tiles. A split costs 1/s of the main loop plus its
+        // hand-off (4 k-blocks per round trip of the sum, which 64×128 does for 4 splits at
+        // once, and 8 per split and 64 rows of partials).
         for (m, n, k) in [(1, 2304, 16384), (128, 2304, 16384), (16, 4096, 14336)] {
             assert_eq!(choose_variant(m, n, k, 132).name, "64x128s", "{m}x{n}x{k}");
         }
-        // 70B QKV at TP 2, 128 tokens: 80 tiles of 64×128 (one wave, unsplit: 11 469) against
-        // 40 of 128×128 split 3 ways (16 384 · 1.06 · (42.7 + 4) / 128 = 6 332).
-        assert_eq!(choose_variant(128, 5120, 8192, 132).name, "128x128s");
+        // 128 rows: 70B QKV at TP 2 runs 80 tiles of 64×128 unsplit (one wave: 11 469) rather
+        // than 40 of 128×128 split 3 ways (hand-off 3 · 4 + 8 · 3 · 2 = 60 k-blocks:
+        // 16 384 · 1.06 · (42.7 + 60) / 128 = 13 945); 8B fc2 (4096 × 14336) splits 32 tiles of
+        // 128×128 4 ways (16 384 · 1.06 · (56 + 80) / 224 = 10 544 against 11 469). Both as
+        // measured (NOTES step 37).
+        assert_eq!(choose_variant(128, 5120, 8192, 132).name, "64x128");
+        assert_eq!(choose_variant(128, 4096, 14336, 132).name, "128x128s");
         // The tiles fill more than half the SMs (70B fc1 at TP 2, 16 tokens: 224 tiles of
         // 64×128, 112 of 128×256), K too short to split (8 k-blocks), or prefill: no split.
         for (m, n, k) in [
