@@ -206,10 +206,20 @@ def bound_factors(k):
 
 
 def commit_id():
+    """DISTGEMM_COMMIT, else the bundle's MANIFEST.txt when run from a bundle (bundle/peers/:
+    the commit the bundle was built from, whatever checkout it was copied into), else git."""
     env = os.environ.get("DISTGEMM_COMMIT")
     if env:
         return env
     here = os.path.dirname(os.path.abspath(__file__))
+    try:
+        with open(os.path.join(here, "..", "MANIFEST.txt")) as f:
+            for line in f:
+                if line.startswith("commit: "):
+                    rest = line[len("commit: ") :].strip()
+                    return rest[:7] + ("-dirty" if "uncommitted" in rest else "")
+    except OSError:
+        pass
     try:
         out = subprocess.run(
             ["git", "-C", here, "rev-parse", "--short=7", "HEAD"],
@@ -225,17 +235,7 @@ def commit_id():
         ).stdout.strip()
         return out + ("-dirty" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
-        pass
-    # In a bundle (bundle/peers/ beside MANIFEST.txt): its "commit: <hash>[ (+ ...)]" line.
-    try:
-        with open(os.path.join(here, "..", "MANIFEST.txt")) as f:
-            for line in f:
-                if line.startswith("commit: "):
-                    rest = line[len("commit: ") :].strip()
-                    return rest[:7] + ("-dirty" if "uncommitted" in rest else "")
-    except OSError:
-        pass
-    return "unknown"
+        return "unknown"
 
 
 def driver_version():

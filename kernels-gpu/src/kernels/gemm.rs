@@ -286,6 +286,19 @@ macro_rules! config {
                 let a = p.alpha;
                 let with_c = p.beta != 0.0;
                 let row_wise = T::FP8 && p.row_scales.a != 0;
+                // Row-wise FP8: this lane's B scales for a chunk (`PAIRS` groups of 4 columns,
+                // [`chunk_scales_b`]); a chunk's are loaded while the chunk before it is
+                // written, so one memory latency per tile is exposed, not one per chunk (each
+                // `stmatrix` orders the loads issued after it behind it).
+                // (Not in the split-K 128×256 kernel, whose registers hold no second chunk's
+                // scales beside its split hand-off: there a chunk loads its own at its start.)
+                const PREFETCH: bool = !($tile.split_k && $regs >= 128);
+                let lane_col = col + 2 * (lane % 4);
+                let mut sb_next = if row_wise && PREFETCH {
+                    unsafe { chunk_scales_b::<$pairs>(p, lane_col + $tile.chunk_offset(0).1) }
+                } else {
+                    [[1.0; 4]; $pairs]
+                };
                 seq!(S in 0..$slabs {
                     // Row-wise FP8: the scales of this lane's two rows in the slab, r0 and
                     // r0 + 8 (the accumulator layout), loaded once for all its chunks.
@@ -302,15 +315,17 @@ macro_rules! config {
                         let (dr, dc) = $tile.chunk_offset(i);
                         let (slab_row, chunk_col) = ((row + dr) as i32, (col + dc) as i32);
                         let buffer = ring.staging(half, g % 2);
-                        // Row-wise FP8: this lane's B scales for the whole chunk, loaded before
-                        // the chunk waits for its buffer so that their latency overlaps the
-                        // wait (in the pair loop each `stmatrix` would order the next pair's
-                        // loads after it: one memory latency per pair).
-                        let sb_chunk = if row_wise {
-                            let c = col + dc + 2 * (lane % 4);
-                            unsafe { chunk_scales_b::<$pairs>(p, c) }
-                        } else {
+                        let sb_chunk = if !row_wise {
                             [[1.0; 4]; $pairs]
+                        } else if PREFETCH {
+                            let current = sb_next;
+                            if i + 1 < CHUNKS {
+                                let next_col = lane_col + $tile.chunk_offset(i + 1).1;
+                                sb_next = unsafe { chunk_scales_b::<$pairs>(p, next_col) };
+                            }
+                            current
+                        } else {
+                            unsafe { chunk_scales_b::<$pairs>(p, lane_col + dc) }
                         };
                         if with_c {
                             if leader && i + 1 < CHUNKS {
