@@ -83,10 +83,11 @@ const SPLIT_ROUND_TRIP_K_BLOCKS: f64 = 4.0;
 
 /// What a split's partial sums cost per 64 real rows, in k-blocks: a 64-row partial of a
 /// 128-wide tile is 32 KiB of f32, twice a k-block's 16 KiB of B, stored by the split and read
-/// back by the finisher. Fitted to the grids of kernels-gpu/NOTES.md step 37: it makes
-/// `128x128s` lose to `64x128` at 128 rows where it measured slower (70B QKV, o-proj) and win
-/// where it measured faster (8B fc2).
-const SPLIT_PARTIAL_K_BLOCKS: f64 = 8.0;
+/// back by the finisher. Fitted (4.4–7.7) to three measured choices between a 128-row split
+/// tile and the best unsplit one (kernels-gpu/NOTES.md step 37): `128x128s` slower than
+/// `64x128` at 70B QKV with 128 rows, faster at 8B fc2 with 128 rows; `128x256s` faster than
+/// `128x128` at 405B QKV with 512 rows.
+const SPLIT_PARTIAL_K_BLOCKS: f64 = 6.0;
 
 /// The configuration the rule picks for an `m × n × k` problem on a GPU with `sm_count` SMs:
 /// the cheapest by [`estimated_cost`], split-K ones only where they split (`s ≥ 2`, i.e. the
@@ -279,16 +280,18 @@ mod tests {
         // 405B QKV at TP 8 (2304 × 16384): 18 or 36 tiles of 64×128 at 1–128 tokens; 8B fc2
         // (4096 × 14336) at 16: 32 tiles. A split costs 1/s of the main loop plus its
         // hand-off (4 k-blocks per round trip of the sum, which 64×128 does for 4 splits at
-        // once, and 8 per split and 64 rows of partials).
+        // once, and 6 per split and 64 rows of partials).
         for (m, n, k) in [(1, 2304, 16384), (128, 2304, 16384), (16, 4096, 14336)] {
             assert_eq!(choose_variant(m, n, k, 132).name, "64x128s", "{m}x{n}x{k}");
         }
         // 128 rows: 70B QKV at TP 2 runs 80 tiles of 64×128 unsplit (one wave: 11 469) rather
-        // than 40 of 128×128 split 3 ways (hand-off 3 · 4 + 8 · 3 · 2 = 60 k-blocks:
-        // 16 384 · 1.06 · (42.7 + 60) / 128 = 13 945); 8B fc2 (4096 × 14336) splits 32 tiles of
-        // 128×128 4 ways (16 384 · 1.06 · (56 + 80) / 224 = 10 544 against 11 469). Both as
-        // measured (NOTES step 37).
+        // than 40 of 128×128 split 3 ways (hand-off 3 · 4 + 6 · 3 · 2 = 48 k-blocks:
+        // 16 384 · 1.06 · (42.7 + 48) / 128 = 12 306); 8B fc2 (4096 × 14336) splits 32 tiles of
+        // 128×128 4 ways (16 384 · 1.06 · (56 + 64) / 224 = 9 304 against 11 469); 405B QKV at
+        // 512 rows splits 36 tiles of 128×256 3 ways (32 768 · (85.3 + 48) / 256 = 17 062
+        // against 72 unsplit 128×128 tiles' 17 367). All three as measured (NOTES step 37).
         assert_eq!(choose_variant(128, 5120, 8192, 132).name, "64x128");
+        assert_eq!(choose_variant(512, 2304, 16384, 132).name, "128x256s");
         assert_eq!(choose_variant(128, 4096, 14336, 132).name, "128x128s");
         // The tiles fill more than half the SMs (70B fc1 at TP 2, 16 tokens: 224 tiles of
         // 64×128, 112 of 128×256), K too short to split (8 k-blocks), or prefill: no split.
