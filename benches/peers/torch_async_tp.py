@@ -63,6 +63,8 @@ import time  # noqa: E402
 import traceback  # noqa: E402
 import warnings  # noqa: E402
 
+from peer_common import median  # noqa: E402
+
 PRESETS = {
     # name: (N, K) -- as host/src/problem.rs (fc1: fused gate+up projection).
     "llama3-70b-fc1": (57344, 8192),
@@ -151,12 +153,6 @@ def shapes(preset, m, tp, collective):
     if m % tp or k % tp:
         raise ValueError(f"M={m} and K={k} must divide by TP={tp}")
     return (m, k // tp), (n, k // tp), (m // tp, n), (m, n)
-
-
-def median(xs):
-    s = sorted(xs)
-    h = len(s) // 2
-    return s[h] if len(s) % 2 else (s[h - 1] + s[h]) / 2
 
 
 def worker(rank, args, port):

@@ -25,7 +25,7 @@ measured on the host to the end of that call's GPU work), and host_us, the media
 of one call (checks, cache lookup, graph launch; no synchronisation) — the per-call path.
 
 Writes <out>/torch-<date>-<commit>[-<options>].json (records) and .md (table), the commit
-from `git` or DISTGEMM_COMMIT, <out> = --out, $DISTGEMM_BENCH_RESULTS or benches/results.
+from DISTGEMM_COMMIT, a bundle's MANIFEST.txt or `git`, <out> = --out, $DISTGEMM_BENCH_RESULTS or benches/results.
 Record keys: preset, tp, m, n, k, dtype, op, distgemm_ms, torch_fused_ms, nccl_matmul_ms,
 build_ms, host_us, machine, commit (a contender that fails has null and an *_error key).
 Needs one GPU per rank (NCCL backend). Standard library + torch + distgemm.
@@ -42,11 +42,12 @@ import argparse
 import datetime
 import json
 import math
-import subprocess
 import sys
 import time
 import traceback
 import warnings
+
+from peer_common import commit_id, fmt, median, results_dir
 
 PRESETS = {  # name: (N, K), as host/src/problem.rs (fc1: fused gate+up projection)
     "llama3-70b-fc1": (57344, 8192),
@@ -82,43 +83,6 @@ def parse_args(argv=None):
     if a.reps < 1 or a.rounds < 1 or a.warmup < 0 or not a.settle_ms >= 0:
         p.error("--reps and --rounds must be >= 1, --warmup and --settle-ms >= 0")
     return a
-
-
-def median(xs):
-    s = sorted(xs)
-    h = len(s) // 2
-    return s[h] if len(s) % 2 else (s[h - 1] + s[h]) / 2
-
-
-def commit_id():
-    env = os.environ.get("DISTGEMM_COMMIT")
-    if env:
-        return env
-    try:
-        here = os.path.dirname(os.path.abspath(__file__))
-        out = subprocess.run(
-            ["git", "-C", here, "rev-parse", "--short=7", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "-C", here, "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-        return out + ("-dirty" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
-def results_dir(args):
-    if args.out:
-        return args.out
-    if os.environ.get("DISTGEMM_BENCH_RESULTS"):
-        return os.environ["DISTGEMM_BENCH_RESULTS"]
-    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "results")
 
 
 def shapes(collective, m, n, k, tp):
@@ -167,7 +131,7 @@ def main(argv=None):
     names = [None] * world
     dist.all_gather_object(names, torch.cuda.get_device_name(device))
     machine = f"{world} x {names[0]}" if len(set(names)) == 1 else " + ".join(names)
-    commit = commit_id()
+    commit = commit_id(__file__)
 
     def settle(fn):
         if args.settle_ms <= 0:
@@ -335,10 +299,6 @@ def contenders(coll, a, w, out, big, group):
     return {"distgemm": run_distgemm, "torch_fused": run_fused, "nccl_matmul": run_nccl}
 
 
-def fmt(x, digits=3):
-    return "—" if x is None else f"{x:.{digits}f}"
-
-
 def write_results(args, records, machine, commit, torch_version):
     date = datetime.date.today().isoformat()
     options = []
@@ -349,7 +309,7 @@ def write_results(args, records, machine, commit, torch_version):
     if args.settle_ms != 1000.0:
         options.append(f"settle{int(args.settle_ms)}")
     stem = "-".join([f"torch-{date}-{commit}", *options])
-    folder = results_dir(args)
+    folder = results_dir(args.out, __file__)
     os.makedirs(folder, exist_ok=True)
     with open(os.path.join(folder, stem + ".json"), "w") as f:
         json.dump(

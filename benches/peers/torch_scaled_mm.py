@@ -51,7 +51,7 @@ timing still runs, and the exit status is 1.
 
 Writes <out>/torch-scaled-mm-<date>-<commit>[-<options>].json (machine, driver, torch, CUDA,
 commit, date, args and the records) and .md (the table and the geometric means), the commit
-from DISTGEMM_COMMIT, else `git`, else the bundle's MANIFEST.txt; <out> = --out,
+from DISTGEMM_COMMIT, else the bundle's MANIFEST.txt, else `git`; <out> = --out,
 $DISTGEMM_BENCH_RESULTS or benches/results. One record per shape and accumulation mode:
 shape, m, n, k, accum, rowwise_ms, tensorwise_ms, rowwise_tflops, tensorwise_tflops,
 rowwise_pct_of_peak, tensorwise_pct_of_peak, row_over_tensor, rowwise_check,
@@ -73,6 +73,8 @@ import subprocess
 import sys
 import time
 import traceback
+
+from peer_common import commit_id, fmt, median, results_dir
 
 PRESETS = {  # name: (N, K), as host/src/problem.rs `Preset::n_k` (fc1: fused gate+up)
     "llama3-70b-fc1": (57344, 8192),
@@ -184,12 +186,6 @@ def shapes_from(path):
     return v
 
 
-def median(xs):
-    s = sorted(xs)
-    h = len(s) // 2
-    return s[h] if len(s) % 2 else (s[h - 1] + s[h]) / 2
-
-
 def tflops(m, n, k, ms):
     return 2.0 * m * n * k / (ms * 1e-3) / 1e12
 
@@ -205,39 +201,6 @@ def bound_factors(k):
     return relative, absolute
 
 
-def commit_id():
-    """DISTGEMM_COMMIT, else the bundle's MANIFEST.txt when run from a bundle (bundle/peers/:
-    the commit the bundle was built from, whatever checkout it was copied into), else git."""
-    env = os.environ.get("DISTGEMM_COMMIT")
-    if env:
-        return env
-    here = os.path.dirname(os.path.abspath(__file__))
-    try:
-        with open(os.path.join(here, "..", "MANIFEST.txt")) as f:
-            for line in f:
-                if line.startswith("commit: "):
-                    rest = line[len("commit: ") :].strip()
-                    return rest[:7] + ("-dirty" if "uncommitted" in rest else "")
-    except OSError:
-        pass
-    try:
-        out = subprocess.run(
-            ["git", "-C", here, "rev-parse", "--short=7", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "-C", here, "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-        return out + ("-dirty" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def driver_version():
     try:
         return subprocess.run(
@@ -249,14 +212,6 @@ def driver_version():
         ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return "unknown"
-
-
-def results_dir(args):
-    if args.out:
-        return args.out
-    if os.environ.get("DISTGEMM_BENCH_RESULTS"):
-        return os.environ["DISTGEMM_BENCH_RESULTS"]
-    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "results")
 
 
 def skipped(reason):
@@ -306,7 +261,7 @@ def main(argv=None):
         "driver": driver_version(),
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
-        "commit": commit_id(),
+        "commit": commit_id(__file__),
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "out_param": with_out,
         "l2_bytes": l2_bytes,
@@ -562,10 +517,6 @@ def timed(torch, args, fn, per_round):
     return [s.elapsed_time(e) for s, e in events]
 
 
-def fmt(x, digits=3):
-    return "—" if x is None else f"{x:.{digits}f}"
-
-
 def check_cell(chk):
     if not chk:
         return "—"
@@ -583,7 +534,7 @@ def write_results(args, records, info):
     if args.settle_ms != DEFAULT_SETTLE_MS:
         options.append(f"settle{int(args.settle_ms)}")
     stem = "-".join([f"torch-scaled-mm-{date}-{info['commit']}", *options])
-    folder = results_dir(args)
+    folder = results_dir(args.out, __file__)
     os.makedirs(folder, exist_ok=True)
     with open(os.path.join(folder, stem + ".json"), "w") as f:
         json.dump({**info, "args": vars(args), "records": records}, f, indent=1, sort_keys=True)

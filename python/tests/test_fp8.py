@@ -11,26 +11,11 @@ from fakes import (
     FakeRankGemm,
     FakeScale,
     FakeTensor,
-    install_fake_torch,
 )
 
 import distgemm
-from distgemm import _cache, _checks, _ops
+from distgemm import _checks
 
-
-@pytest.fixture
-def env(monkeypatch):
-    def setup(**kwargs):
-        torch = install_fake_torch(monkeypatch, **kwargs)
-        monkeypatch.setattr(_ops, "RankGemm", FakeRankGemm)
-        monkeypatch.setattr(_ops, "CACHE", _cache.InstanceCache())
-        monkeypatch.setattr(_ops, "_checked_devices", {})
-        monkeypatch.setattr(_ops, "_warned_copies", set())
-        monkeypatch.setattr(_ops, "_torch_module", None)
-        FakeRankGemm.built = []
-        return torch
-
-    return setup
 
 
 def e4m3(shape, **kwargs):

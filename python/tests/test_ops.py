@@ -3,25 +3,11 @@
 stream) and what they return."""
 
 import pytest
-from fakes import BF16, F16, F32, Device, FakeRankGemm, FakeTensor, install_fake_torch
+from fakes import BF16, F16, F32, Device, FakeRankGemm, FakeTensor
 
 import distgemm
 from distgemm import _cache, _ops
 
-
-@pytest.fixture
-def env(monkeypatch):
-    def setup(**kwargs):
-        torch = install_fake_torch(monkeypatch, **kwargs)
-        monkeypatch.setattr(_ops, "RankGemm", FakeRankGemm)
-        monkeypatch.setattr(_ops, "CACHE", _cache.InstanceCache())
-        monkeypatch.setattr(_ops, "_checked_devices", {})
-        monkeypatch.setattr(_ops, "_warned_copies", set())
-        monkeypatch.setattr(_ops, "_torch_module", None)
-        FakeRankGemm.built = []
-        return torch
-
-    return setup
 
 
 def test_all_gather_linear_builds_the_global_problem_and_launches_on_the_current_stream(env):
