@@ -18,7 +18,6 @@ pub mod gdc;
 pub mod grid;
 pub mod index;
 pub mod mbarrier;
-pub mod prefetch;
 pub mod regs;
 pub mod smem;
 pub mod stmatrix;

@@ -42,7 +42,7 @@
 use crate::device::flags::{self, WaitOutcome};
 use crate::device::mbarrier::{MBarrier, PipelineState};
 use crate::device::wgmma::{self, Bf16, E4m3, F16, InputType};
-use crate::device::{cluster, fence, gdc, grid, index, prefetch, regs, smem, stmatrix, sync, tma};
+use crate::device::{cluster, fence, gdc, grid, index, regs, smem, stmatrix, sync, tma};
 use crate::gemm_abi::*;
 use crate::layout::{descriptor, raster, swizzle};
 use seq_macro::seq;
@@ -785,9 +785,6 @@ unsafe fn consume<T: InputType, C: Config>(p: &GemmParams, ring: Ring, tiles: Ti
             tma::wait_group_read::<1>();
             unsafe { load_c_chunk(p, ring, half, chunks_staged, row, col, 0) };
         }
-        if T::FP8 && p.row_scales.a != 0 {
-            unsafe { prefetch_scales(p, row, col, C::TILE.wg_rows(), C::TILE.wg_cols()) };
-        }
         let mut previous = 0;
         for kb in kb0..kb1 {
             unsafe { ring.full(slot.stage).wait_warp(slot.phase) };
@@ -897,30 +894,6 @@ unsafe fn finish_split<C: Config>(
 #[inline(always)]
 unsafe fn row_scale(p: &GemmParams, row: u32, col: u32) -> f32 {
     unsafe { scale_a(p, row) * scale_b(p, col) }
-}
-
-/// Row-wise FP8: asks L1 for the scales a warpgroup's epilogue will read — `sa` of rows
-/// `row .. row + rows` and `sb` of columns `col .. col + cols` — one 128-byte line per thread
-/// (plus one, as the lines need not start at the share's first scale), issued before the
-/// tile's main loop so that the epilogue's scale loads hit L1 instead of waiting on L2, the
-/// last memory latency the row-wise epilogue exposed per tile (NOTES step 35e). A hint: the
-/// values loaded are the same.
-///
-/// # Safety
-/// As [`row_scale`].
-#[inline(always)]
-unsafe fn prefetch_scales(p: &GemmParams, row: u32, col: u32, rows: u32, cols: u32) {
-    const PER_LINE: u32 = 32;
-    let t = index::thread_in_warpgroup();
-    let b_lines = cols / PER_LINE + 1;
-    let a_lines = rows / PER_LINE + 1;
-    if t < b_lines {
-        let c = (col + t * PER_LINE).min(p.n - 1);
-        unsafe { prefetch::l1((p.row_scales.b as *const f32).add(c as usize)) };
-    } else if t < b_lines + a_lines {
-        let r = (row + (t - b_lines) * PER_LINE).min(p.m - 1);
-        unsafe { prefetch::l1((p.row_scales.a as *const f32).add(r as usize)) };
-    }
 }
 
 /// Row-wise FP8: the B scales a lane applies in one staged epilogue chunk, `PAIRS` groups of
