@@ -47,9 +47,9 @@ fn cost_per_element(variant: &GemmVariant) -> f64 {
 /// Estimated relative run time of `variant` on an `m × n × k` problem with `sm_count` SMs.
 ///
 /// With split-K ([`split_count`] `s > 1`) the units are `tiles · s`, each `1/s` of a tile's
-/// main loop plus the hand-off, in k-blocks of that loop: [`SPLIT_ROUND_TRIP_K_BLOCKS`] per L2
+/// main loop plus the hand-off, in k-blocks of that loop: `SPLIT_ROUND_TRIP_K_BLOCKS` per L2
 /// round trip of the finishing warpgroup's sum (`⌈s / sum_group⌉` of them:
-/// `TileConfig::sum_group`) and [`SPLIT_PARTIAL_K_BLOCKS`] per split and 64 real rows of
+/// `TileConfig::sum_group`) and `SPLIT_PARTIAL_K_BLOCKS` per split and 64 real rows of
 /// partial sums (each split stores them, the finisher reads them all back).
 #[must_use]
 pub fn estimated_cost(variant: &GemmVariant, m: u64, n: u64, k: u64, sm_count: u32) -> f64 {
@@ -170,8 +170,8 @@ pub const TWO_SPLIT_MAX_ROWS: u64 = 16;
 
 /// K-splits per tile for a split-K configuration ([`SplitParams`](kernels_gpu::gemm_abi::SplitParams))
 /// on an `m × n × k` problem with `sm_count` SMs: as many as fit one wave of units,
-/// `⌊SMs / tiles⌋`, at most [`MAX_SPLITS`] and with at least [`MIN_SPLIT_K_BLOCKS`] k-blocks
-/// each; two only for at most [`TWO_SPLIT_MAX_ROWS`] rows. One wave because every unit beyond
+/// `⌊SMs / tiles⌋`, at most `MAX_SPLITS` and with at least `MIN_SPLIT_K_BLOCKS` k-blocks
+/// each; two only for at most `TWO_SPLIT_MAX_ROWS` rows. One wave because every unit beyond
 /// a block's first restarts the pipeline and every split adds to the finishing warpgroup's
 /// sum (NOTES steps 34 and 37: more splits in several waves measured slower than none). It
 /// is 1 without split-K and when the tiles fill more than half the SMs.
