@@ -31,6 +31,7 @@ from ._ops import (
     fused_all_gather_matmul,
     fused_all_gather_scaled_matmul,
     fused_matmul_reduce_scatter,
+    fused_scaled_matmul_reduce_scatter,
     linear_reduce_scatter,
     synchronize,
 )
@@ -43,6 +44,7 @@ __all__ = [
     "fused_all_gather_matmul",
     "fused_all_gather_scaled_matmul",
     "fused_matmul_reduce_scatter",
+    "fused_scaled_matmul_reduce_scatter",
     "linear_reduce_scatter",
     "synchronize",
 ]

@@ -292,6 +292,38 @@ def normalize_dim(name: str, dim: object, ndim: int) -> int:
     return 0
 
 
+def scattered_output_shape(
+    output_shape: object, scatter_dim: object, x: tuple[int, ...], n: int, tp: int
+) -> tuple[int, ...]:
+    """This rank's result shape for torch's ``output_shape`` and ``orig_scatter_dim`` of
+    ``fused_scaled_matmul_reduce_scatter``: ``output_shape`` is the unreduced product
+    ``A @ B``'s shape, A's token rows possibly regrouped (A = ``x``, (..., K/TP), may have been
+    flattened to a matrix before the call), so its last dimension is N and the others hold
+    A's rows; the result is ``output_shape`` with dimension 0 divided by ``tp``. Only the
+    scatter dimension 0 keeps a rank's result one block of A's rows, the block distgemm's
+    reduce-scatter writes (TypeError/ValueError otherwise)."""
+    if not isinstance(output_shape, (list, tuple)) or not all(
+        isinstance(d, int) and not isinstance(d, bool) for d in output_shape
+    ):
+        raise TypeError(
+            "output_shape must be a list of ints (the shape of the unreduced product A @ B), "
+            f"got {output_shape!r}"
+        )
+    shape = tuple(output_shape)
+    normalize_dim("orig_scatter_dim", scatter_dim, len(shape))
+    if len(shape) < 2 or shape[-1] != n or _rows(shape) != _rows(x):
+        raise ValueError(
+            f"output_shape={list(shape)} is not the shape of A @ B for A of shape {x} and "
+            f"N={n}: its last dimension must be N and the others must hold A's {_rows(x)} rows"
+        )
+    if shape[0] % tp:
+        raise ValueError(
+            f"output_shape[0]={shape[0]} is not divisible by the group size {tp}: the result is "
+            "scattered along dim 0"
+        )
+    return (shape[0] // tp, *shape[1:])
+
+
 def overlaps(a: tuple[int, int], b: tuple[int, int]) -> bool:
     """Whether the byte ranges ``[start, start + size)`` a and b intersect."""
     return a[1] > 0 and b[1] > 0 and a[0] < b[0] + b[1] and b[0] < a[0] + a[1]

@@ -118,6 +118,22 @@ def _group_from_name(group_name):
         ) from e
 
 
+def _check_dropin_input(name, t, dim_name, dim):
+    """A drop-in's left operand is a tensor and its gather/scatter dimension ``dim`` is 0
+    (TypeError/ValueError naming the argument otherwise)."""
+    if not hasattr(t, "dim"):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    _checks.normalize_dim(dim_name, dim, t.dim())
+
+
+def _reduce_alpha(reduce_op, tp) -> float:
+    """The epilogue's alpha for a reduce-scatter drop-in's ``reduce_op``: 1 for "sum", 1/TP
+    for "avg" (ValueError for another)."""
+    if reduce_op not in ("sum", "avg"):
+        raise ValueError(f"reduce_op={reduce_op!r}: distgemm supports 'sum' and 'avg'")
+    return 1.0 if reduce_op == "sum" else 1.0 / tp
+
+
 def _env_flag(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
 
@@ -486,9 +502,7 @@ def fused_all_gather_matmul(A_shard, Bs, gather_dim, group_name, *, return_A=Tru
     torch = _torch()
     group = _group_from_name(group_name)
     ctx = _context(torch, group)
-    if not hasattr(A_shard, "dim"):
-        raise TypeError(f"A_shard must be a torch.Tensor, got {type(A_shard).__name__}")
-    _checks.normalize_dim("gather_dim", gather_dim, A_shard.dim())
+    _check_dropin_input("A_shard", A_shard, "gather_dim", gather_dim)
     if not isinstance(Bs, (list, tuple)) or not Bs:
         raise ValueError("Bs must be a non-empty list of matrices (K × N/TP)")
     outs = []
@@ -533,9 +547,7 @@ def fused_all_gather_scaled_matmul(
     torch = _torch()
     group = _group_from_name(group_name)
     ctx = _context(torch, group)
-    if not hasattr(A_shard, "dim"):
-        raise TypeError(f"A_shard must be a torch.Tensor, got {type(A_shard).__name__}")
-    _checks.normalize_dim("gather_dim", gather_dim, A_shard.dim())
+    _check_dropin_input("A_shard", A_shard, "gather_dim", gather_dim)
     if not isinstance(Bs, (list, tuple)) or not Bs:
         raise ValueError("Bs must be a non-empty list of matrices (K × N/TP)")
     count = len(Bs)
@@ -585,14 +597,79 @@ def fused_matmul_reduce_scatter(A, B, reduce_op, scatter_dim, group_name):
     torch = _torch()
     group = _group_from_name(group_name)
     ctx = _context(torch, group)
-    if reduce_op not in ("sum", "avg"):
-        raise ValueError(f"reduce_op={reduce_op!r}: distgemm supports 'sum' and 'avg'")
-    if not hasattr(A, "dim"):
-        raise TypeError(f"A must be a torch.Tensor, got {type(A).__name__}")
-    _checks.normalize_dim("scatter_dim", scatter_dim, A.dim())
+    alpha = _reduce_alpha(reduce_op, ctx.tp)
+    _check_dropin_input("A", A, "scatter_dim", scatter_dim)
     weight = _weight_from_b(torch, B, "B")
-    alpha = 1.0 if reduce_op == "sum" else 1.0 / ctx.tp
     return _linear_reduce_scatter(torch, ctx, A, weight, "auto", None, alpha, ("A", "B"))
+
+
+def fused_scaled_matmul_reduce_scatter(
+    A,
+    B,
+    A_scale,
+    B_scale,
+    reduce_op,
+    orig_scatter_dim,
+    scatter_dim_after_maybe_reshape,
+    group_name,
+    output_shape,
+    bias=None,
+    result_scale=None,
+    out_dtype=None,
+    use_fast_accum=False,
+):
+    """Drop-in for ``torch.ops.symm_mem.fused_scaled_matmul_reduce_scatter`` (same arguments
+    and result) for scatter dimension 0, ``float8_e4m3fn`` operands, tensor-wise scales and a
+    bf16 result: this rank's row block of ``reduce((A_scale·A) @ (B_scale·B))`` over the group,
+    shaped as ``output_shape`` with dimension 0 divided by TP.
+
+    ``A`` is this rank's ``(..., K/TP)`` activation; ``output_shape`` the unreduced product's
+    shape (``[*A.shape[:-1], N]``, or A's rows regrouped when A was flattened to a matrix, as
+    torch's async-TP pass does), whose dimension 0 TP divides; ``orig_scatter_dim`` (a
+    dimension of ``output_shape``) and ``scatter_dim_after_maybe_reshape`` (of ``A``) must be 0.
+    ``B`` is ``K/TP × N``, ``W.t()`` of a contiguous e4m3 ``(N, K/TP)`` weight (the layout
+    torch's ``_scaled_mm`` wants; any other is copied per call, with a one-time warning).
+    ``A_scale`` and ``B_scale`` are one-element tensors (read on the host: a synchronisation)
+    or floats; row-wise scales raise ``ValueError``. ``reduce_op`` "sum" or "avg" (1/TP folded
+    into the epilogue's alpha). ``bias`` and ``result_scale`` must be None (``ValueError``).
+    ``out_dtype`` must be ``torch.bfloat16``: torch's default None means an e4m3 result, which
+    distgemm's FP8 kernels do not write (``TypeError``). ``use_fast_accum`` is accepted and
+    ignored: distgemm's FP8 GEMM does not promote, it always accumulates in the tensor cores'
+    own precision (what ``use_fast_accum=True`` selects in torch). Each rank's partial sum is
+    rounded to bf16 at every reduce-scatter hop, as in :func:`linear_reduce_scatter`.
+    """
+    torch = _torch()
+    group = _group_from_name(group_name)
+    ctx = _context(torch, group)
+    alpha = _reduce_alpha(reduce_op, ctx.tp)
+    _check_dropin_input("A", A, "scatter_dim_after_maybe_reshape", scatter_dim_after_maybe_reshape)
+    for name, value in (("bias", bias), ("result_scale", result_scale)):
+        if value is not None:
+            raise ValueError(f"{name}: distgemm's scaled reduce-scatter GEMM takes no {name} yet")
+    if out_dtype is None:
+        raise TypeError(
+            "out_dtype=None asks for a float8_e4m3fn result (torch's default: A's dtype); "
+            "distgemm's FP8 GEMMs write torch.bfloat16: pass out_dtype=torch.bfloat16"
+        )
+    weight = _weight_from_b(torch, B, "B")
+    shape = _checks.scattered_output_shape(
+        output_shape, orig_scatter_dim, tuple(A.shape), weight.shape[0], ctx.tp
+    )
+    out = _linear_reduce_scatter(
+        torch,
+        ctx,
+        A,
+        weight,
+        "auto",
+        None,
+        alpha,
+        ("A", "B"),
+        "read",
+        A_scale,
+        B_scale,
+        out_dtype,
+    )
+    return out.view(shape)
 
 
 def synchronize():

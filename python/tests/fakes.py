@@ -98,9 +98,13 @@ class FakeTensor:
             for i in range(n)
         ]
 
-    def view(self, dtype):
-        assert dtype.size == self.dtype.size
-        return FakeTensor(self.shape, dtype, self.device, self._ptr, self._strides)
+    def view(self, how):
+        """torch's two views: as another dtype of the same size, or (contiguous) as a shape."""
+        if isinstance(how, tuple):
+            assert self.is_contiguous() and math.prod(how) == self.numel()
+            return FakeTensor(how, self.dtype, self.device, self._ptr)
+        assert how.size == self.dtype.size
+        return FakeTensor(self.shape, how, self.device, self._ptr, self._strides)
 
     def contiguous(self):
         return self if self.is_contiguous() else FakeTensor(self.shape, self.dtype, self.device)

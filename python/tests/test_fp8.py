@@ -239,3 +239,87 @@ def test_fused_all_gather_scaled_matmul_matches_torchs_signature(env):
         distgemm.fused_all_gather_scaled_matmul(
             FakeTensor((16, 128)), [FakeTensor((64, 128)).t()], 1.0, [1.0], 0, "0"
         )
+
+
+def test_fused_scaled_matmul_reduce_scatter_matches_torchs_signature(env):
+    torch = env(rank=1, world=2)
+    a, w = e4m3((8, 4, 64)), e4m3((256, 64))
+    sa, sb = FakeScale(0.5), FakeScale(0.25)
+    out = distgemm.fused_scaled_matmul_reduce_scatter(
+        a, w.t(), sa, sb, "sum", 0, 0, "0", [8, 4, 256], None, None, torch.bfloat16, True
+    )
+    assert out.shape == (4, 4, 256) and out.dtype is BF16
+    [inst] = FakeRankGemm.built
+    args = inst.args
+    assert (args["schedule"], args["auto"], args["dtype"]) == ("rs-a", True, "e4m3")
+    assert (args["m"], args["n"], args["k"], args["alpha"]) == (32, 256, 128, 1.0)
+    assert inst.fp8_scales == (0.5, 0.25) and (sa.reads, sb.reads) == (1, 1)
+    assert inst.launches == [(0xABC, a.data_ptr(), w.data_ptr(), None, out.data_ptr())]
+    # A flattened to a matrix (torch's async-TP pass): output_shape regroups its rows and the
+    # result is that shape scattered along dim 0, on the same instance; "avg" is alpha 1/TP.
+    flat = e4m3((32, 64))
+    out = distgemm.fused_scaled_matmul_reduce_scatter(
+        flat, w.t(), 1.0, 2.0, "sum", -3, -2, "0", (8, 4, 256), out_dtype=torch.bfloat16
+    )
+    assert out.shape == (4, 4, 256) and len(FakeRankGemm.built) == 1
+    assert inst.scale_updates == [(1.0, 2.0)]
+    avg = distgemm.fused_scaled_matmul_reduce_scatter(
+        flat, w.t(), 1.0, 2.0, "avg", 0, 0, "0", [32, 256], out_dtype=torch.bfloat16
+    )
+    assert avg.shape == (16, 256)
+    assert [i.args["alpha"] for i in FakeRankGemm.built] == [1.0, 0.5]
+
+
+def test_fused_scaled_matmul_reduce_scatter_refusals_name_the_argument(env):
+    torch = env(world=2)
+    a, w = e4m3((8, 64)), e4m3((256, 64))
+    bad = [
+        (dict(reduce_op="max"), ValueError, "reduce_op='max'"),
+        (dict(orig_scatter_dim=1), ValueError, "orig_scatter_dim=1: .* orig_scatter_dim=0 only"),
+        (dict(scatter_dim_after_maybe_reshape=1), ValueError, "scatter_dim_after_maybe_reshape=1"),
+        (dict(A_scale=FakeScale(1.0, numel=8)), ValueError, "row-wise scales are not supported"),
+        (dict(B_scale=FakeScale(1.0, numel=256)), ValueError, "scale_b has 256 elements"),
+        (dict(bias=FakeTensor((256,))), ValueError, "bias: .* takes no bias"),
+        (dict(result_scale=FakeScale(1.0)), ValueError, "result_scale: .* takes no result_scale"),
+        (dict(out_dtype=None), TypeError, "out_dtype=None asks for a float8_e4m3fn result"),
+        (dict(out_dtype=torch.float16), TypeError, "out_dtype=torch.float16"),
+        (dict(output_shape=[8, 128]), ValueError, r"output_shape=\[8, 128\] is not the shape"),
+        (dict(output_shape=[2, 2, 256]), ValueError, "must hold A's 8 rows"),
+        (dict(output_shape=[1, 8, 256]), ValueError, "output_shape.0.=1 is not divisible by"),
+        (dict(output_shape=8), TypeError, "output_shape must be a list of ints"),
+        (dict(A=FakeTensor((8, 64))), TypeError, "A is bf16 but B is e4m3"),
+        (dict(A=e4m3((8, 24)), B=e4m3((256, 24)).t()), ValueError, "K/TP=24 is not a multiple"),
+        (dict(A=(8, 64)), TypeError, "A must be a torch.Tensor"),
+        (dict(group_name="tp"), ValueError, "group_name='tp' names no process group"),
+    ]
+    for override, exc, message in bad:
+        kwargs = dict(
+            A=a,
+            B=w.t(),
+            A_scale=1.0,
+            B_scale=1.0,
+            reduce_op="sum",
+            orig_scatter_dim=0,
+            scatter_dim_after_maybe_reshape=0,
+            group_name="0",
+            output_shape=[8, 256],
+            out_dtype=torch.bfloat16,
+        )
+        kwargs.update(override)
+        with pytest.raises(exc, match=message):
+            distgemm.fused_scaled_matmul_reduce_scatter(**kwargs)
+    assert FakeRankGemm.built == []
+    # 16-bit operands belong to fused_matmul_reduce_scatter: scales are refused for them.
+    with pytest.raises(TypeError, match="scale_a and scale_b given, but A and B are bf16"):
+        distgemm.fused_scaled_matmul_reduce_scatter(
+            FakeTensor((8, 64)),
+            FakeTensor((256, 64)).t(),
+            1.0,
+            1.0,
+            "sum",
+            0,
+            0,
+            "0",
+            [8, 256],
+            out_dtype=torch.bfloat16,
+        )

@@ -26,6 +26,7 @@ def test_public_names():
         "fused_all_gather_matmul",
         "fused_all_gather_scaled_matmul",
         "fused_matmul_reduce_scatter",
+        "fused_scaled_matmul_reduce_scatter",
         "clear_cache",
         "synchronize",
         "DistGemmError",

@@ -12,7 +12,8 @@ small token counts and ragged shapes, it checks:
   (auto, ag-a, ag-a-single; auto, rs-a read and push, rs-a-single) on a ragged and a 256-token
   shape, random e4m3 inputs, the output poisoned with NaN, every element within the float64
   bound of fp8_bound; a second call with new inputs and new scales on the same instance (no
-  rebuild); fused_all_gather_scaled_matmul; FP8 arguments that must raise;
+  rebuild); fused_all_gather_scaled_matmul and fused_scaled_matmul_reduce_scatter (bitwise
+  equal to all_gather_linear / linear_reduce_scatter); FP8 arguments that must raise;
 
 - all-gather: bitwise equal to distgemm's own single-GPU GEMM (a one-rank group) on the gathered
   input, and within the float64 bound of the unsharded product;
@@ -463,6 +464,71 @@ def main():
         name = "fp8 fused_all_gather_scaled_matmul: f64 bound"
         fp8_bound(name, o1, a_full, w, (0.5, 0.25), 1, k)
         distgemm.synchronize()
+        # The reduce-scatter drop-in: linear_reduce_scatter's GEMM with the same scales (bit for
+        # bit), A's rows regrouped by a 3-D output_shape; "avg" is the sum times 1/TP, exact
+        # (the same bits) when TP is a power of two.
+        m, n, k = world * 24, 256, world * 128
+        kl, ml = k // world, m // world
+        ar_full = rand_e4m3((m, k), seed_of("fp8 rs drop-in"))
+        wr_full = rand_e4m3((n, k), seed_of("fp8 rs drop-in w"))
+        xr = ar_full[:, rank * kl : (rank + 1) * kl].contiguous()
+        wr = wr_full[:, rank * kl : (rank + 1) * kl].contiguous()
+        group_name = dist.group.WORLD.group_name
+        summed = distgemm.fused_scaled_matmul_reduce_scatter(
+            xr,
+            wr.t(),
+            sa,
+            sb,
+            "sum",
+            0,
+            0,
+            group_name,
+            [m // 6, 6, n],
+            None,
+            None,
+            torch.bfloat16,
+            True,
+        )
+        avg = distgemm.fused_scaled_matmul_reduce_scatter(
+            xr, wr.t(), 0.5, 0.25, "avg", 0, 0, group_name, [m, n], out_dtype=torch.bfloat16
+        )
+        direct = distgemm.linear_reduce_scatter(xr, wr, scale_a=0.5, scale_b=0.25)
+        torch.cuda.synchronize()
+        check.ok(
+            "fp8 fused_scaled_matmul_reduce_scatter: shape and dtype",
+            tuple(summed.shape) == (ml // 6, 6, n) and summed.dtype == torch.bfloat16,
+            f"{tuple(summed.shape)} {summed.dtype}",
+        )
+        check.ok(
+            "fp8 fused_scaled_matmul_reduce_scatter = linear_reduce_scatter",
+            torch.equal(summed.reshape(direct.shape), direct),
+        )
+        if world & (world - 1) == 0:
+            check.ok(
+                "fp8 fused_scaled_matmul_reduce_scatter avg = sum / TP",
+                torch.equal(avg, direct * (1.0 / world)),
+            )
+        name = "fp8 fused_scaled_matmul_reduce_scatter: f64 bound"
+        a_rows = ar_full[rank * ml : (rank + 1) * ml]
+        fp8_bound(name, summed, a_rows, wr_full, (0.5, 0.25), max(world, 2), k)
+        distgemm.synchronize()
+
+        def scaled_rs(**override):
+            kwargs = dict(
+                A=xr,
+                B=wr.t(),
+                A_scale=0.5,
+                B_scale=0.25,
+                reduce_op="sum",
+                orig_scatter_dim=0,
+                scatter_dim_after_maybe_reshape=0,
+                group_name=group_name,
+                output_shape=[m, n],
+                out_dtype=torch.bfloat16,
+            )
+            kwargs.update(override)
+            return distgemm.fused_scaled_matmul_reduce_scatter(**kwargs)
+
         xb = x.float().to(torch.bfloat16)
         bad = [
             (
@@ -519,6 +585,30 @@ def main():
                     x, w, scale_a=torch.ones(20, 1, device=dev), scale_b=1.0
                 ),
                 ["row-wise"],
+            ),
+            (
+                "scaled reduce-scatter drop-in: row-wise A_scale",
+                ValueError,
+                lambda: scaled_rs(A_scale=torch.ones(m, 1, device=dev)),
+                ["row-wise"],
+            ),
+            (
+                "scaled reduce-scatter drop-in: bias",
+                ValueError,
+                lambda: scaled_rs(bias=torch.zeros(n, dtype=torch.bfloat16, device=dev)),
+                ["bias"],
+            ),
+            (
+                "scaled reduce-scatter drop-in: out_dtype None (e4m3 result)",
+                TypeError,
+                lambda: scaled_rs(out_dtype=None),
+                ["out_dtype", "bfloat16"],
+            ),
+            (
+                "scaled reduce-scatter drop-in: orig_scatter_dim 1",
+                ValueError,
+                lambda: scaled_rs(orig_scatter_dim=1),
+                ["orig_scatter_dim"],
             ),
         ]
         for name, exc, fn, words in bad:
