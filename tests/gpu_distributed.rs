@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 
 use distgemm::cuda::{DeviceArgs, DistGemm, DistGemmError, TimingDiagnostics, WaitingNode};
 use distgemm::dtype::{Dtype, Element};
+use distgemm::fp8::ScaleMode;
 use distgemm::gemm::{GemmArgs, GemmKernel, MatrixView, choose_variant};
 use distgemm::plan::{EdgeKind, GlobalInputs, Plan};
 use distgemm::problem::Problem;
@@ -68,6 +69,7 @@ impl<T: DeviceCopy> Shards<T> {
             b: (&self.b).into(),
             c: self.c.as_ref().map(Into::into),
             d: (&self.d).into(),
+            row_scales: None,
         }
     }
 }
@@ -885,121 +887,171 @@ fn bad_setups_are_errors() {
     visible_line(&format!("{test}: ok"));
 }
 
-/// Tensor-wise FP8 (e4m3 A and B, bf16 C and D) through every schedule at TP = 2, both ranks
-/// on one GPU: every element of D against `reference::check_scaled` (e4m3 values and scales
-/// exact in f64; the bound of `ErrorBound::scaled` with the schedule's roundings), D poisoned
-/// with NaN before each run. Then `set_fp8_scales` changes the scales in place and the next
-/// run must match the reference with the new ones (the stage GEMMs' alpha is rewritten).
+/// FP8 (e4m3 A and B, bf16 C and D) through every schedule at TP = 2 in both scale modes,
+/// both ranks on one GPU: every element of D against `reference::check_scaled` (e4m3 values
+/// and scales exact in f64; the bound of `ErrorBound::scaled` with the schedule's roundings),
+/// D poisoned with NaN before each run. Tensor-wise scales go to the builder; row-wise, every
+/// device gets the full M and N scale vectors with its buffers. Then the scales change in
+/// place — `set_fp8_scales`, or `set_args` with new scale vectors — and the next run must
+/// match the reference with the new ones (the stage GEMMs' alpha or scale pointers rewritten).
 #[test]
-fn fp8_tensor_wise_on_every_schedule_two_ranks_on_one_gpu() {
-    use distgemm::fp8::{E4m3, ScaleMode, Scales};
-    use distgemm::plan::Fp8Inputs;
-    use distgemm::reference::{ScaledCheckInputs, check_scaled};
-    let test = "gpu_distributed::fp8_tensor_wise_on_every_schedule_two_ranks_on_one_gpu";
+fn fp8_on_every_schedule_in_both_scale_modes_two_ranks_on_one_gpu() {
+    let test = "gpu_distributed::fp8_on_every_schedule_in_both_scale_modes_two_ranks_on_one_gpu";
     let Some(session) = gpu::hopper_gpu(test) else {
         return;
     };
-    let modules = vec![session.module().expect("module")];
-    let gpus = vec![session.gpu.clone(), session.gpu.clone()];
-    let bytes = |v: &[E4m3]| v.iter().map(|x| x.to_bits()).collect::<Vec<u8>>();
-    for kind in ScheduleKind::ALL {
-        // beta·C on the all-gather schedules; reduce-scatter keeps its partial sums in C, so
-        // beta = 0 there (the plan refuses anything else).
-        let beta = match kind.collective() {
-            Collective::AllGather => 0.5,
-            Collective::ReduceScatter => 0.0,
-        };
-        let problem = Problem::new(512, 768, 1024)
-            .with_scalars(0.75, beta)
-            .with_fp8(ScaleMode::Tensorwise);
-        let builder = || {
-            DistGemm::builder()
-                .devices(gpus.clone())
-                .ranks_may_share_gpus(true)
-                .modules(modules.clone())
-                .schedule(kind)
-                .problem(problem)
-        };
-        let plan = builder()
-            .plan()
-            .unwrap_or_else(|e| panic!("{kind}: plan: {e}"));
-        let mut inputs = Fp8Inputs::<half::bf16>::random(&problem, 0xF8 + kind as u64);
-        let shards = plan.shard_fp8_inputs(&inputs).expect("shard");
-        let stream = session.gpu.new_stream().expect("stream");
-        let upload = |v: &[u8]| DeviceBuffer::from_host(&session.gpu, &stream, v).expect("upload");
-        let (mut operands, mut outputs) = (Vec::new(), Vec::new());
-        for (shard, dev) in shards.iter().zip(&plan.devices) {
-            let (a, b) = (upload(&bytes(&shard.a)), upload(&bytes(&shard.b)));
-            let c = shard
-                .c
-                .as_ref()
-                .map(|c| DeviceBuffer::from_host(&session.gpu, &stream, c).expect("C"));
-            let d =
-                DeviceBuffer::<half::bf16>::alloc(&session.gpu, dev.buffer_elements(BufferKind::D))
-                    .expect("D");
-            operands.push((a, b, c));
-            outputs.push(d);
+    let module = session.module().expect("module");
+    for mode in [ScaleMode::Tensorwise, ScaleMode::Rowwise] {
+        for kind in ScheduleKind::ALL {
+            fp8_case(test, &session.gpu, &module, kind, mode);
         }
-        // D is handed over as a raw reference so that the test can poison it between runs
-        // (after `wait`, when no run uses it).
-        let args: Vec<DeviceArgs> = operands
+    }
+}
+
+/// One schedule of [`fp8_on_every_schedule_in_both_scale_modes_two_ranks_on_one_gpu`].
+fn fp8_case(test: &str, gpu: &Gpu, module: &Arc<Module>, kind: ScheduleKind, mode: ScaleMode) {
+    use distgemm::cuda::{BufferRef, Fp8RowScales};
+    use distgemm::fp8::{E4m3, Scales};
+    use distgemm::plan::Fp8Inputs;
+    use distgemm::reference::{ScaledCheckInputs, check_scaled};
+    let gpus = vec![gpu.clone(), gpu.clone()];
+    let bytes = |v: &[E4m3]| v.iter().map(|x| x.to_bits()).collect::<Vec<u8>>();
+    // beta·C on the all-gather schedules; reduce-scatter keeps its partial sums in C, so
+    // beta = 0 there (the plan refuses anything else).
+    let beta = match kind.collective() {
+        Collective::AllGather => 0.5,
+        Collective::ReduceScatter => 0.0,
+    };
+    let problem = Problem::new(512, 768, 1024)
+        .with_scalars(0.75, beta)
+        .with_fp8(mode);
+    let builder = || {
+        DistGemm::builder()
+            .devices(gpus.clone())
+            .ranks_may_share_gpus(true)
+            .modules(vec![Arc::clone(module); 2])
+            .schedule(kind)
+            .problem(problem)
+    };
+    let plan = builder()
+        .plan()
+        .unwrap_or_else(|e| panic!("{kind} {mode:?}: plan: {e}"));
+    let mut inputs = Fp8Inputs::<half::bf16>::random(&problem, 0xF8 + kind as u64);
+    // The second round's scales: A's doubled, B's quartered (powers of two keep them exact).
+    let rescale = |s: &Scales| match s {
+        Scales::Tensorwise { a, b } => Scales::Tensorwise {
+            a: 2.0 * a,
+            b: 0.25 * b,
+        },
+        Scales::Rowwise { a, b } => Scales::Rowwise {
+            a: a.iter().map(|x| 2.0 * x).collect(),
+            b: b.iter().map(|x| 0.25 * x).collect(),
+        },
+    };
+    let rounds = [inputs.scales.clone(), rescale(&inputs.scales)];
+    let shards = plan.shard_fp8_inputs(&inputs).expect("shard");
+    let stream = gpu.new_stream().expect("stream");
+    let upload = |v: &[u8]| DeviceBuffer::from_host(gpu, &stream, v).expect("upload");
+    let (mut operands, mut outputs) = (Vec::new(), Vec::new());
+    for (shard, dev) in shards.iter().zip(&plan.devices) {
+        let (a, b) = (upload(&bytes(&shard.a)), upload(&bytes(&shard.b)));
+        let c = shard
+            .c
+            .as_ref()
+            .map(|c| DeviceBuffer::from_host(gpu, &stream, c).expect("C"));
+        let d =
+            DeviceBuffer::<half::bf16>::alloc(gpu, dev.buffer_elements(BufferKind::D)).expect("D");
+        operands.push((a, b, c));
+        outputs.push(d);
+    }
+    // Row-wise: each round's full scale vectors, one copy per device.
+    let vectors: Vec<Vec<(DeviceBuffer<f32>, DeviceBuffer<f32>)>> = rounds
+        .iter()
+        .map(|scales| match scales {
+            Scales::Rowwise { a, b } => (0..plan.tp)
+                .map(|_| {
+                    let up = |v: &[f32]| DeviceBuffer::from_host(gpu, &stream, v).expect("scales");
+                    (up(a), up(b))
+                })
+                .collect(),
+            Scales::Tensorwise { .. } => Vec::new(),
+        })
+        .collect();
+    // D is handed over as a raw reference so that the test can poison it between runs
+    // (after `wait`, when no run uses it).
+    let d_raw: Vec<(u64, usize, usize)> = outputs
+        .iter()
+        .map(|d| (d.device_ptr(), d.size_bytes(), d.ordinal()))
+        .collect();
+    let args = |round: usize| -> Vec<DeviceArgs<'_>> {
+        operands
             .iter()
-            .zip(&outputs)
-            .map(|((a, b, c), d)| DeviceArgs {
+            .zip(&d_raw)
+            .enumerate()
+            .map(|(dev, ((a, b, c), &(ptr, size, ordinal)))| DeviceArgs {
                 a: a.into(),
                 b: b.into(),
                 c: c.as_ref().map(Into::into),
-                // SAFETY: `d` outlives `dist` (declared before it) and is written by the test
-                // only between `wait` and the next `run`.
-                d: unsafe {
-                    distgemm::cuda::BufferRef::from_raw(d.device_ptr(), d.size_bytes(), d.ordinal())
-                },
+                // SAFETY: D (`outputs`) outlives `dist` (declared before it) and is written by
+                // the test only between `wait` and the next `run`.
+                d: unsafe { BufferRef::from_raw(ptr, size, ordinal) },
+                row_scales: vectors[round].get(dev).map(|(sa, sb)| Fp8RowScales {
+                    a: sa.into(),
+                    b: sb.into(),
+                }),
             })
-            .collect();
-        let Scales::Tensorwise { a: sa, b: sb } = inputs.scales else {
-            panic!("tensor-wise inputs")
-        };
-        let mut dist = builder()
-            .fp8_scales(sa, sb)
-            .args(args)
-            .build()
-            .unwrap_or_else(|e| panic!("{kind}: build: {e}"));
-        for (round, scales) in [(sa, sb), (2.0 * sa, 0.25 * sb)].into_iter().enumerate() {
-            if round > 0 {
-                dist.set_fp8_scales(scales.0, scales.1)
-                    .unwrap_or_else(|e| panic!("{kind}: set_fp8_scales: {e}"));
-                inputs.scales = Scales::Tensorwise {
-                    a: scales.0,
-                    b: scales.1,
-                };
-            }
-            for d in &mut outputs {
-                d.fill(&stream, half::bf16::NAN).expect("poison D");
-            }
-            distgemm::runtime::stream::synchronize(&stream).expect("sync");
-            dist.run().unwrap_or_else(|e| panic!("{kind}: run: {e}"));
-            dist.wait().unwrap_or_else(|e| panic!("{kind}: wait: {e}"));
-            let downloaded: Vec<Vec<half::bf16>> = outputs
-                .iter()
-                .map(|d| d.download(&stream).expect("download D"))
-                .collect();
-            let d = plan.gather_output(&downloaded).expect("gather D");
-            let check_inputs = ScaledCheckInputs {
-                a: &inputs.a,
-                b: &inputs.b,
-                scales: &inputs.scales,
-                c: inputs.c.as_deref(),
-            };
-            let roundings = kind.roundings(plan.tp);
-            let report =
-                check_scaled(&problem, roundings, plan.tp, check_inputs, &d).expect("reference");
-            assert_eq!(report.mismatches, 0, "{kind} round {round}: {report:?}");
-            visible_line(&format!(
-                "{test}: {kind} scales {scales:?}: ok (worst {:.2} of the bound)",
-                report.worst_ratio
-            ));
-        }
-        // Scales out of range are refused and change nothing.
-        assert!(dist.set_fp8_scales(f32::NAN, 1.0).is_err(), "{kind}");
+            .collect()
+    };
+    let mut dist = match &rounds[0] {
+        Scales::Tensorwise { a, b } => builder().fp8_scales(*a, *b),
+        Scales::Rowwise { .. } => builder(),
     }
+    .args(args(0))
+    .build()
+    .unwrap_or_else(|e| panic!("{kind} {mode:?}: build: {e}"));
+    for (round, scales) in rounds.iter().enumerate() {
+        if round > 0 {
+            match scales {
+                Scales::Tensorwise { a, b } => dist.set_fp8_scales(*a, *b),
+                Scales::Rowwise { .. } => dist.set_args(args(round)),
+            }
+            .unwrap_or_else(|e| panic!("{kind} {mode:?}: new scales: {e}"));
+            inputs.scales = scales.clone();
+        }
+        for d in &mut outputs {
+            d.fill(&stream, half::bf16::NAN).expect("poison D");
+        }
+        distgemm::runtime::stream::synchronize(&stream).expect("sync");
+        dist.run()
+            .unwrap_or_else(|e| panic!("{kind} {mode:?}: run: {e}"));
+        dist.wait()
+            .unwrap_or_else(|e| panic!("{kind} {mode:?}: wait: {e}"));
+        let downloaded: Vec<Vec<half::bf16>> = outputs
+            .iter()
+            .map(|d| d.download(&stream).expect("download D"))
+            .collect();
+        let d = plan.gather_output(&downloaded).expect("gather D");
+        let check_inputs = ScaledCheckInputs {
+            a: &inputs.a,
+            b: &inputs.b,
+            scales: &inputs.scales,
+            c: inputs.c.as_deref(),
+        };
+        let roundings = kind.roundings(plan.tp);
+        let report =
+            check_scaled(&problem, roundings, plan.tp, check_inputs, &d).expect("reference");
+        assert_eq!(
+            report.mismatches, 0,
+            "{kind} {mode:?} round {round}: {report:?}"
+        );
+        visible_line(&format!(
+            "{test}: {kind} {mode:?} round {round}: ok (worst {:.2} of the bound)",
+            report.worst_ratio
+        ));
+    }
+    // Tensor-wise scales out of range, or given to a row-wise plan, are refused.
+    assert!(
+        dist.set_fp8_scales(f32::NAN, 1.0).is_err(),
+        "{kind} {mode:?}"
+    );
 }

@@ -232,6 +232,8 @@ impl<T: DeviceCopy> Shards<T> {
             b: self.b.device_ptr(),
             c: self.c.as_ref().map_or(0, DeviceBuffer::device_ptr),
             d: self.d.device_ptr(),
+            a_scales: 0,
+            b_scales: 0,
         }
     }
 }

@@ -126,6 +126,7 @@ fn run_on_gpus(
             b: BufferRef::of(&shard.b),
             c: None, // beta = 0: no C
             d: BufferRef::of(&shard.d),
+            row_scales: None, // bf16: no FP8 scale vectors
         })
         .collect();
     let mut dist = DistGemm::builder()

@@ -36,15 +36,14 @@
 //! is [`crate::reference::gemm_scaled_f32`] on the views' rows and their scales, each
 //! reduce-scatter hop stores its partial in the output type (P roundings pipelined, 2
 //! single-stage, as for bf16: [`crate::reference::ErrorBound::scaled`] with those counts), and
-//! `tests/cpu_executor.rs` checks every element at TP 1–8. The CUDA schedules run FP8 with
-//! tensor-wise scales (the lowering folds `sa·sb` into each stage GEMM's alpha and runs the
-//! e4m3 entry points on the operands as 16-bit pairs); row-wise ones are refused
-//! ([`crate::plan::check_gpu_kernel`]).
-//!
-//! Row-wise scales through the schedules still need scale buffers beside A, B and the
-//! all-gather workspace (one f32 per row, `Plan::operand_row_elements`), one extra copy of
-//! `len / row` floats beside every gathered copy (or the scales packed after the rows in one
-//! copy), and the two scale views of each stage's A and B rows as its `RowScales`.
+//! `tests/cpu_executor.rs` checks every element at TP 1–8. The CUDA schedules run FP8 on the
+//! e4m3 entry points with the operands as 16-bit pairs. Tensor-wise, the lowering folds
+//! `sa·sb` into each stage GEMM's alpha. Row-wise, every device holds the *full* scale
+//! vectors (M and N f32: `cuda::Fp8RowScales`, or `RankArgs::{a,b}_scales`) and each stage
+//! GEMM reads the scales of the global rows it multiplies (`RowScales` at the stage's first
+//! global row of A and of B): no scale moves between GPUs, unlike the CPU executor's model,
+//! where scales travel with their rows (the results are the same: a row's scale is the same
+//! wherever the row is).
 //!
 //! # How the GPU kernel runs it
 //!

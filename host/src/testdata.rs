@@ -61,6 +61,7 @@ impl<T: DeviceCopy> RandomShard<T> {
             b: BufferRef::of(&self.b),
             c: (!self.c.is_empty()).then(|| BufferRef::of(&self.c)),
             d: BufferRef::of(&self.d),
+            row_scales: None,
         }
     }
 }

@@ -271,11 +271,15 @@ impl PyRankGemm {
     ) -> PyResult<()> {
         guard("launch", || {
             let dg = self.live()?;
+            // The package builds tensor-wise FP8 only (`_checks` refuses row-wise scales):
+            // no scale vectors.
             let args = RankArgs {
                 a,
                 b,
                 c: c.unwrap_or(0),
                 d,
+                a_scales: 0,
+                b_scales: 0,
             };
             // SAFETY: this module is private to the `distgemm` package, whose `_ops` layer
             // calls it only with `torch.cuda.current_stream(device).cuda_stream` — a stream of

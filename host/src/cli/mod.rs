@@ -129,7 +129,6 @@ pub enum CliError {
 /// `Ok` when `bench` and `tune` can run `problem` on GPUs: bf16 and f16. (`run` takes
 /// tensor-wise FP8 on GPUs too; these two do not generate e4m3 inputs yet.)
 pub(super) fn check_gpu_problem(problem: &crate::problem::Problem) -> Result<(), CliError> {
-    crate::plan::check_gpu_kernel(problem)?;
     match problem.fp8 {
         Some(_) => Err(CliError::Usage(format!(
             "{problem}: bench and tune take bf16 and f16 only for now (`run --dtype e4m3` runs \
@@ -145,10 +144,7 @@ impl CliError {
     pub fn exit_code(&self) -> u8 {
         match self {
             CliError::Usage(_)
-            | CliError::Plan(PlanError::Schedule(_) | PlanError::Fp8KernelNotBuilt { .. })
-            | CliError::Cuda(crate::cuda::DistGemmError::Plan(PlanError::Fp8KernelNotBuilt {
-                ..
-            }))
+            | CliError::Plan(PlanError::Schedule(_))
             | CliError::CudaUnavailable(_)
             | CliError::Tuning(_)
             | CliError::Cuda(crate::cuda::DistGemmError::Tuning(_))
@@ -405,12 +401,6 @@ mod tests {
             CliError::Exec(ExecError::Aborted).exit_code(),
             EXIT_RUN_FAILED
         );
-        let fp8 =
-            crate::problem::Problem::new(16, 16, 16).with_fp8(crate::fp8::ScaleMode::Tensorwise);
-        let not_built = || PlanError::Fp8KernelNotBuilt { problem: fp8 };
-        assert_eq!(CliError::Plan(not_built()).exit_code(), EXIT_BAD_INPUT);
-        let cuda = crate::cuda::DistGemmError::Plan(not_built());
-        assert_eq!(CliError::Cuda(cuda).exit_code(), EXIT_BAD_INPUT);
         let codes = [EXIT_OK, EXIT_RUN_FAILED, EXIT_BAD_INPUT, EXIT_CHECK_FAILED];
         assert!(
             codes

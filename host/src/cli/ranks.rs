@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::args::RunArgs;
-use super::run::{CPU_FLOP_CAP, check_failed, e4m3_bytes, tensor_scales, upload_shard};
+use super::run::{CPU_FLOP_CAP, check_failed, e4m3_bytes, upload_row_scales, upload_shard};
 use super::sample::{RANDOM_SAMPLES, sample_indices};
 use super::{CliError, EXIT_RUN_FAILED};
 use crate::cuda::rank::RankGemmBuilder;
@@ -140,9 +140,9 @@ pub(crate) fn rank_main(args: &RunArgs, spec: &str, out: &mut dyn Write) -> Resu
     }
 }
 
-/// One rank of `run --ranks N --dtype e4m3` (tensor-wise scales): every rank draws the same
-/// global inputs from the seed and builds with their scales; then as [`run_rank`], with D
-/// checked against `reference::check_scaled`.
+/// One rank of `run --ranks N --dtype e4m3`: every rank draws the same global inputs from the
+/// seed and builds with their tensor-wise scales (or launches with the full row-wise scale
+/// vectors); then as [`run_rank`], with D checked against `reference::check_scaled`.
 fn run_rank_fp8<T: Element + DeviceCopy>(
     args: &RunArgs,
     gpu: &Gpu,
@@ -152,8 +152,11 @@ fn run_rank_fp8<T: Element + DeviceCopy>(
 ) -> Result<(), CliError> {
     let problem = args.problem.problem()?;
     let inputs = Fp8Inputs::<T>::random(&problem, args.seed);
-    let [sa, sb] = tensor_scales(&inputs.scales)?;
-    let dg = builder.fp8_scales(sa, sb).build(rendezvous)?;
+    let builder = match inputs.scales {
+        crate::fp8::Scales::Tensorwise { a, b } => builder.fp8_scales(a, b),
+        crate::fp8::Scales::Rowwise { .. } => builder,
+    };
+    let dg = builder.build(rendezvous)?;
     let plan = dg.plan().clone();
     let shard = own_shard(plan.shard_fp8_inputs(&inputs)?, dg.rank())?;
     let host = (e4m3_bytes(&shard.a), e4m3_bytes(&shard.b), shard.c);
@@ -167,7 +170,7 @@ fn run_rank_fp8<T: Element + DeviceCopy>(
         let roundings = plan.schedule.roundings(plan.tp);
         check_scaled_sampled(&plan.problem, roundings, plan.tp, inputs, d, indices)
     };
-    run_rank_shard(args, gpu, dg, host, check, out)
+    run_rank_shard(args, gpu, dg, host, Some(&inputs.scales), check, out)
 }
 
 /// One rank of `run --ranks N` in bf16 or f16: the global inputs from the seed, this rank's
@@ -190,7 +193,7 @@ fn run_rank<T: Element + DeviceCopy>(
         let roundings = plan.schedule.roundings(plan.tp);
         check_sampled(&plan.problem, roundings, plan.tp, inputs, d, indices)
     };
-    run_rank_shard(args, gpu, dg, (shard.a, shard.b, shard.c), check, out)
+    run_rank_shard(args, gpu, dg, (shard.a, shard.b, shard.c), None, check, out)
 }
 
 /// Rank `rank`'s element of every device's `shards`.
@@ -202,13 +205,15 @@ fn own_shard<S>(shards: Vec<S>, rank: usize) -> Result<S, CliError> {
 }
 
 /// Uploads this rank's operands `(a, b, c)` (A and B as `O`: the element type, or e4m3
-/// bytes), launches `args.iters` runs, and with `--check` compares its block of D with
-/// `check(global D, indices)` ([`own_block`]); prints the rank's line.
+/// bytes) and an FP8 problem's row-wise scale vectors, launches `args.iters` runs, and with
+/// `--check` compares its block of D with `check(global D, indices)` ([`own_block`]);
+/// prints the rank's line.
 fn run_rank_shard<O: DeviceCopy, T: Element + DeviceCopy, E>(
     args: &RunArgs,
     gpu: &Gpu,
     mut dg: RankGemm,
     (a, b, c): (Vec<O>, Vec<O>, Option<Vec<T>>),
+    scales: Option<&crate::fp8::Scales>,
     check: impl FnOnce(&[T], &[usize]) -> Result<CheckReport, E>,
     out: &mut dyn Write,
 ) -> Result<(), CliError>
@@ -220,11 +225,14 @@ where
     let stream = gpu.new_stream()?;
     let block = plan.devices[rank].shards.d;
     let (a, b, c, d) = upload_shard(gpu, &stream, (&a, &b, c.as_deref()), block.elements())?;
+    let rows = upload_row_scales(gpu, &stream, scales)?;
     let launch = RankArgs {
         a: a.device_ptr(),
         b: b.device_ptr(),
         c: c.as_ref().map_or(0, DeviceBuffer::device_ptr),
         d: d.device_ptr(),
+        a_scales: rows.as_ref().map_or(0, |(sa, _)| sa.device_ptr()),
+        b_scales: rows.as_ref().map_or(0, |(_, sb)| sb.device_ptr()),
     };
     let ms = launch_iters(args, &mut dg, &stream, launch)?;
     let verdict = if args.check {

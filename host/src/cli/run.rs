@@ -12,7 +12,7 @@ use super::memory::{self, Executor};
 use super::sample::{RANDOM_SAMPLES, sample_indices};
 use super::{CliError, check_ptx_file, cuda_devices};
 use crate::cpu::CpuExecutor;
-use crate::cuda::{DeviceArgs, DistGemm};
+use crate::cuda::{DeviceArgs, DistGemm, Fp8RowScales};
 use crate::dtype::{Dtype, Element};
 use crate::plan::{Fp8Inputs, GlobalInputs, Plan};
 use crate::problem::Problem;
@@ -60,11 +60,6 @@ pub(super) fn run(
     let problem = args.problem.problem()?;
     check_counts(args)?;
     let plan = args.problem.plan(problem)?;
-    // Row-wise FP8 runs on the CPU executor only: the GPU paths refuse it before touching a
-    // GPU, and `auto` falls back to the CPU with a notice, as it does without GPUs.
-    if args.ranks.is_some() || args.backend == Backend::Cuda {
-        crate::plan::check_gpu_kernel(&problem)?;
-    }
     if let Ok(spec) = std::env::var(super::ranks::RANK_ENV) {
         return super::ranks::rank_main(args, &spec, out);
     }
@@ -93,10 +88,6 @@ pub(super) fn run(
             })?;
             (Some(gpus), None)
         }
-        Backend::Auto if crate::plan::check_gpu_kernel(&problem).is_err() => (
-            None,
-            Some("row-wise FP8 scales do not run on the GPU schedules yet".to_owned()),
-        ),
         Backend::Auto => match cuda_devices(plan.tp) {
             Ok(gpus) => {
                 check_ptx_file()?;
@@ -388,10 +379,9 @@ fn run_cuda<T: Element + DeviceCopy>(
     report(args, &plan, "cuda", &inputs, &d, seconds_per_iter, out)
 }
 
-/// `run --backend cuda --dtype e4m3` (tensor-wise scales): random FP8 inputs
-/// ([`Fp8Inputs::random`]) sharded, uploaded (A and B as e4m3 bytes), run `--iters` times
-/// with the scales passed to the builder, D gathered and checked against
-/// `reference::check_scaled`.
+/// `run --backend cuda --dtype e4m3`: random FP8 inputs ([`Fp8Inputs::random`]) sharded,
+/// uploaded (A and B as e4m3 bytes; row-wise, every device gets the full scale vectors), run
+/// `--iters` times, D gathered and checked against `reference::check_scaled`.
 fn run_cuda_fp8<T: Element + DeviceCopy>(
     args: &RunArgs,
     plan: Plan,
@@ -400,13 +390,13 @@ fn run_cuda_fp8<T: Element + DeviceCopy>(
 ) -> Result<(), CliError> {
     let modules = load_modules(&gpus)?;
     let inputs = Fp8Inputs::<T>::random(&plan.problem, args.seed);
-    let scales = tensor_scales(&inputs.scales)?;
     let shards = plan
         .shard_fp8_inputs(&inputs)?
         .into_iter()
         .map(|s| (e4m3_bytes(&s.a), e4m3_bytes(&s.b), s.c))
         .collect();
-    let (d, seconds_per_iter) = run_dist(args, &plan, gpus, modules, shards, Some(scales))?;
+    let scales = Some(&inputs.scales);
+    let (d, seconds_per_iter) = run_dist(args, &plan, gpus, modules, shards, scales)?;
     let checked = check_fp8(args, &plan, &inputs, &d)?;
     print_report(args, &plan, "cuda", checked, seconds_per_iter, out)
 }
@@ -422,31 +412,37 @@ fn load_modules(gpus: &[Gpu]) -> Result<Vec<std::sync::Arc<Module>>, CliError> {
 /// One device's host operands: A and B (`O`: the element type, or e4m3 bytes), C if any.
 type HostShard<O, T> = (Vec<O>, Vec<O>, Option<Vec<T>>);
 
-/// Uploads every device's `shards`, runs the plan's schedule `args.iters` times (with an FP8
-/// problem's tensor-wise `fp8_scales`) and returns the gathered D and the seconds per run.
+/// Uploads every device's `shards` (and an FP8 problem's row-wise scale vectors), runs the
+/// plan's schedule `args.iters` times (tensor-wise scales given to the builder) and returns
+/// the gathered D and the seconds per run.
 fn run_dist<O: DeviceCopy, T: Element + DeviceCopy>(
     args: &RunArgs,
     plan: &Plan,
     gpus: Vec<Gpu>,
     modules: Vec<std::sync::Arc<Module>>,
     shards: Vec<HostShard<O, T>>,
-    fp8_scales: Option<[f32; 2]>,
+    scales: Option<&crate::fp8::Scales>,
 ) -> Result<(Vec<T>, f64), CliError> {
     let mut buffers = Vec::with_capacity(plan.tp);
     for (((a, b, c), gpu), dev) in shards.iter().zip(&gpus).zip(&plan.devices) {
         let stream = gpu.new_stream()?;
         let d_elements = dev.buffer_elements(BufferKind::D);
         let uploaded = upload_shard(gpu, &stream, (a, b, c.as_deref()), d_elements)?;
+        let row_scales = upload_row_scales(gpu, &stream, scales)?;
         crate::runtime::stream::synchronize(&stream)?;
-        buffers.push((uploaded, stream));
+        buffers.push((uploaded, row_scales, stream));
     }
     let device_args = buffers
         .iter()
-        .map(|((a, b, c, d), _)| DeviceArgs {
+        .map(|((a, b, c, d), rows, _)| DeviceArgs {
             a: a.into(),
             b: b.into(),
             c: c.as_ref().map(Into::into),
             d: d.into(),
+            row_scales: rows.as_ref().map(|(sa, sb)| Fp8RowScales {
+                a: sa.into(),
+                b: sb.into(),
+            }),
         })
         .collect();
     let mut builder = DistGemm::builder()
@@ -457,8 +453,8 @@ fn run_dist<O: DeviceCopy, T: Element + DeviceCopy>(
         .timeout(Duration::from_millis(args.timeout_ms))
         .modules(modules)
         .args(device_args);
-    if let Some([sa, sb]) = fp8_scales {
-        builder = builder.fp8_scales(sa, sb);
+    if let Some(&crate::fp8::Scales::Tensorwise { a, b }) = scales {
+        builder = builder.fp8_scales(a, b);
     }
     let mut dist = builder.build()?;
     let start = Instant::now();
@@ -468,7 +464,7 @@ fn run_dist<O: DeviceCopy, T: Element + DeviceCopy>(
     dist.wait()?;
     let seconds_per_iter = start.elapsed().as_secs_f64() / args.iters as f64;
     let mut outputs = Vec::with_capacity(buffers.len());
-    for ((_, _, _, d), stream) in &buffers {
+    for ((_, _, _, d), _, stream) in &buffers {
         outputs.push(d.download(stream)?);
     }
     Ok((plan.gather_output(&outputs)?, seconds_per_iter))
@@ -479,13 +475,21 @@ pub(super) fn e4m3_bytes(codes: &[crate::fp8::E4m3]) -> Vec<u8> {
     codes.iter().map(|x| x.to_bits()).collect()
 }
 
-/// The tensor-wise `[sa, sb]` of an FP8 GPU run (row-wise ones are refused before planning).
-pub(super) fn tensor_scales(scales: &crate::fp8::Scales) -> Result<[f32; 2], CliError> {
+/// Row-wise FP8's full scale vectors on one GPU: A's M f32 and B's N f32.
+pub(super) type ScaleVectors = (DeviceBuffer<f32>, DeviceBuffer<f32>);
+
+/// Row-wise FP8's full scale vectors on `gpu`, ordered on `stream`; `None` for any other run.
+pub(super) fn upload_row_scales(
+    gpu: &Gpu,
+    stream: &CudaStream,
+    scales: Option<&crate::fp8::Scales>,
+) -> Result<Option<ScaleVectors>, CliError> {
     match scales {
-        crate::fp8::Scales::Tensorwise { a, b } => Ok([*a, *b]),
-        crate::fp8::Scales::Rowwise { .. } => Err(CliError::Usage(
-            "row-wise FP8 scales do not run on the GPU schedules yet".into(),
-        )),
+        Some(crate::fp8::Scales::Rowwise { a, b }) => Ok(Some((
+            DeviceBuffer::from_host(gpu, stream, a)?,
+            DeviceBuffer::from_host(gpu, stream, b)?,
+        ))),
+        _ => Ok(None),
     }
 }
 

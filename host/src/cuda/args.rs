@@ -20,6 +20,7 @@
 use std::marker::PhantomData;
 
 use super::error::DistGemmError;
+use crate::fp8::ScaleMode;
 use crate::plan::Plan;
 use crate::runtime::{DeviceBuffer, DeviceCopy};
 use crate::schedule::BufferKind;
@@ -97,6 +98,67 @@ pub struct DeviceArgs<'a> {
     pub c: Option<BufferRef<'a>>,
     /// Shard of D (the output).
     pub d: BufferRef<'a>,
+    /// Row-wise FP8 only (required then, `None` otherwise): the scale vectors.
+    pub row_scales: Option<Fp8RowScales<'a>>,
+}
+
+/// Row-wise FP8 scales as every device holds them: one f32 per row of the *global* A (M) and
+/// of the global B (N), whichever rows the device's shards hold. The stage GEMMs read the
+/// scales of the rows they multiply; nothing moves them between GPUs. (Scales are 4 bytes
+/// per row against K bytes of e4m3: a framework that has only its shard's scales gathers
+/// them with its own collective first.) Their values are the caller's to keep finite and
+/// positive; the host cannot check device memory without a copy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Fp8RowScales<'a> {
+    /// M f32: `sa[i]` scales row `i` of A (row `i` of D).
+    pub a: BufferRef<'a>,
+    /// N f32: `sb[j]` scales row `j` of B (column `j` of D).
+    pub b: BufferRef<'a>,
+}
+
+/// Why device `device`'s row-wise scale vectors cannot serve `plan` (present exactly for a
+/// row-wise FP8 plan; M and N f32 on the device's GPU, 4-byte aligned), if they cannot.
+fn row_scales_problem(
+    plan: &Plan,
+    ordinal: usize,
+    scales: Option<&Fp8RowScales<'_>>,
+) -> Option<String> {
+    let p = &plan.problem;
+    let row_wise = p
+        .fp8
+        .is_some_and(|f| f.scales == crate::fp8::ScaleMode::Rowwise);
+    match (row_wise, scales) {
+        (false, None) => None,
+        (false, Some(_)) => Some(format!("{p} has no row-wise scales: give none")),
+        (true, None) => Some(format!(
+            "{p} has row-wise FP8 scales: give the M and N f32 scale vectors (row_scales)"
+        )),
+        (true, Some(s)) => {
+            [("A", s.a, p.m), ("B", s.b, p.n)]
+                .into_iter()
+                .find_map(|(name, b, rows)| {
+                    let needed = rows.saturating_mul(4);
+                    if b.ordinal != ordinal {
+                        Some(format!(
+                            "the scales of {name} live on GPU {}, not GPU {ordinal}",
+                            b.ordinal
+                        ))
+                    } else if b.bytes < needed {
+                        Some(format!(
+                            "the scales of {name} have {} bytes, {rows} rows need {needed}",
+                            b.bytes
+                        ))
+                    } else if b.ptr == 0 || !b.ptr.is_multiple_of(4) {
+                        Some(format!(
+                            "the scales of {name} at {:#x} are not a 4-byte-aligned device address",
+                            b.ptr
+                        ))
+                    } else {
+                        None
+                    }
+                })
+        }
+    }
 }
 
 /// Checks device `device`'s buffers against the plan: on GPU `ordinal`, large enough, 16-byte
@@ -155,6 +217,11 @@ pub(crate) fn validate_device_args(
         if let Some(why) = address_problem(b.ptr) {
             return Err(bad(why));
         }
+    }
+    if let Some(reason) = row_scales_problem(plan, ordinal, args.row_scales.as_ref()) {
+        return Err(DistGemmError::Fp8Scales(format!(
+            "device {device}: {reason}"
+        )));
     }
     let sized = |kind: BufferKind, b: &BufferRef<'_>| {
         (
@@ -219,21 +286,26 @@ pub(crate) fn validate_args(
     Ok(())
 }
 
-/// `Ok` when `scales` fit `plan`'s problem: `[sa, sb]`, each finite and at least
-/// [`crate::fp8::MIN_SCALE`], for an FP8 problem (tensor-wise: row-wise ones are refused
-/// before planning), none for a 16-bit one.
+/// `Ok` when the tensor-wise `scales` fit `plan`'s problem: `[sa, sb]`, each finite and at
+/// least [`crate::fp8::MIN_SCALE`], for a tensor-wise FP8 problem; none for a 16-bit one or a
+/// row-wise one (whose scale vectors come with the buffers: [`DeviceArgs::row_scales`]).
 pub(crate) fn validate_fp8_scales(
     plan: &Plan,
     scales: Option<[f32; 2]>,
 ) -> Result<(), DistGemmError> {
     let p = &plan.problem;
-    match (p.fp8, scales) {
-        (None, None) => Ok(()),
-        (Some(_), Some([a, b])) => crate::fp8::Scales::Tensorwise { a, b }
+    let mode = p.fp8.map(|f| f.scales);
+    match (mode, scales) {
+        (None | Some(ScaleMode::Rowwise), None) => Ok(()),
+        (Some(ScaleMode::Tensorwise), Some([a, b])) => crate::fp8::Scales::Tensorwise { a, b }
             .validate(p.m, p.n)
             .map_err(|e| DistGemmError::Fp8Scales(e.to_string())),
-        (Some(_), None) => Err(DistGemmError::Fp8Scales(format!(
+        (Some(ScaleMode::Tensorwise), None) => Err(DistGemmError::Fp8Scales(format!(
             "{p} is FP8: give the tensor-wise scales of A and B (fp8_scales)"
+        ))),
+        (Some(ScaleMode::Rowwise), Some(_)) => Err(DistGemmError::Fp8Scales(format!(
+            "{p} has row-wise scales: they come as scale vectors with each device's buffers, \
+             not as fp8_scales"
         ))),
         (None, Some(_)) => Err(DistGemmError::Fp8Scales(format!(
             "{p} is not FP8: it takes no scales"
@@ -255,10 +327,13 @@ mod tests {
         };
         let bf16 = plan(Problem::new(256, 256, 256));
         let fp8 = plan(Problem::new(256, 256, 256).with_fp8(ScaleMode::Tensorwise));
+        let rows = plan(Problem::new(256, 256, 256).with_fp8(ScaleMode::Rowwise));
         assert!(validate_fp8_scales(&bf16, None).is_ok());
         assert!(validate_fp8_scales(&fp8, Some([0.5, 2.0])).is_ok());
+        assert!(validate_fp8_scales(&rows, None).is_ok());
         for (plan, scales, says) in [
             (&fp8, None, "give the tensor-wise scales"),
+            (&rows, Some([1.0, 1.0]), "scale vectors"),
             (&bf16, Some([1.0, 1.0]), "takes no scales"),
             (&fp8, Some([f32::NAN, 1.0]), "scale"),
             (&fp8, Some([1.0, 0.0]), "scale"),
@@ -270,6 +345,62 @@ mod tests {
                 e.as_deref().is_some_and(|e| e.contains(says)),
                 "{scales:?}: {e:?}"
             );
+        }
+    }
+
+    /// Row-wise scale vectors: required exactly for a row-wise FP8 plan; M and N f32 (here
+    /// 192 and 320) on the device's GPU, 4-byte aligned.
+    #[test]
+    fn row_scale_vectors_go_with_row_wise_plans_only_and_fit() {
+        use crate::fp8::ScaleMode;
+        use crate::problem::Problem;
+        use crate::schedule::ScheduleKind;
+        let plan = |p: Problem| {
+            Plan::build(ScheduleKind::AllGatherRotatingA, p, 2).unwrap_or_else(|e| panic!("{e}"))
+        };
+        let rows = plan(Problem::new(192, 320, 256).with_fp8(ScaleMode::Rowwise));
+        let tensor = plan(Problem::new(192, 320, 256).with_fp8(ScaleMode::Tensorwise));
+        // SAFETY: fake addresses, only compared and never dereferenced.
+        let buf = |ptr: u64, bytes: usize, ordinal: usize| unsafe {
+            BufferRef::from_raw(ptr, bytes, ordinal)
+        };
+        let good = Fp8RowScales {
+            a: buf(0x1000, 192 * 4, 3),
+            b: buf(0x2004, 320 * 4, 3),
+        };
+        assert_eq!(row_scales_problem(&rows, 3, Some(&good)), None);
+        assert_eq!(row_scales_problem(&tensor, 3, None), None);
+        let cases = [
+            (&rows, None, "give the M and N f32 scale vectors"),
+            (&tensor, Some(good), "no row-wise scales"),
+            (
+                &rows,
+                Some(Fp8RowScales {
+                    a: buf(0x1000, 191 * 4, 3),
+                    ..good
+                }),
+                "the scales of A have 764 bytes, 192 rows need 768",
+            ),
+            (
+                &rows,
+                Some(Fp8RowScales {
+                    b: buf(0x2002, 320 * 4, 3),
+                    ..good
+                }),
+                "the scales of B at 0x2002 are not a 4-byte-aligned",
+            ),
+            (
+                &rows,
+                Some(Fp8RowScales {
+                    b: buf(0x2004, 320 * 4, 1),
+                    ..good
+                }),
+                "the scales of B live on GPU 1, not GPU 3",
+            ),
+        ];
+        for (plan, scales, says) in cases {
+            let why = row_scales_problem(plan, 3, scales.as_ref());
+            assert!(why.as_deref().is_some_and(|w| w.contains(says)), "{why:?}");
         }
     }
 

@@ -316,7 +316,7 @@ impl DeviceGraph {
                         fp8,
                         hook,
                     },
-                ) if old_fp8 == fp8 => {
+                ) if old_fp8.is_some() == fp8.is_some() => {
                     let (Some(prepared), Some((kernel, cfg))) =
                         (self.gemms[i].as_mut(), self.launches[i].as_ref())
                     else {
@@ -328,6 +328,10 @@ impl DeviceGraph {
                         // SAFETY: the function's contract.
                         unsafe { prepared.retarget(&kernels.gpu, old_args, args, stream) }
                             .map_err(at_stage(device, *stage))?;
+                    }
+                    // Row-wise FP8: the stage's rows in new scale vectors.
+                    if let Some(rows) = fp8.filter(|_| old_fp8 != fp8) {
+                        prepared.set_row_scales(rows);
                     }
                     // Flags and timeouts (e.g. a timing diagnostic that skips the waits).
                     prepared.set_hook(*hook);

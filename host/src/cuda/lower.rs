@@ -58,6 +58,10 @@ pub struct DeviceAddresses {
     pub workspace: u64,
     /// Exclusive workspace (counter, error word, flags).
     pub exclusive: u64,
+    /// Row-wise FP8: the scales of every row of the global A (M f32) on this device, or 0.
+    pub a_scales: u64,
+    /// Row-wise FP8: the scales of every row of the global B (N f32) on this device, or 0.
+    pub b_scales: u64,
 }
 
 impl DeviceAddresses {
@@ -276,6 +280,48 @@ impl Resolver<'_> {
     }
 }
 
+/// Row-wise FP8: the first global rows of A and of B that stage `g` multiplies — where its
+/// rows start in the device's full scale vectors (`DeviceAddresses::{a,b}_scales`; the kernel
+/// reads `sa[i]` for its A row `i` and `sb[j]` for its B row `j`, both contiguous). A view of
+/// the device's own A (B) shard starts at the shard's first global row plus its offset in
+/// rows. A view of the workspace is an all-gather's gathered operand, whose rows are the
+/// stage's output rows (A) or columns (B): the global position of its D view, which is in
+/// the device's D.
+fn operand_rows(dev: &DevicePlan, g: &GemmStage) -> Result<(usize, usize), DistGemmError> {
+    let internal = |what: String| {
+        DistGemmError::Internal(format!("device {} stage {}: {what}", dev.device, g.stage))
+    };
+    let output = || {
+        if g.d.buffer != BufferKind::D || g.d.ld == 0 {
+            return Err(internal(format!(
+                "a gathered operand's stage writes {:?}, not the device's D",
+                g.d.buffer
+            )));
+        }
+        let d = dev.shards.d;
+        Ok((d.row0 + g.d.offset / g.d.ld, d.col0 + g.d.offset % g.d.ld))
+    };
+    let shard_row = |v: &View, block: crate::schedule::Block| {
+        if v.ld == 0 || v.ld != block.cols || !v.offset.is_multiple_of(v.ld) {
+            return Err(internal(format!(
+                "operand view {v:?} does not start a row of its shard {block:?}"
+            )));
+        }
+        Ok(block.row0 + v.offset / v.ld)
+    };
+    let a = match g.a.buffer {
+        BufferKind::A => shard_row(&g.a, dev.shards.a)?,
+        BufferKind::Workspace => output()?.0,
+        other => return Err(internal(format!("A read from {other:?}"))),
+    };
+    let b = match g.b.buffer {
+        BufferKind::B => shard_row(&g.b, dev.shards.b)?,
+        BufferKind::Workspace => output()?.1,
+        other => return Err(internal(format!("B read from {other:?}"))),
+    };
+    Ok((a, b))
+}
+
 /// Copies up to `N` values into a fixed array (unused entries default).
 fn fixed<T: Copy + Default, const N: usize>(
     values: &[T],
@@ -435,10 +481,37 @@ impl DeviceLowering<'_> {
                 })?;
                 (args, Some(rows))
             }
+            (Some(fp8), None) if fp8.scales == ScaleMode::Rowwise => {
+                let own = r.device(device)?;
+                if own.a_scales == 0 || own.b_scales == 0 {
+                    return Err(DistGemmError::Internal(format!(
+                        "device {device}: a row-wise FP8 plan without its scale vectors"
+                    )));
+                }
+                let (a_row, b_row) = operand_rows(self.dev, g)?;
+                let stage = Fp8GemmArgs {
+                    a,
+                    b,
+                    c,
+                    d,
+                    alpha,
+                    beta,
+                    scales: Fp8Scales::Rowwise {
+                        a: own.a_scales + 4 * a_row as u64,
+                        b: own.b_scales + 4 * b_row as u64,
+                    },
+                };
+                let (args, rows) = stage.as_pairs().map_err(|e| DistGemmError::Gemm {
+                    device,
+                    stage: g.stage,
+                    source: e,
+                })?;
+                (args, Some(rows))
+            }
             (fp8, scales) => {
                 return Err(DistGemmError::Internal(format!(
-                    "device {device}: an FP8 plan ({fp8:?}) needs tensor-wise scales, a 16-bit \
-                     one none (got {scales:?})"
+                    "device {device}: an FP8 plan ({fp8:?}) needs tensor-wise scales or \
+                     row-wise scale vectors, a 16-bit one neither (got {scales:?})"
                 )));
             }
         };
@@ -666,6 +739,8 @@ mod tests {
                     d: base + (4 << 32),
                     workspace: base + (5 << 32),
                     exclusive: base + (6 << 32),
+                    a_scales: base + (7 << 32),
+                    b_scales: base + (8 << 32),
                 }
             })
             .collect()
@@ -713,6 +788,65 @@ mod tests {
                             e.kind == DependencyKind::Programmatic,
                             pe.kind.is_programmatic()
                         );
+                    }
+                }
+            }
+        }
+    }
+
+    /// Row-wise FP8: every stage GEMM reads the full scale vectors from the first global
+    /// row of A and of B it multiplies (mb = M/P, nb = N/P, p = the stage's tile): ag-a A
+    /// rows p·mb and B rows d·nb; ag-b d·mb and p·nb; rs-a p·mb and 0; rs-b 0 and p·nb;
+    /// ag-a-single 0 and d·nb; ag-b-single d·mb and 0; the single-stage reduce-scatters 0, 0
+    /// (schedule/geometry's index formulas). Tensor-wise scales are refused for such a plan.
+    #[test]
+    fn row_wise_stages_read_the_scales_of_their_global_rows() {
+        use crate::fp8::ScaleMode;
+        use ScheduleKind as S;
+        for kind in ScheduleKind::ALL {
+            for tp in [1, 2, 3, 4] {
+                for rs_partials in crate::plan::RsPartials::ALL {
+                    let problem =
+                        Problem::new(64 * tp, 32 * tp, 32 * tp).with_fp8(ScaleMode::Rowwise);
+                    let (mb, nb) = (64, 32);
+                    let plan_options = crate::plan::PlanOptions { rs_partials };
+                    let plan = Plan::build_with(kind, problem, tp, plan_options)
+                        .unwrap_or_else(|e| panic!("{kind} TP={tp}: {e}"));
+                    let addr = addresses(tp);
+                    for d in 0..tp {
+                        let g = lower_device(&plan, d, &addr, &options())
+                            .unwrap_or_else(|e| panic!("{kind} TP={tp} d={d}: {e}"));
+                        let mut gemms = 0;
+                        for (node, lowered) in plan.devices[d].nodes.iter().zip(&g.nodes) {
+                            let (Node::Gemm(s), LoweredNode::Gemm { fp8, .. }) = (node, lowered)
+                            else {
+                                continue;
+                            };
+                            gemms += 1;
+                            let p = s.tile.unwrap_or(0);
+                            let (a_row, b_row) = match kind {
+                                S::AllGatherRotatingA => (p * mb, d * nb),
+                                S::AllGatherRotatingB => (d * mb, p * nb),
+                                S::ReduceScatterTilingA => (p * mb, 0),
+                                S::ReduceScatterTilingB => (0, p * nb),
+                                S::AllGatherSingleStageA => (0, d * nb),
+                                S::AllGatherSingleStageB => (d * mb, 0),
+                                S::ReduceScatterSingleStageA | S::ReduceScatterSingleStageB => {
+                                    (0, 0)
+                                }
+                            };
+                            let want = RowScales {
+                                a: addr[d].a_scales + 4 * a_row as u64,
+                                b: addr[d].b_scales + 4 * b_row as u64,
+                            };
+                            assert_eq!(*fp8, Some(want), "{kind} TP={tp} d={d} stage {}", s.stage);
+                        }
+                        assert!(gemms > 0, "{kind} TP={tp} d={d}");
+                        let tensor = LowerOptions {
+                            fp8_scales: Some([1.0, 1.0]),
+                            ..options()
+                        };
+                        assert!(lower_device(&plan, d, &addr, &tensor).is_err());
                     }
                 }
             }

@@ -37,7 +37,7 @@ mod lower;
 pub mod rank;
 pub mod tuning;
 
-pub use args::{BufferRef, DeviceArgs};
+pub use args::{BufferRef, DeviceArgs, Fp8RowScales};
 pub use auto::{
     ASSUMED_GPU_NAME, AutoChoice, MachineModel, Resolution, ScheduleSource, choose_schedule,
     choose_schedule_tuned,

@@ -394,6 +394,12 @@ impl PreparedGemm {
         self.params.hook = hook;
     }
 
+    /// Points an FP8 GEMM's row-wise scales at new vectors (a distributed stage's rows in the
+    /// caller's new scale buffers; the lowering checked them as `prepare_stage` did).
+    pub(crate) fn set_row_scales(&mut self, rows: RowScales) {
+        self.params.row_scales = rows;
+    }
+
     /// Overrides the rule's band height of the tile order (in cluster tiles, at least 1;
     /// see [`super::choose::raster_group_m`]). Any value is correct; it only changes which
     /// tiles run together, hence L2 reuse.

@@ -180,28 +180,6 @@ pub enum PlanError {
         /// The plan's schedule.
         schedule: ScheduleKind,
     },
-    /// An FP8 problem with row-wise scales for a GPU backend: the plans and the CPU executor
-    /// run it, and the single-GPU GEMM has row-wise scales, but the distributed lowering does
-    /// not move scale vectors with their rows yet (issue 24).
-    #[error(
-        "{problem}: row-wise FP8 scales are not built into the GPU backends' schedules yet; use \
-         --scales tensor, or the CPU executor (--backend cpu) for row-wise"
-    )]
-    Fp8KernelNotBuilt {
-        /// The problem.
-        problem: Problem,
-    },
-}
-
-/// `Ok` when the GPU backends can run `problem`: everything but FP8 with row-wise scales
-/// ([`PlanError::Fp8KernelNotBuilt`]). The CUDA builders call it before planning.
-pub fn check_gpu_kernel(problem: &Problem) -> Result<(), PlanError> {
-    match problem.fp8 {
-        Some(fp8) if fp8.scales == crate::fp8::ScaleMode::Rowwise => {
-            Err(PlanError::Fp8KernelNotBuilt { problem: *problem })
-        }
-        _ => Ok(()),
-    }
 }
 
 /// Why a JSON plan was not accepted.
@@ -937,14 +915,6 @@ mod tests {
                 }
             }
         }
-        let rowwise = Problem::new(64, 64, 64).with_fp8(ScaleMode::Rowwise);
-        assert!(matches!(
-            check_gpu_kernel(&rowwise),
-            Err(PlanError::Fp8KernelNotBuilt { .. })
-        ));
-        let tensorwise = Problem::new(64, 64, 64).with_fp8(ScaleMode::Tensorwise);
-        assert!(check_gpu_kernel(&tensorwise).is_ok());
-        assert!(check_gpu_kernel(&Problem::new(64, 64, 64)).is_ok());
     }
 
     /// An FP8 plan whose gathered copy starts mid-row is refused: its row-wise scales would

@@ -276,7 +276,6 @@ impl<'a> DistGemmBuilder<'a> {
         if tp == 0 {
             return Err(DistGemmError::Missing("at least one device"));
         }
-        crate::plan::check_gpu_kernel(&self.resolved_problem()?)?;
         Ok(Plan::build_with(
             self.resolved_schedule()?,
             self.resolved_problem()?,

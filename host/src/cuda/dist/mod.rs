@@ -188,6 +188,8 @@ impl<'a> DistGemm<'a> {
                 d: a.d.ptr(),
                 workspace: r.workspace.device_ptr(),
                 exclusive: r.exclusive.device_ptr(),
+                a_scales: a.row_scales.map_or(0, |s| s.a.ptr()),
+                b_scales: a.row_scales.map_or(0, |s| s.b.ptr()),
             })
             .collect()
     }

@@ -137,15 +137,12 @@ impl RankGemmBuilder {
     /// The plan a group of `tp` ranks would run (no GPU needed: `Auto` assumes an H200
     /// unless a GPU was given).
     pub fn plan(&self, tp: usize) -> Result<Plan, DistGemmError> {
-        let problem = self.problem.ok_or(DistGemmError::Missing("a problem"))?;
-        crate::plan::check_gpu_kernel(&problem)?;
         self.plan_of(tp, self.resolution(tp)?.schedule)
     }
 
     /// The plan of `schedule` for a group of `tp` ranks.
     fn plan_of(&self, tp: usize, schedule: ScheduleKind) -> Result<Plan, DistGemmError> {
         let problem = self.problem.ok_or(DistGemmError::Missing("a problem"))?;
-        crate::plan::check_gpu_kernel(&problem)?;
         let options = PlanOptions {
             rs_partials: self.rs_partials,
         };
@@ -422,6 +419,12 @@ pub(super) fn rank_addresses(
 ) -> Vec<DeviceAddresses> {
     let gathered = gathered_operand(plan.schedule);
     let placeholder = |p: u64| if p == 0 { own.exclusive } else { p };
+    // Row-wise FP8's scale vectors: placeholders too before the first launch; none otherwise.
+    let row_wise = plan
+        .problem
+        .fp8
+        .is_some_and(|f| f.scales == crate::fp8::ScaleMode::Rowwise);
+    let scales = |p: u64| if row_wise { placeholder(p) } else { 0 };
     let operand = |kind: BufferKind, input: Option<u64>, other: u64| {
         if gathered == Some(kind) {
             input.unwrap_or(0)
@@ -442,6 +445,8 @@ pub(super) fn rank_addresses(
                 d: placeholder(args.d),
                 workspace: own.workspace,
                 exclusive: own.exclusive,
+                a_scales: scales(args.a_scales),
+                b_scales: scales(args.b_scales),
             },
             None => DeviceAddresses::default(),
             Some(p) => {
@@ -453,6 +458,8 @@ pub(super) fn rank_addresses(
                     d: 0,
                     workspace: p.workspace.as_ref().map_or(0, IpcMapping::ptr),
                     exclusive: p.exclusive.ptr(),
+                    a_scales: 0,
+                    b_scales: 0,
                 }
             }
         })

@@ -116,6 +116,11 @@ pub struct RankArgs {
     pub c: u64,
     /// Shard of D.
     pub d: u64,
+    /// Row-wise FP8 only (0 otherwise): M f32, the scales of every row of the global A
+    /// ([`crate::cuda::Fp8RowScales`]), on this rank's GPU.
+    pub a_scales: u64,
+    /// Row-wise FP8 only (0 otherwise): N f32, the scales of every row of the global B.
+    pub b_scales: u64,
 }
 
 /// This rank's memory that peers map.
@@ -300,6 +305,28 @@ impl RankGemm {
                 self.plan.problem.beta
             )));
         }
+        let row_wise = self
+            .plan
+            .problem
+            .fp8
+            .is_some_and(|f| f.scales == crate::fp8::ScaleMode::Rowwise);
+        for (name, ptr) in [("A", args.a_scales), ("B", args.b_scales)] {
+            match (row_wise, ptr) {
+                (false, 0) => {}
+                (false, _) => {
+                    return Err(bad(format!(
+                        "scales of {name} were given but the problem has no row-wise scales"
+                    )));
+                }
+                (true, p) if p == 0 || !p.is_multiple_of(4) => {
+                    return Err(bad(format!(
+                        "row-wise FP8 needs the scales of {name} at a 4-byte-aligned device \
+                         address, got {p:#x}"
+                    )));
+                }
+                (true, _) => {}
+            }
+        }
         for (name, ptr, _) in inputs.iter().chain([&("D", args.d, 0)]) {
             if let Some(why) = address_problem(*ptr) {
                 return Err(bad(format!("operand {name}: {why}")));
@@ -326,8 +353,9 @@ impl RankGemm {
     /// # Safety
     /// `stream` must be a live stream of this rank's GPU (primary context) or the legacy
     /// default stream; `args` must be device addresses on this rank's GPU holding at least
-    /// the shard sizes of [`RankGemm::shard_shape`], alive and not written by other streams
-    /// until `stream` has passed this launch. Every rank of the group must launch the same
+    /// the shard sizes of [`RankGemm::shard_shape`] (and, for row-wise FP8, M and N f32 of
+    /// scales), alive and not written by other streams until `stream` has passed this
+    /// launch. Every rank of the group must launch the same
     /// number of times.
     pub unsafe fn launch_raw(
         &mut self,
