@@ -5,8 +5,8 @@
 # Every pipelined schedule and two single-stage ones run TP = 2 at 512 x 768 x 528 with
 # `distgemm run --check`: as two rank processes (`--ranks 2`, sharing GPU 0 when there is one
 # GPU; `--target-processes all` instruments both), and, with two or more GPUs, also in one
-# process (`--tp 2`); ag-a and rs-a also in FP8 (e4m3, tensor-wise scales, 512 x 768 x 512)
-# as two rank processes. Then every gpu_collective test under each tool. A run fails on any
+# process (`--tp 2`); ag-a and rs-a also in FP8 (e4m3, 512 x 768 x 512; ag-a with tensor-wise
+# scales, rs-a with row-wise ones) as two rank processes. Then every gpu_collective test under each tool. A run fails on any
 # sanitizer error (`--error-exitcode`) or a failed check. Usage:
 #
 #   ./run-sanitizers.sh [RESULTS_DIR]     (default: $OUT if set, else ./results)
@@ -43,14 +43,16 @@ run() { # label command...
 }
 
 shape=(--tp 2 --m 512 --n 768 --k 528 --check --timeout-ms 30000)
-# FP8 (tensor-wise): K and K/TP multiples of 16.
+# FP8: K and K/TP multiples of 16.
 fp8_shape=(--tp 2 --m 512 --n 768 --k 512 --dtype e4m3 --check --timeout-ms 30000)
 share=()
 [ "$gpus" -lt 2 ] && share=(--share-gpu)
 for tool in memcheck synccheck racecheck; do
-  for s in ag-a rs-a; do
-    run "$tool $s e4m3 TP=2, two rank processes" "$cs" --tool "$tool" --target-processes all \
-      --error-exitcode 9 "$HERE/bin/distgemm" run --schedule "$s" "${fp8_shape[@]}" --ranks 2 "${share[@]}"
+  for s in "ag-a tensor" "rs-a row"; do
+    read -r sched scales <<< "$s"
+    run "$tool $sched e4m3 ($scales scales) TP=2, two rank processes" "$cs" --tool "$tool" \
+      --target-processes all --error-exitcode 9 "$HERE/bin/distgemm" run --schedule "$sched" \
+      "${fp8_shape[@]}" --scales "$scales" --ranks 2 "${share[@]}"
   done
   for s in ag-a ag-b rs-a rs-b ag-a-single rs-b-single; do
     run "$tool $s TP=2, two rank processes" "$cs" --tool "$tool" --target-processes all \
