@@ -450,8 +450,33 @@ impl DeviceLowering<'_> {
             .transpose()?;
         let (a, b, d) = (r.view(&g.a)?, r.view(&g.b)?, r.view(&g.d)?);
         let (alpha, beta) = (g.epilogue.alpha, g.epilogue.beta);
-        let (args, fp8) = match (r.plan.problem.fp8, self.options.fp8_scales) {
-            (None, None) => {
+        let scales = match (r.plan.problem.fp8, self.options.fp8_scales) {
+            (None, None) => None,
+            (Some(fp8), Some([sa, sb])) if fp8.scales == ScaleMode::Tensorwise => {
+                Some(Fp8Scales::Tensorwise { a: sa, b: sb })
+            }
+            (Some(fp8), None) if fp8.scales == ScaleMode::Rowwise => {
+                let own = r.device(device)?;
+                if own.a_scales == 0 || own.b_scales == 0 {
+                    return Err(DistGemmError::Internal(format!(
+                        "device {device}: a row-wise FP8 plan without its scale vectors"
+                    )));
+                }
+                let (a_row, b_row) = operand_rows(self.dev, g)?;
+                Some(Fp8Scales::Rowwise {
+                    a: own.a_scales + 4 * a_row as u64,
+                    b: own.b_scales + 4 * b_row as u64,
+                })
+            }
+            (fp8, scales) => {
+                return Err(DistGemmError::Internal(format!(
+                    "device {device}: an FP8 plan ({fp8:?}) needs tensor-wise scales or \
+                     row-wise scale vectors, a 16-bit one neither (got {scales:?})"
+                )));
+            }
+        };
+        let (args, fp8) = match scales {
+            None => {
                 let dtype = r.plan.problem.dtype;
                 let args = GemmArgs {
                     dtype,
@@ -464,7 +489,7 @@ impl DeviceLowering<'_> {
                 };
                 (args, None)
             }
-            (Some(fp8), Some([sa, sb])) if fp8.scales == ScaleMode::Tensorwise => {
+            Some(scales) => {
                 let stage = Fp8GemmArgs {
                     a,
                     b,
@@ -472,7 +497,7 @@ impl DeviceLowering<'_> {
                     d,
                     alpha,
                     beta,
-                    scales: Fp8Scales::Tensorwise { a: sa, b: sb },
+                    scales,
                 };
                 let (args, rows) = stage.as_pairs().map_err(|e| DistGemmError::Gemm {
                     device,
@@ -480,39 +505,6 @@ impl DeviceLowering<'_> {
                     source: e,
                 })?;
                 (args, Some(rows))
-            }
-            (Some(fp8), None) if fp8.scales == ScaleMode::Rowwise => {
-                let own = r.device(device)?;
-                if own.a_scales == 0 || own.b_scales == 0 {
-                    return Err(DistGemmError::Internal(format!(
-                        "device {device}: a row-wise FP8 plan without its scale vectors"
-                    )));
-                }
-                let (a_row, b_row) = operand_rows(self.dev, g)?;
-                let stage = Fp8GemmArgs {
-                    a,
-                    b,
-                    c,
-                    d,
-                    alpha,
-                    beta,
-                    scales: Fp8Scales::Rowwise {
-                        a: own.a_scales + 4 * a_row as u64,
-                        b: own.b_scales + 4 * b_row as u64,
-                    },
-                };
-                let (args, rows) = stage.as_pairs().map_err(|e| DistGemmError::Gemm {
-                    device,
-                    stage: g.stage,
-                    source: e,
-                })?;
-                (args, Some(rows))
-            }
-            (fp8, scales) => {
-                return Err(DistGemmError::Internal(format!(
-                    "device {device}: an FP8 plan ({fp8:?}) needs tensor-wise scales or \
-                     row-wise scale vectors, a 16-bit one neither (got {scales:?})"
-                )));
             }
         };
         let signal_flag = match g.signals.filter(|f| self.sends(f)) {
