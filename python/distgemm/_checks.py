@@ -179,25 +179,24 @@ def reduce_scatter_shapes(
     return Shapes(m=_rows(x), n=w[0], k=tp * x[-1], out=(x[0] // tp, *x[1:-1], w[0]))
 
 
+def _is_tensor(value: object) -> bool:
+    return all(hasattr(value, a) for a in ("numel", "item"))
+
+
 def scale_value(name: str, value: object) -> float:
     """A tensor-wise FP8 scale as the f32 value the kernels use (a Python float holding it
     exactly): ``value`` is a real number or a one-element tensor, whose value is read on the
     host (``.item()``, which waits for a CUDA tensor's stream: a synchronisation). TypeError for
-    another kind of value, ValueError for a tensor of several elements (row-wise scales) or a
-    value that is not finite and at least 2^-63 in f32."""
-    if isinstance(value, bool) or not (
-        isinstance(value, numbers.Real) or all(hasattr(value, a) for a in ("numel", "item"))
-    ):
+    another kind of value, ValueError for a tensor of several elements or a value that is not
+    finite and at least 2^-63 in f32."""
+    if isinstance(value, bool) or not (isinstance(value, numbers.Real) or _is_tensor(value)):
         raise TypeError(
             f"{name} must be a float or a one-element tensor (a tensor-wise scale), got "
             f"{type(value).__name__}"
         )
     if not isinstance(value, numbers.Real):
         if value.numel() != 1:
-            raise ValueError(
-                f"{name} has {value.numel()} elements: distgemm takes tensor-wise FP8 scales "
-                "(one element); row-wise scales are not supported yet"
-            )
+            raise ValueError(f"{name} has {value.numel()} elements: a tensor-wise scale has one")
         value = value.item()
         if isinstance(value, bool) or not isinstance(value, numbers.Real):
             raise TypeError(f"{name} holds {value!r}, not a real number")
@@ -213,11 +212,84 @@ def scale_value(name: str, value: object) -> float:
     return f32
 
 
-def fp8_arguments(names, dtype: str, scale_a, scale_b, out_dtype) -> tuple:
-    """The output dtype (as ``str(torch dtype)``) and the FP8 scales ``(sa, sb)`` (``None``
-    for bf16/f16) of an op whose A and B are ``dtype``: e4m3 needs both scales and writes
-    bf16; bf16/f16 take no scales and write their own dtype. TypeError otherwise; the scales'
-    values as :func:`scale_value`."""
+def row_scale_shapes(lead: tuple[int, ...], rows: int, of_b: bool) -> tuple:
+    """The shapes a row-wise scale tensor may have: for A (``of_b`` false) one float32 per
+    row of an operand whose leading dimensions are ``lead`` (``rows`` their product):
+    ``(rows,)``, ``(rows, 1)``, ``lead`` or ``(*lead, 1)`` (torch's ``_scaled_mm`` and
+    ``symm_mem`` use ``(..., 1)``); for B one per row of the weight, i.e. per output column:
+    ``(rows,)``, ``(1, rows)`` (torch's) or ``(rows, 1)``."""
+    shapes = [(rows,), (1, rows), (rows, 1)] if of_b else [(rows,), (rows, 1), lead, (*lead, 1)]
+    return tuple(dict.fromkeys(shapes))
+
+
+def _scale_kind(name: str, value: object, accepted: tuple) -> str:
+    """``"tensor"`` (a real number, or a one-element tensor not of a row-wise shape), ``"row"``
+    (a tensor of a row-wise shape with several elements) or ``"either"`` (a one-element
+    tensor of a row-wise shape: the operand has one row, so both readings are the same)."""
+    if isinstance(value, bool) or not (isinstance(value, numbers.Real) or _is_tensor(value)):
+        raise TypeError(
+            f"{name} must be a float or a one-element tensor (a tensor-wise scale) or a float32 "
+            f"tensor of one scale per row (row-wise), got {type(value).__name__}"
+        )
+    if isinstance(value, numbers.Real):
+        return "tensor"
+    shape = tuple(getattr(value, "shape", ()))
+    if shape in accepted:
+        return "either" if value.numel() == 1 else "row"
+    if value.numel() == 1:
+        return "tensor"
+    raise ValueError(
+        f"{name} has shape {shape}: a row-wise scale (one float32 per row) has one of the shapes "
+        f"{', '.join(str(s) for s in accepted)} here; a tensor-wise scale has one element"
+    )
+
+
+def check_row_scale(name: str, t: object, device_index: int) -> None:
+    """A row-wise scale tensor is float32, contiguous and on this rank's CUDA device
+    (TypeError/ValueError). Its values are not checked: they must be finite and at least
+    2^-63 (as tensor-wise scales), but reading them would synchronise with the GPU, so that is
+    the caller's to keep; the kernels use them as they are."""
+    if str(t.dtype) != "torch.float32":
+        raise TypeError(f"{name} has dtype {t.dtype}; row-wise FP8 scales are torch.float32")
+    dev = t.device
+    if dev.type != "cuda" or dev.index != device_index:
+        raise ValueError(
+            f"{name} is on {dev}, but this rank's current CUDA device is cuda:{device_index}: "
+            "row-wise scales live on the GPU with the operands"
+        )
+    if not t.is_contiguous():
+        raise ValueError(f"{name} is not contiguous; pass {name}.contiguous()")
+
+
+class Fp8(NamedTuple):
+    """The checked output type and FP8 scales of one op call."""
+
+    out_dtype: str  # str(torch dtype) of the result
+    mode: str | None  # "tensor", "row", or None for bf16/f16
+    # "tensor": (sa, sb) as the f32 values the kernels use; "row": the (scale_a, scale_b)
+    # tensors as given, checked (shape, dtype, device, contiguity); None for bf16/f16.
+    scales: tuple | None
+
+
+def fp8_arguments(
+    names,
+    dtype: str,
+    scale_a,
+    scale_b,
+    out_dtype,
+    a_lead: tuple[int, ...] = (),
+    b_rows: int = 0,
+    device_index: int = 0,
+) -> Fp8:
+    """The output dtype and FP8 scales of an op whose A and B are ``dtype``: e4m3 needs both
+    scales and writes bf16; bf16/f16 take no scales and write their own dtype (TypeError
+    otherwise).
+
+    The scales are both tensor-wise (each a real number or a one-element tensor; values as
+    :func:`scale_value`) or both row-wise (tensors of :func:`row_scale_shapes` for A, whose
+    leading dimensions are ``a_lead``, and for B, of ``b_rows`` rows; checked by
+    :func:`check_row_scale`, their values not read). One of each is a ValueError. A
+    one-element tensor of a row-wise shape (an operand of one row) takes its partner's mode."""
     allowed = OUT_DTYPES[dtype]
     if out_dtype is not None and str(out_dtype) not in allowed:
         raise TypeError(
@@ -231,13 +303,29 @@ def fp8_arguments(names, dtype: str, scale_a, scale_b, out_dtype) -> tuple:
                 f"{' and '.join(given)} given, but {names[0]} and {names[1]} are {dtype}: scales "
                 "apply to torch.float8_e4m3fn inputs only"
             )
-        return allowed[0], None
+        return Fp8(allowed[0], None, None)
     if len(given) != 2:
         raise TypeError(
             f"{names[0]} and {names[1]} are float8_e4m3fn: pass both scale_a and scale_b (the "
-            "tensor-wise dequantisation factors, D = (scale_a·A)·(scale_b·B)ᵀ)"
+            "dequantisation factors, tensor-wise D = (scale_a·A)·(scale_b·B)ᵀ, or row-wise)"
         )
-    return allowed[0], (scale_value("scale_a", scale_a), scale_value("scale_b", scale_b))
+    a_shapes = row_scale_shapes(a_lead, math.prod(a_lead), of_b=False)
+    b_shapes = row_scale_shapes((b_rows,), b_rows, of_b=True)
+    kinds = (_scale_kind("scale_a", scale_a, a_shapes), _scale_kind("scale_b", scale_b, b_shapes))
+    if "row" in kinds:
+        if "tensor" in kinds:
+            row, tensor = ("scale_a", "scale_b") if kinds[0] == "row" else ("scale_b", "scale_a")
+            raise ValueError(
+                f"{row} is row-wise but {tensor} is tensor-wise: give both row-wise (scale_a one "
+                f"float32 per row of {names[0]}, {a_shapes[0]} or {a_shapes[1]}; scale_b one per "
+                f"row of {names[1]}, {b_shapes[0]} or {b_shapes[1]}) or both tensor-wise"
+            )
+        for name, t in (("scale_a", scale_a), ("scale_b", scale_b)):
+            check_row_scale(name, t, device_index)
+        return Fp8(allowed[0], "row", (scale_a, scale_b))
+    return Fp8(
+        allowed[0], "tensor", (scale_value("scale_a", scale_a), scale_value("scale_b", scale_b))
+    )
 
 
 def check_problem(

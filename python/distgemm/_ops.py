@@ -11,7 +11,9 @@ alignment, sizes against the instance's shard shapes, no overlap of output and i
 PyTorch's caching allocator hands freed memory out again only to work ordered behind the
 stream it was used on — the current stream, on which the run is enqueued. distgemm ends every
 run with an end-of-run release (each peer tells a rank when it is done reading the rank's
-shard), so a rank's stream order alone makes its inputs reusable.
+shard), so a rank's stream order alone makes its inputs reusable. The same rule covers the
+temporaries of row-wise FP8 (the gathered scales of A, the scales of B at this rank's rows):
+allocated, filled and read on the current stream, they may be dropped right after the launch.
 
 Errors of a run that failed on the GPU (e.g. a peer that never launched: a timeout naming rank,
 stage and flag) are raised by the next launch of that instance (distgemm checks the finished
@@ -157,14 +159,18 @@ def _instance(
     alpha: float,
     expect: dict,
     partials: str = "read",
-    scales=None,
+    fp8=None,
 ):
     """The cached instance for this call's key, built (collectively) on a miss; checks that its
     shard shapes are the tensors' (so every launch stays inside the tensors).
 
-    ``scales`` are an e4m3 problem's ``(sa, sb)``: not part of the key (a new pair of scales is
-    the same GEMM with another alpha), so a cached instance whose scales differ gets
-    ``set_fp8_scales``, which its next launch applies in stream order without a rebuild."""
+    ``fp8`` is an e4m3 problem's :class:`_checks.Fp8`. Its scale mode is part of the key
+    (tensor-wise and row-wise are different builds); the scales are not: a new tensor-wise
+    pair is the same GEMM with another alpha, so a cached instance whose scales differ gets
+    ``set_fp8_scales``, which its next launch applies in stream order without a rebuild, and
+    row-wise scales are device addresses passed with each launch."""
+    mode = fp8.mode if fp8 is not None else None
+    tensor_scales = fp8.scales if mode == "tensor" else None
     key = (
         ctx.group_key,
         ctx.device,
@@ -177,6 +183,7 @@ def _instance(
         alpha,
         0.0,
         partials,
+        mode,
     )
 
     def build():
@@ -194,7 +201,8 @@ def _instance(
             timeout_s=_timeout_s(),
             allow_shared_gpu=_env_flag("DISTGEMM_ALLOW_SHARED_GPU"),
             rs_partials=partials,
-            fp8_scales=scales,
+            fp8_scales=tensor_scales,
+            scale_mode=mode,
         )
         for operand, shape in expect.items():
             got = inst.shard_shape(operand)
@@ -208,8 +216,8 @@ def _instance(
 
     with _lock:
         inst = CACHE.get(key, build, group=ctx.group_key)
-    if scales is not None and tuple(inst.fp8_scales) != scales:
-        inst.set_fp8_scales(*scales)
+    if tensor_scales is not None and tuple(inst.fp8_scales) != tensor_scales:
+        inst.set_fp8_scales(*tensor_scales)
     return inst
 
 
@@ -262,49 +270,84 @@ def _weight_from_b(torch, B, name):
     return w
 
 
+def _all_gather_into(ctx, dst, src):
+    """all_gather(src, dim 0) into ``dst`` through torch.distributed, synchronous as torch's
+    collectives are by default: ordered after the current stream's earlier work, and the
+    current stream's later work after it (NCCL: all_gather_into_tensor; other backends:
+    all_gather into views of ``dst``)."""
+    import torch.distributed as dist
+
+    if "nccl" in str(dist.get_backend(ctx.group)).lower():
+        dist.all_gather_into_tensor(dst, src, group=ctx.group)
+    else:
+        dist.all_gather(list(dst.chunk(ctx.tp)), src, group=ctx.group)
+
+
 def _gather_rows(torch, ctx, x, tp):
     """all_gather(x, dim 0) through torch.distributed: the op's optional gathered input.
 
     distgemm's own all-gather lands in its workspace, which is overwritten by the next run, so
-    returning the gathered input costs this extra collective of M×K elements (NCCL:
-    all_gather_into_tensor; other backends: all_gather into views of one tensor)."""
-    import torch.distributed as dist
-
+    returning the gathered input costs this extra collective of M×K elements."""
     gathered = torch.empty((tp * x.shape[0], *x.shape[1:]), dtype=x.dtype, device=x.device)
     src, dst = x, gathered
     if x.element_size() == 1:  # e4m3: gathered as bytes (not every backend knows float8)
         src, dst = x.view(torch.uint8), gathered.view(torch.uint8)
-    if "nccl" in str(dist.get_backend(ctx.group)).lower():
-        dist.all_gather_into_tensor(dst, src, group=ctx.group)
-    else:
-        dist.all_gather(list(dst.chunk(tp)), src, group=ctx.group)
+    _all_gather_into(ctx, dst, src)
     return gathered
+
+
+def _all_gather_row_scales(torch, ctx, scale_a, scale_b, m, n):
+    """The full scale vectors distgemm's row-wise all-gather reads, from this rank's own:
+    ``scale_a`` (one float32 per row of this rank's token shard) all-gathered into the M
+    scales of the gathered rows (one small collective of 4·M bytes), and an N-long vector
+    holding ``scale_b`` (this rank's weight rows) at this rank's output columns
+    ``[rank·N/TP, +N/TP)``, the only ones its stage GEMMs read; the rest is NaN, so that a
+    wrong offset would show in the result. Both are allocated and filled on the current
+    stream, the launch's."""
+    gathered = torch.empty((m,), dtype=torch.float32, device=scale_a.device)
+    _all_gather_into(ctx, gathered, scale_a.reshape(-1))
+    n_local = n // ctx.tp
+    b_full = torch.full((n,), float("nan"), dtype=torch.float32, device=scale_b.device)
+    b_full.narrow(0, ctx.rank * n_local, n_local).copy_(scale_b.reshape(-1))
+    return gathered, b_full
 
 
 class _Operands(NamedTuple):
     dtype: str  # distgemm's name of A's and B's type: bf16, f16 or e4m3
     out_dtype: object  # the result's torch dtype
-    scales: object  # e4m3: the tensor-wise scales (sa, sb) as f32 values; else None
+    fp8: object  # e4m3: the scales' mode and values (_checks.Fp8); else None
 
 
-def _operands(torch, ctx, x, weight, names, scale_a, scale_b, out_dtype) -> _Operands:
-    """The checked dtypes of one op call's operands: both bf16, both f16, or both e4m3 with
-    their scales (a one-element tensor's value is read on the host: a synchronisation)."""
+def _operands(torch, ctx, x, weight, names, scale_a, scale_b, out_dtype, shapes_of):
+    """The checked dtypes of one op call's operands (both bf16, both f16, or both e4m3 with
+    their scales: a one-element tensor's value is read on the host, a synchronisation;
+    row-wise scale tensors are not read) and the call's shapes (``shapes_of``)."""
     xn, wn = names
     dtypes = (_checks.check_tensor(xn, x, ctx.device), _checks.check_tensor(wn, weight, ctx.device))
     _checks.same_dtype(names, dtypes)
     _checks.check_no_grad(((xn, x), (wn, weight)), torch.is_grad_enabled())
-    out_name, scales = _checks.fp8_arguments(names, dtypes[0], scale_a, scale_b, out_dtype)
-    result = {"torch.bfloat16": torch.bfloat16, "torch.float16": torch.float16}[out_name]
-    return _Operands(dtypes[0], result, scales)
+    shapes = shapes_of(tuple(x.shape), tuple(weight.shape), ctx.tp, names)
+    fp8 = _checks.fp8_arguments(
+        names,
+        dtypes[0],
+        scale_a,
+        scale_b,
+        out_dtype,
+        tuple(x.shape[:-1]),
+        weight.shape[0],
+        ctx.device,
+    )
+    result = {"torch.bfloat16": torch.bfloat16, "torch.float16": torch.float16}[fp8.out_dtype]
+    return _Operands(dtypes[0], result, fp8 if fp8.mode else None), shapes
 
 
 def _all_gather_linear(
     torch, ctx, x, weight, schedule, out, names, scale_a=None, scale_b=None, out_dtype=None
 ):
     sched, auto = _checks.resolve_schedule("all_gather", schedule)
-    ops = _operands(torch, ctx, x, weight, names, scale_a, scale_b, out_dtype)
-    shapes = _checks.all_gather_shapes(tuple(x.shape), tuple(weight.shape), ctx.tp, names)
+    ops, shapes = _operands(
+        torch, ctx, x, weight, names, scale_a, scale_b, out_dtype, _checks.all_gather_shapes
+    )
     _checks.check_problem(
         sched, shapes.m, shapes.n, shapes.k, ctx.tp, _checks.ELEMENT_BYTES[ops.dtype]
     )
@@ -317,15 +360,28 @@ def _all_gather_linear(
         ops.dtype,
         1.0,
         {"A": (m_local, shapes.k), "B": (n_local, shapes.k), "D": (shapes.m, n_local)},
-        scales=ops.scales,
+        fp8=ops.fp8,
     )
     xn, wn = names
     given = out is not None
     out = _output(torch, out, shapes.out, ops.out_dtype, x)
     if given:  # a new tensor cannot overlap the inputs
         _check_no_overlap(out, ((xn, x), (wn, weight)))
+    scale_ptrs = (0, 0)
+    if ops.fp8 is not None and ops.fp8.mode == "row":
+        # Kept alive until the launch is enqueued; afterwards the allocator's stream rule.
+        vectors = _all_gather_row_scales(torch, ctx, *ops.fp8.scales, shapes.m, shapes.n)
+        scale_ptrs = tuple(v.data_ptr() for v in vectors)
     stream = torch.cuda.current_stream(ctx.device).cuda_stream
-    inst.launch(stream, x.data_ptr(), weight.data_ptr(), None, out.data_ptr())
+    inst.launch(
+        stream,
+        x.data_ptr(),
+        weight.data_ptr(),
+        None,
+        out.data_ptr(),
+        a_scales=scale_ptrs[0],
+        b_scales=scale_ptrs[1],
+    )
     return out
 
 
@@ -345,8 +401,9 @@ def _linear_reduce_scatter(
 ):
     sched, auto = _checks.resolve_schedule("reduce_scatter", schedule)
     _checks.check_partials(partials)
-    ops = _operands(torch, ctx, x, weight, names, scale_a, scale_b, out_dtype)
-    shapes = _checks.reduce_scatter_shapes(tuple(x.shape), tuple(weight.shape), ctx.tp, names)
+    ops, shapes = _operands(
+        torch, ctx, x, weight, names, scale_a, scale_b, out_dtype, _checks.reduce_scatter_shapes
+    )
     _checks.check_problem(
         sched, shapes.m, shapes.n, shapes.k, ctx.tp, _checks.ELEMENT_BYTES[ops.dtype]
     )
@@ -360,15 +417,27 @@ def _linear_reduce_scatter(
         alpha,
         {"A": (shapes.m, k_local), "B": (shapes.n, k_local), "D": (shapes.m // ctx.tp, shapes.n)},
         partials,
-        ops.scales,
+        ops.fp8,
     )
     xn, wn = names
     given = out is not None
     out = _output(torch, out, shapes.out, ops.out_dtype, x)
     if given:  # a new tensor cannot overlap the inputs
         _check_no_overlap(out, ((xn, x), (wn, weight)))
+    # Row-wise: this rank's scale_a (M) and scale_b (N) are the full vectors already.
+    scale_ptrs = (0, 0)
+    if ops.fp8 is not None and ops.fp8.mode == "row":
+        scale_ptrs = tuple(s.data_ptr() for s in ops.fp8.scales)
     stream = torch.cuda.current_stream(ctx.device).cuda_stream
-    inst.launch(stream, x.data_ptr(), weight.data_ptr(), None, out.data_ptr())
+    inst.launch(
+        stream,
+        x.data_ptr(),
+        weight.data_ptr(),
+        None,
+        out.data_ptr(),
+        a_scales=scale_ptrs[0],
+        b_scales=scale_ptrs[1],
+    )
     return out
 
 
@@ -400,11 +469,20 @@ def all_gather_linear(
             all-gather through torch.distributed).
         out: optional output ``(TP·T, ..., N/TP)``; a new tensor otherwise.
         scale_a, scale_b: with ``torch.float8_e4m3fn`` operands (both e4m3, then both
-            required): the tensor-wise dequantisation factors, the result being
-            ``(scale_a·x) @ (scale_b·weight).T``; each a Python float or a one-element tensor,
-            finite and at least 2^-63, the same on every rank. A tensor's value is read on the
-            host (``.item()``), which synchronises with its stream: pass floats to avoid that.
-            New scales need no rebuild (the cached instance's next launch applies them).
+            required) the dequantisation factors, both tensor-wise or both row-wise.
+            Tensor-wise, the result is ``(scale_a·x) @ (scale_b·weight).T``; each a Python
+            float or a one-element tensor, finite and at least 2^-63, the same on every rank.
+            A tensor's value is read on the host (``.item()``), which synchronises with its
+            stream: pass floats to avoid that. New scales need no rebuild (the cached
+            instance's next launch applies them). Row-wise, ``scale_a`` is one float32 per
+            row of ``x_shard`` (``(T, 1)``, ``(T,)``, or ``(T, ..., 1)`` for a 3-D input) and
+            ``scale_b`` one per row of ``weight`` (``(N/TP,)``, ``(1, N/TP)`` or
+            ``(N/TP, 1)``), contiguous, on this rank's device: the result's row ``i``, column
+            ``j`` is ``scale_a[i]·scale_b[j]·(x @ weight.T)[i, j]`` over the gathered rows.
+            Each call all-gathers ``scale_a`` through torch.distributed (one small collective
+            of 4·TP·T bytes, on the current stream's order) into the scales of the gathered
+            rows. Their values are not read (that would synchronise): keep them finite and at
+            least 2^-63.
         out_dtype: the result's dtype: ``torch.bfloat16`` for e4m3 operands (the only one
             distgemm's FP8 kernels write; the default), the operands' dtype for bf16/f16.
 
@@ -459,11 +537,19 @@ def linear_reduce_scatter(
             neighbour's copy engine pushes it into this rank's memory first; more workspace,
             not yet measured faster). Ignored by the single-stage schedule.
         scale_a, scale_b: with ``torch.float8_e4m3fn`` operands (both e4m3, then both
-            required): the tensor-wise dequantisation factors, the result being
-            ``(scale_a·x) @ (scale_b·weight).T``; each a Python float or a one-element tensor,
-            finite and at least 2^-63, the same on every rank. A tensor's value is read on the
-            host (``.item()``), which synchronises with its stream: pass floats to avoid that.
-            New scales need no rebuild (the cached instance's next launch applies them).
+            required) the dequantisation factors, both tensor-wise or both row-wise.
+            Tensor-wise, the result is ``(scale_a·x) @ (scale_b·weight).T``; each a Python
+            float or a one-element tensor, finite and at least 2^-63, the same on every rank.
+            A tensor's value is read on the host (``.item()``), which synchronises with its
+            stream: pass floats to avoid that. New scales need no rebuild (the cached
+            instance's next launch applies them). Row-wise, ``scale_a`` is one float32 per
+            row of ``x`` (all T tokens: ``(T, 1)``, ``(T,)``, or ``(T, ..., 1)`` for a 3-D
+            input) and ``scale_b`` one per row of ``weight`` (``(N,)``, ``(1, N)`` or
+            ``(N, 1)``), contiguous, on this rank's device, each rank its own: the result is
+            ``Σ_r diag(scale_a_r)·x_r·weight_rᵀ·diag(scale_b_r)`` over the ranks r (each
+            rank's scales apply to its own K-slice, as when every rank quantises its own
+            shards). No collective; their values are not read (that would synchronise): keep
+            them finite and at least 2^-63.
         out_dtype: the result's dtype: ``torch.bfloat16`` for e4m3 operands (the only one
             distgemm's FP8 kernels write; the default), the operands' dtype for bf16/f16.
 
@@ -530,12 +616,16 @@ def fused_all_gather_scaled_matmul(
     return_A=True,
 ):
     """Drop-in for ``torch.ops.symm_mem.fused_all_gather_scaled_matmul`` (same arguments and
-    results) for ``gather_dim=0``, ``float8_e4m3fn`` operands and tensor-wise scales: returns
-    ``(A or None, [(A_scale·all_gather(A_shard)) @ (B_scale·B) for B, B_scale in zip(Bs,
-    B_scales)])`` in bf16.
+    results) for ``gather_dim=0`` and ``float8_e4m3fn`` operands: returns ``(A or None,
+    [(A_scale·all_gather(A_shard)) @ (B_scale·B) for B, B_scale in zip(Bs, B_scales)])`` in
+    bf16.
 
-    ``A_scale`` and each of ``B_scales`` are one-element tensors (read on the host: a
-    synchronisation) or floats; row-wise scales raise ``ValueError``. Each ``B`` is
+    Tensor-wise, ``A_scale`` and each of ``B_scales`` are one-element tensors (read on the
+    host: a synchronisation) or floats. Row-wise (torch's sharded row-wise mode),
+    ``A_scale`` is ``(*A_shard.shape[:-1], 1)`` float32 (this rank's rows; all-gathered, one
+    small collective per B) and each of ``B_scales`` ``(1, N/TP)`` float32 (per output
+    column); torch's replicated row-wise ``A_scale`` (the gathered rows' scales on every rank)
+    is refused. Mixing a row-wise with a tensor-wise scale raises ``ValueError``. Each ``B`` is
     ``K × N/TP``, ``W.t()`` of a contiguous e4m3 ``(N/TP, K)`` weight (the layout torch's
     ``_scaled_mm`` wants; any other is copied per call, with a one-time warning). ``biases`` and
     ``result_scales`` must be None or lists of None; ``out_dtypes`` None (bf16) or a list of
@@ -619,9 +709,9 @@ def fused_scaled_matmul_reduce_scatter(
     use_fast_accum=False,
 ):
     """Drop-in for ``torch.ops.symm_mem.fused_scaled_matmul_reduce_scatter`` (same arguments
-    and result) for scatter dimension 0, ``float8_e4m3fn`` operands, tensor-wise scales and a
-    bf16 result: this rank's row block of ``reduce((A_scale·A) @ (B_scale·B))`` over the group,
-    shaped as ``output_shape`` with dimension 0 divided by TP.
+    and result) for scatter dimension 0, ``float8_e4m3fn`` operands and a bf16 result: this
+    rank's row block of ``reduce((A_scale·A) @ (B_scale·B))`` over the group, shaped as
+    ``output_shape`` with dimension 0 divided by TP.
 
     ``A`` is this rank's ``(..., K/TP)`` activation; ``output_shape`` the unreduced product's
     shape (``[*A.shape[:-1], N]``, or A's rows regrouped when A was flattened to a matrix, as
@@ -629,8 +719,11 @@ def fused_scaled_matmul_reduce_scatter(
     dimension of ``output_shape``) and ``scatter_dim_after_maybe_reshape`` (of ``A``) must be 0.
     ``B`` is ``K/TP × N``, ``W.t()`` of a contiguous e4m3 ``(N, K/TP)`` weight (the layout
     torch's ``_scaled_mm`` wants; any other is copied per call, with a one-time warning).
-    ``A_scale`` and ``B_scale`` are one-element tensors (read on the host: a synchronisation)
-    or floats; row-wise scales raise ``ValueError``. ``reduce_op`` "sum" or "avg" (1/TP folded
+    ``A_scale`` and ``B_scale`` are tensor-wise (one-element tensors, read on the host: a
+    synchronisation, or floats) or row-wise as torch's ``_scaled_mm`` takes them:
+    ``A_scale`` ``(*A.shape[:-1], 1)`` float32 (one per row of A, every token) and
+    ``B_scale`` ``(1, N)`` float32 (one per output column), this rank's own (they scale its
+    K-slice's products, as :func:`linear_reduce_scatter`). ``reduce_op`` "sum" or "avg" (1/TP folded
     into the epilogue's alpha). ``bias`` and ``result_scale`` must be None (``ValueError``).
     ``out_dtype`` must be ``torch.bfloat16``: torch's default None means an e4m3 result, which
     distgemm's FP8 kernels do not write (``TypeError``). ``use_fast_accum`` is accepted and

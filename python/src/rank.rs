@@ -42,8 +42,11 @@ pub struct PyRankGemm {
     inner: Option<RankGemm>,
     rank: usize,
     tp: usize,
-    /// An FP8 instance's tensor-wise scales `(sa, sb)` as last set; `None` for bf16/f16.
+    /// An FP8 instance's tensor-wise scales `(sa, sb)` as last set; `None` for bf16/f16 and
+    /// for row-wise FP8.
     fp8_scales: Option<(f32, f32)>,
+    /// An FP8 instance's scale mode; `None` for bf16/f16.
+    scale_mode: Option<ScaleMode>,
 }
 
 fn parse_schedule(name: &str) -> PyResult<ScheduleKind> {
@@ -86,6 +89,28 @@ fn parse_dtype(name: &str) -> PyResult<(Dtype, bool)> {
         })
 }
 
+/// The FP8 scale mode of a problem of dtype `e4m3` (`fp8`): `"tensor"` (the default) or
+/// `"row"`; bf16/f16 take none.
+fn parse_scale_mode(fp8: bool, name: Option<&str>) -> PyResult<Option<ScaleMode>> {
+    match (fp8, name) {
+        (false, None) => Ok(None),
+        (false, Some(name)) => Err(PyValueError::new_err(format!(
+            "scale_mode={name:?} applies to dtype \"e4m3\" only"
+        ))),
+        (true, None) => Ok(Some(ScaleMode::Tensorwise)),
+        (true, Some(name)) => ScaleMode::ALL
+            .into_iter()
+            .find(|m| m.name() == name)
+            .map(Some)
+            .ok_or_else(|| {
+                PyValueError::new_err(format!(
+                    "unknown scale_mode {name:?}; known: tensor (one scale per operand), row \
+                     (one per row of A and of B)"
+                ))
+            }),
+    }
+}
+
 fn parse_buffer(name: &str) -> PyResult<BufferKind> {
     match name {
         "A" => Ok(BufferKind::A),
@@ -112,12 +137,15 @@ impl PyRankGemm {
     /// device `device`, exchanging handles through `rendezvous` (an object with `rank`,
     /// `world_size` and `all_gather(bytes) -> list[bytes]`). `auto=True` lets distgemm pick
     /// the pipelined or single-stage schedule of `schedule`'s family. `dtype` is `"bf16"`,
-    /// `"f16"` or `"e4m3"` (A and B e4m3, C and D bf16), which needs
-    /// `fp8_scales=(sa, sb)`: `D = alpha·(sa·A)·(sb·B)ᵀ + beta·C` (tensor-wise; change them
-    /// later with `set_fp8_scales`). Collective; the GIL is released except while the
-    /// rendezvous runs.
+    /// `"f16"` or `"e4m3"` (A and B e4m3, C and D bf16). An e4m3 problem's `scale_mode` is
+    /// `"tensor"` (the default), which needs `fp8_scales=(sa, sb)`:
+    /// `D = alpha·(sa·A)·(sb·B)ᵀ + beta·C` (change them later with `set_fp8_scales`), or
+    /// `"row"`, which takes no `fp8_scales`: every `launch` passes the device addresses of the
+    /// M and N f32 scales of the global A's and B's rows (`a_scales`, `b_scales`),
+    /// `D[i, j] = alpha·sa[i]·sb[j]·(A·Bᵀ)[i, j] + beta·C[i, j]`. Collective; the GIL is
+    /// released except while the rendezvous runs.
     #[new]
-    #[pyo3(signature = (rendezvous, device, schedule, auto, m, n, k, dtype, alpha=1.0, beta=0.0, timeout_s=None, allow_shared_gpu=false, rs_partials="read", fp8_scales=None))]
+    #[pyo3(signature = (rendezvous, device, schedule, auto, m, n, k, dtype, alpha=1.0, beta=0.0, timeout_s=None, allow_shared_gpu=false, rs_partials="read", fp8_scales=None, scale_mode=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -135,11 +163,13 @@ impl PyRankGemm {
         allow_shared_gpu: bool,
         rs_partials: &str,
         fp8_scales: Option<(f32, f32)>,
+        scale_mode: Option<&str>,
     ) -> PyResult<Self> {
         guard("build", || {
             let kind = parse_schedule(schedule)?;
             let partials = parse_partials(rs_partials)?;
             let (dtype, fp8) = parse_dtype(dtype)?;
+            let scale_mode = parse_scale_mode(fp8, scale_mode)?;
             let timeout = timeout_s
                 .map(|s| {
                     Duration::try_from_secs_f64(s).map_err(|_| {
@@ -155,12 +185,13 @@ impl PyRankGemm {
             let mut problem = Problem::new(m, n, k)
                 .with_dtype(dtype)
                 .with_scalars(alpha, beta);
-            if fp8 {
-                problem = problem.with_fp8(ScaleMode::Tensorwise);
+            if let Some(mode) = scale_mode {
+                problem = problem.with_fp8(mode);
             }
             let built = py.detach(move || {
                 let mut builder = RankGemm::builder().problem(problem).rs_partials(partials);
-                // Checked by the builder: required for e4m3, refused for bf16/f16, in range.
+                // Checked by the builder: required for tensor-wise e4m3, refused for row-wise
+                // e4m3 and bf16/f16, in range.
                 if let Some((sa, sb)) = fp8_scales {
                     builder = builder.fp8_scales(sa, sb);
                 }
@@ -199,6 +230,7 @@ impl PyRankGemm {
                 rank,
                 tp,
                 fp8_scales,
+                scale_mode,
             })
         })
     }
@@ -222,16 +254,22 @@ impl PyRankGemm {
     }
 
     /// An FP8 instance's tensor-wise scales `(sa, sb)` (as built or last set; the f32 values
-    /// the kernels use), `None` for bf16/f16.
+    /// the kernels use), `None` for bf16/f16 and row-wise FP8.
     #[getter]
     fn fp8_scales(&self) -> Option<(f32, f32)> {
         self.fp8_scales
     }
 
+    /// An FP8 instance's scale mode, `"tensor"` or `"row"`; `None` for bf16/f16.
+    #[getter]
+    fn scale_mode(&self) -> Option<&'static str> {
+        self.scale_mode.map(ScaleMode::name)
+    }
+
     /// Sets an FP8 instance's tensor-wise scales for its launches from now on (every rank
     /// should set the same): the next launch rewrites the stage GEMMs' alpha in stream order,
     /// without a rebuild. Scales that are not finite or below 2^-63, or scales for a bf16/f16
-    /// instance, raise `ValueError` and change nothing.
+    /// or row-wise instance, raise `ValueError` and change nothing.
     fn set_fp8_scales(&mut self, sa: f32, sb: f32) -> PyResult<()> {
         guard("set_fp8_scales", || {
             self.live()?.set_fp8_scales(sa, sb).map_err(to_py_err)?;
@@ -259,7 +297,12 @@ impl PyRankGemm {
 
     /// Enqueues one run on the CUDA stream `stream` (a `cudaStream_t` as int), reading A, B
     /// (and C when given) and writing D at the given device addresses. Returns at once.
-    #[pyo3(signature = (stream, a, b, c, d))]
+    /// A row-wise FP8 instance also reads `a_scales` (M f32, one per row of the global A) and
+    /// `b_scales` (N f32, one per row of the global B), every rank the full vectors, of which
+    /// each stage GEMM reads the rows it multiplies; they are 0 (none) for every other
+    /// instance.
+    #[pyo3(signature = (stream, a, b, c, d, a_scales=0, b_scales=0))]
+    #[allow(clippy::too_many_arguments)]
     fn launch(
         &mut self,
         py: Python<'_>,
@@ -268,18 +311,18 @@ impl PyRankGemm {
         b: u64,
         c: Option<u64>,
         d: u64,
+        a_scales: u64,
+        b_scales: u64,
     ) -> PyResult<()> {
         guard("launch", || {
             let dg = self.live()?;
-            // The package builds tensor-wise FP8 only (`_checks` refuses row-wise scales):
-            // no scale vectors.
             let args = RankArgs {
                 a,
                 b,
                 c: c.unwrap_or(0),
                 d,
-                a_scales: 0,
-                b_scales: 0,
+                a_scales,
+                b_scales,
             };
             // SAFETY: this module is private to the `distgemm` package, whose `_ops` layer
             // calls it only with `torch.cuda.current_stream(device).cuda_stream` — a stream of
@@ -288,7 +331,10 @@ impl PyRankGemm {
             // order themselves after this one with an event) — and with the `data_ptr()` of
             // torch tensors it has
             // checked to be on this rank's GPU, contiguous, 16-byte aligned and exactly the
-            // shard shapes (`shard_shape`), with an output that does not overlap the inputs.
+            // shard shapes (`shard_shape`), with an output that does not overlap the inputs;
+            // for a row-wise instance, `a_scales` and `b_scales` the `data_ptr()` of contiguous
+            // float32 tensors of M and N elements on this rank's GPU (the caller's own, or
+            // temporaries `_ops` fills on `stream` before this launch).
             // The tensors come from PyTorch's caching allocator, which hands their memory out
             // again only to work ordered behind `stream` (the stream they are used on), so
             // they stay alive and unwritten by other streams until `stream` has passed this

@@ -5,7 +5,7 @@ import sys
 sys.path.insert(0, os.path.dirname(__file__))
 
 import pytest  # noqa: E402
-from fakes import FakeRankGemm, install_fake_torch  # noqa: E402
+from fakes import FakeRankGemm, FakeTensor, install_fake_torch  # noqa: E402
 
 from distgemm import _cache, _ops  # noqa: E402
 
@@ -24,6 +24,7 @@ def env(monkeypatch):
         monkeypatch.setattr(_ops, "_warned_copies", set())
         monkeypatch.setattr(_ops, "_torch_module", None)
         FakeRankGemm.built = []
+        FakeTensor.copies = []
         return torch
 
     return setup

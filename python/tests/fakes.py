@@ -49,6 +49,7 @@ class FakeTensor:
     """Shape, dtype, device, strides and an address: what the ops look at."""
 
     _next_ptr = 1 << 20
+    copies: ClassVar[list] = []  # (destination, source) of every copy_()
 
     def __init__(self, shape, dtype=BF16, device=None, ptr=None, strides=None):
         self.shape = tuple(shape)
@@ -59,6 +60,7 @@ class FakeTensor:
             ptr = FakeTensor._next_ptr
             FakeTensor._next_ptr += max(1, self.numel() * dtype.size + 4096) // 512 * 512 + 512
         self._ptr = ptr
+        self.fill = None  # torch.full's value
 
     @staticmethod
     def _contiguous_strides(shape):
@@ -73,6 +75,9 @@ class FakeTensor:
 
     def numel(self):
         return math.prod(self.shape)
+
+    def item(self):
+        raise AssertionError("a tensor's value was read on the host (a synchronisation)")
 
     def element_size(self):
         return self.dtype.size
@@ -106,6 +111,25 @@ class FakeTensor:
         assert how.size == self.dtype.size
         return FakeTensor(self.shape, how, self.device, self._ptr, self._strides)
 
+    def reshape(self, *shape):
+        shape = shape[0] if len(shape) == 1 and isinstance(shape[0], tuple) else shape
+        if -1 in shape:
+            known = math.prod(d for d in shape if d != -1)
+            shape = tuple(self.numel() // known if d == -1 else d for d in shape)
+        return self.view(tuple(shape))
+
+    def narrow(self, dim, start, length):
+        assert dim == 0 and self.is_contiguous() and start + length <= self.shape[0]
+        step = math.prod(self.shape[1:]) * self.dtype.size
+        return FakeTensor(
+            (length, *self.shape[1:]), self.dtype, self.device, self._ptr + start * step
+        )
+
+    def copy_(self, src):
+        assert src.shape == self.shape
+        FakeTensor.copies.append((self, src))
+        return self
+
     def contiguous(self):
         return self if self.is_contiguous() else FakeTensor(self.shape, self.dtype, self.device)
 
@@ -131,6 +155,7 @@ class FakeRankGemm:
         allow_shared_gpu=False,
         rs_partials="read",
         fp8_scales=None,
+        scale_mode=None,
     ):
         self.rank, self.tp = rendezvous.rank, rendezvous.world_size
         self.args = {
@@ -146,12 +171,14 @@ class FakeRankGemm:
             "timeout_s": timeout_s,
             "allow_shared_gpu": allow_shared_gpu,
             "rs_partials": rs_partials,
+            "scale_mode": scale_mode,
         }
         self.schedule = schedule
         self.fp8_scales = fp8_scales
         self.scale_updates = []
         self.launches = []
-        self.launch_scales = []  # the scales each launch ran with
+        self.launch_scales = []  # the tensor-wise scales each launch ran with
+        self.scale_ptrs = []  # each launch's (a_scales, b_scales) addresses
         self.closed = False
         FakeRankGemm.built.append(self)
 
@@ -167,10 +194,13 @@ class FakeRankGemm:
         self.fp8_scales = (sa, sb)
         self.scale_updates.append((sa, sb))
 
-    def launch(self, stream, a, b, c, d):
+    def launch(self, stream, a, b, c, d, a_scales=0, b_scales=0):
         assert not self.closed
+        # As the Rust binding: scale vectors exactly for a row-wise instance.
+        assert (self.args["scale_mode"] == "row") == (a_scales != 0) == (b_scales != 0)
         self.launches.append((stream, a, b, c, d))
         self.launch_scales.append(self.fp8_scales)
+        self.scale_ptrs.append((a_scales, b_scales))
 
     def synchronize(self):
         pass
@@ -195,6 +225,13 @@ def install_fake_torch(
     torch.bfloat16, torch.float16, torch.float32 = BF16, F16, F32
     torch.float8_e4m3fn, torch.float8_e5m2, torch.uint8 = E4M3, E5M2, U8
     torch.empty = lambda shape, dtype, device: FakeTensor(shape, dtype, device)
+
+    def full(shape, value, dtype, device):
+        t = FakeTensor(shape, dtype, device)
+        t.fill = value
+        return t
+
+    torch.full = full
     torch.is_grad_enabled = lambda: grad_enabled
 
     cuda = types.ModuleType("torch.cuda")
@@ -208,6 +245,7 @@ def install_fake_torch(
 
     world_group = types.SimpleNamespace(group_name="0")
     gathered = []
+    collectives = []  # (name, out tensor(s), input tensor, group) of every all-gather
     dist = types.ModuleType("torch.distributed")
     dist.is_available = lambda: True
     dist.is_initialized = lambda: initialized
@@ -223,14 +261,17 @@ def install_fake_torch(
 
     def all_gather(outs, x, group=None):
         gathered.append(("all_gather", len(outs), x.shape))
+        collectives.append(("all_gather", outs, x, group))
 
     def all_gather_into_tensor(out, x, group=None):
         gathered.append(("all_gather_into_tensor", out.shape, x.shape))
+        collectives.append(("all_gather_into_tensor", out, x, group))
 
     dist.all_gather_object = all_gather_object
     dist.all_gather = all_gather
     dist.all_gather_into_tensor = all_gather_into_tensor
     dist.gathered = gathered
+    dist.collectives = collectives
     c10d = types.ModuleType("torch.distributed.distributed_c10d")
 
     def resolve(name):

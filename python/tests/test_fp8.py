@@ -8,6 +8,7 @@ from fakes import (
     E4M3,
     E5M2,
     F16,
+    F32,
     FakeRankGemm,
     FakeScale,
     FakeTensor,
@@ -133,9 +134,9 @@ def test_fp8_argument_errors_name_the_problem(env):
         (lambda: ag8(sa=True), TypeError, "scale_a must be a float"),
         (lambda: ag8(sa="1"), TypeError, "scale_a must be a float"),
         (
-            lambda: ag8(sa=FakeScale(1.0, numel=16)),
+            lambda: ag8(sa=FakeTensor((16, 2), F32)),
             ValueError,
-            "scale_a has 16 elements: .* row-wise scales are not supported",
+            r"scale_a has shape \(16, 2\): a row-wise scale .* \(16,\), \(16, 1\)",
         ),
         (lambda: ag8(sa=FakeScale(float("nan"))), ValueError, "scale_a=nan"),
         # K and K/TP are rows of 16 e4m3 elements.
@@ -221,7 +222,11 @@ def test_fused_all_gather_scaled_matmul_matches_torchs_signature(env):
         (dict(out_dtypes=[None, torch.bfloat16]), TypeError, "out_dtypes.0.=None asks for e4m3"),
         (dict(out_dtypes=[torch.float16, torch.bfloat16]), TypeError, "out_dtype=torch.float16"),
         (dict(gather_dim=1), ValueError, "gather_dim=1: distgemm supports gather_dim=0 only"),
-        (dict(A_scale=FakeScale(1.0, numel=16)), ValueError, "row-wise scales are not supported"),
+        (
+            dict(A_scale=FakeTensor((16, 1), F32)),
+            ValueError,
+            "scale_a is row-wise but scale_b is tensor-wise",
+        ),
     ]
     for override, exc, message in bad:
         kwargs = dict(
@@ -277,8 +282,8 @@ def test_fused_scaled_matmul_reduce_scatter_refusals_name_the_argument(env):
         (dict(reduce_op="max"), ValueError, "reduce_op='max'"),
         (dict(orig_scatter_dim=1), ValueError, "orig_scatter_dim=1: .* orig_scatter_dim=0 only"),
         (dict(scatter_dim_after_maybe_reshape=1), ValueError, "scatter_dim_after_maybe_reshape=1"),
-        (dict(A_scale=FakeScale(1.0, numel=8)), ValueError, "row-wise scales are not supported"),
-        (dict(B_scale=FakeScale(1.0, numel=256)), ValueError, "scale_b has 256 elements"),
+        (dict(A_scale=FakeTensor((8, 1), F32)), ValueError, "scale_a is row-wise but scale_b is"),
+        (dict(B_scale=FakeTensor((1, 256), F32)), ValueError, "scale_b is row-wise but scale_a is"),
         (dict(bias=FakeTensor((256,))), ValueError, "bias: .* takes no bias"),
         (dict(result_scale=FakeScale(1.0)), ValueError, "result_scale: .* takes no result_scale"),
         (dict(out_dtype=None), TypeError, "out_dtype=None asks for a float8_e4m3fn result"),

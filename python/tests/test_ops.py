@@ -29,6 +29,7 @@ def test_all_gather_linear_builds_the_global_problem_and_launches_on_the_current
         "timeout_s": None,
         "allow_shared_gpu": False,
         "rs_partials": "read",
+        "scale_mode": None,
     }
     assert inst.launches == [(0xABC, x.data_ptr(), w.data_ptr(), None, out.data_ptr())]
 
