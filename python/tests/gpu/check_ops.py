@@ -14,6 +14,12 @@ small token counts and ragged shapes, it checks:
   bound of fp8_bound; a second call with new inputs and new scales on the same instance (no
   rebuild); fused_all_gather_scaled_matmul and fused_scaled_matmul_reduce_scatter (bitwise
   equal to all_gather_linear / linear_reduce_scatter); FP8 arguments that must raise;
+- FP8 with row-wise scales (float32, random in [0.5, 2) per row): the same schedules and
+  shapes, two calls per instance with new inputs and scales of torch's shapes, every element
+  against the f64 reference of fp8_row_bound (all-gather: the gathered rows' scales times this
+  rank's column scales; reduce-scatter: each rank's scales on its own K-slice, summed), the
+  scale tensors overwritten with NaN right after each call; both scaled drop-ins with
+  row-wise scales (bitwise equal to the linear-style ops);
 
 - all-gather: bitwise equal to distgemm's own single-GPU GEMM (a one-rank group) on the gathered
   input, and within the float64 bound of the unsharded product;
@@ -419,6 +425,214 @@ def main():
         )
         distgemm.synchronize()
 
+    def rand_scales(shape, seed):
+        """Random float32 scales in [0.5, 2), one per row (never constant)."""
+        g = torch.Generator(device=dev)
+        g.manual_seed(seed)
+        return torch.rand(shape, generator=g, dtype=torch.float32, device=dev) * 1.5 + 0.5
+
+    def fp8_row_bound(name, got, terms, r, k):
+        """got (bf16) vs Σ diag(sa)·a_rows·b_rowsᵀ·diag(sb) over ``terms`` (a_rows, b_rows,
+        sa, sb), in f64 (e4m3 values and f32 scales are exact there), every element, with
+        fp8_bound's bound on Σ diag(sa)·|a_rows|·|b_rows|ᵀ·diag(sb) (each product sa_i·sb_j
+        takes the place of sa·sb)."""
+        ref, mag = 0.0, 0.0
+        for a_rows, b_rows, sa, sb in terms:
+            a64, b64 = a_rows.float().double(), b_rows.float().double()
+            outer = sa.double().reshape(-1, 1) * sb.double().reshape(1, -1)
+            ref = ref + outer * (a64 @ b64.T)
+            mag = mag + outer * (a64.abs() @ b64.abs().T)
+        bound = (
+            1.05 * (r * 2.0**-8 + (k + world + 4) * 2.0**-22) * mag
+            + r * 2.0**-134
+            + 5 * 2.0**-150
+        )
+        err = (got.double().reshape(ref.shape) - ref).abs()
+        bad = int((err > bound).sum())  # NaN (poison, or a scale read at a wrong row) fails
+        finite = bool(torch.isfinite(got).all())
+        check.ok(
+            name,
+            bad == 0 and finite and got.dtype == torch.bfloat16,
+            f"max err {err.max().item():.3g}, max bound {bound.max().item():.3g}, {bad} outside, "
+            f"{got.dtype}",
+        )
+
+    def fp8_row_ag_case(tag, m, n, k, schedule):
+        """Row-wise FP8 all_gather_linear: each rank's scale_a (its token rows) and scale_b
+        (its weight rows, i.e. output columns), two calls of torch's shapes on one instance,
+        the output poisoned with NaN and the inputs and scales overwritten after each call."""
+        ml, nl = m // world, n // world
+        built = len(distgemm._ops.CACHE)
+        for call in range(2):
+            seed = seed_of(tag, "fp8 row", call)
+            a_full = rand_e4m3((m, k), seed)
+            sa_full = rand_scales((m,), seed + 2)  # every rank: the scales of every row
+            w = rand_e4m3((nl, k), seed + 3 + rank)
+            sb = rand_scales((nl,), seed + 3 + world + rank)
+            x = a_full[rank * ml : (rank + 1) * ml].clone()
+            sa = sa_full[rank * ml : (rank + 1) * ml].clone()
+            # torch's shapes on the first call, flat vectors on the second.
+            sa = sa.reshape(ml, 1) if call == 0 else sa
+            sb_arg = sb.reshape(1, nl).clone() if call == 0 else sb.clone()
+            out = torch.full((m, nl), float("nan"), dtype=torch.bfloat16, device=dev)
+            res = distgemm.all_gather_linear(
+                x, w.clone(), schedule=schedule, out=out, scale_a=sa, scale_b=sb_arg
+            )
+            x.view(torch.uint8).fill_(0x7F)
+            sa.fill_(float("nan"))
+            sb_arg.fill_(float("nan"))
+            torch.cuda.synchronize()
+            fp8_row_bound(
+                f"{tag} e4m3 row-wise ag {schedule} call {call}: f64 bound",
+                res,
+                [(a_full, w, sa_full, sb)],
+                1,
+                k,
+            )
+        check.ok(
+            f"{tag} e4m3 row-wise ag {schedule}: new scales reused the instance",
+            len(distgemm._ops.CACHE) == built + 1,
+            f"{len(distgemm._ops.CACHE) - built} instances built",
+        )
+        distgemm.synchronize()
+
+    def fp8_row_rs_case(tag, m, n, k, schedule, partials="read"):
+        """Row-wise FP8 linear_reduce_scatter: every rank its own (M) and (N) scales, which
+        scale its K-slice's products; the reference sums every rank's term."""
+        kl, ml = k // world, m // world
+        built = len(distgemm._ops.CACHE)
+        for call in range(2):
+            seed = seed_of(tag, "fp8 row", call, partials)
+            a_full = rand_e4m3((m, k), seed)
+            w_full = rand_e4m3((n, k), seed + 1)
+            sas = [rand_scales((m,), seed_of(seed, "sa", r)) for r in range(world)]
+            sbs = [rand_scales((n,), seed_of(seed, "sb", r)) for r in range(world)]
+            x = a_full[:, rank * kl : (rank + 1) * kl].contiguous()
+            w = w_full[:, rank * kl : (rank + 1) * kl].contiguous()
+            sa = sas[rank].reshape(m, 1).clone() if call == 0 else sas[rank].clone()
+            sb = sbs[rank].reshape(1, n).clone() if call == 0 else sbs[rank].reshape(n, 1).clone()
+            out = torch.full((ml, n), float("nan"), dtype=torch.bfloat16, device=dev)
+            res = distgemm.linear_reduce_scatter(
+                x, w, schedule=schedule, out=out, partials=partials, scale_a=sa, scale_b=sb
+            )
+            x.view(torch.uint8).fill_(0x7F)
+            w.view(torch.uint8).fill_(0x7F)
+            sa.fill_(float("nan"))
+            sb.fill_(float("nan"))
+            torch.cuda.synchronize()
+            rows = slice(rank * ml, (rank + 1) * ml)
+            terms = [
+                (
+                    a_full[rows, r * kl : (r + 1) * kl],
+                    w_full[:, r * kl : (r + 1) * kl],
+                    sas[r][rows],
+                    sbs[r],
+                )
+                for r in range(world)
+            ]
+            fp8_row_bound(
+                f"{tag} e4m3 row-wise rs {schedule} {partials} call {call}: f64 bound",
+                res,
+                terms,
+                max(world, 2),
+                k,
+            )
+        check.ok(
+            f"{tag} e4m3 row-wise rs {schedule} {partials}: new scales reused the instance",
+            len(distgemm._ops.CACHE) == built + 1,
+            f"{len(distgemm._ops.CACHE) - built} instances built",
+        )
+        distgemm.synchronize()
+
+    def fp8_row_checks():
+        """Row-wise FP8 through every schedule the ops expose and both scaled drop-ins."""
+        shapes = [(world * 37, world * 8 * 13, 16 * world * 29), (256, world * 256, 2048)]
+        for m, n, k in shapes:
+            tag = f"fp8 M={m} N={n} K={k}"
+            for schedule in ("auto", "ag-a", "ag-a-single"):
+                fp8_row_ag_case(tag, m, n, k, schedule)
+            for schedule, partials in (
+                ("auto", "read"),
+                ("rs-a", "read"),
+                ("rs-a", "push"),
+                ("rs-a-single", "read"),
+            ):
+                fp8_row_rs_case(tag, m, n, k, schedule, partials)
+        # The all-gather drop-in with torch's sharded row-wise A_scale (T/TP, 1) and B_scale
+        # (1, N/TP): all_gather_linear's GEMM bit for bit.
+        m, n, k = world * 20, world * 64, 256
+        ml, nl = m // world, n // world
+        a_full = rand_e4m3((m, k), seed_of("fp8 row drop-in"))
+        sa_full = rand_scales((m,), seed_of("fp8 row drop-in sa"))
+        w = rand_e4m3((nl, k), seed_of("fp8 row drop-in w", rank))
+        sb = rand_scales((1, nl), seed_of("fp8 row drop-in sb", rank))
+        x = a_full[rank * ml : (rank + 1) * ml].clone()
+        sa = sa_full[rank * ml : (rank + 1) * ml].reshape(ml, 1).clone()
+        group_name = dist.group.WORLD.group_name
+        gathered, (o1,) = distgemm.fused_all_gather_scaled_matmul(
+            x, [w.t()], sa, [sb], 0, group_name, [None], [None], [torch.bfloat16], [True]
+        )
+        direct = distgemm.all_gather_linear(x, w, scale_a=sa, scale_b=sb)
+        torch.cuda.synchronize()
+        check.ok(
+            "fp8 row-wise fused_all_gather_scaled_matmul: A returned",
+            torch.equal(gathered.view(torch.uint8), a_full.view(torch.uint8)),
+        )
+        check.ok(
+            "fp8 row-wise fused_all_gather_scaled_matmul = all_gather_linear",
+            torch.equal(o1, direct),
+        )
+        name = "fp8 row-wise fused_all_gather_scaled_matmul: f64 bound"
+        fp8_row_bound(name, o1, [(a_full, w, sa_full, sb)], 1, k)
+        distgemm.synchronize()
+        # The reduce-scatter drop-in with torch's A_scale (*A.shape[:-1], 1) and B_scale (1, N),
+        # each rank its own: linear_reduce_scatter's GEMM bit for bit.
+        m, n, k = world * 24, 256, world * 128
+        kl, ml = k // world, m // world
+        ar_full = rand_e4m3((m, k), seed_of("fp8 row rs drop-in"))
+        wr_full = rand_e4m3((n, k), seed_of("fp8 row rs drop-in w"))
+        sas = [rand_scales((m, 1), seed_of("fp8 row rs drop-in sa", r)) for r in range(world)]
+        sbs = [rand_scales((1, n), seed_of("fp8 row rs drop-in sb", r)) for r in range(world)]
+        xr = ar_full[:, rank * kl : (rank + 1) * kl].contiguous()
+        wr = wr_full[:, rank * kl : (rank + 1) * kl].contiguous()
+        summed = distgemm.fused_scaled_matmul_reduce_scatter(
+            xr,
+            wr.t(),
+            sas[rank],
+            sbs[rank],
+            "sum",
+            0,
+            0,
+            group_name,
+            [m, n],
+            out_dtype=torch.bfloat16,
+        )
+        direct = distgemm.linear_reduce_scatter(xr, wr, scale_a=sas[rank], scale_b=sbs[rank])
+        torch.cuda.synchronize()
+        check.ok(
+            "fp8 row-wise fused_scaled_matmul_reduce_scatter = linear_reduce_scatter",
+            torch.equal(summed, direct),
+        )
+        rows = slice(rank * ml, (rank + 1) * ml)
+        terms = [
+            (
+                ar_full[rows, r * kl : (r + 1) * kl],
+                wr_full[:, r * kl : (r + 1) * kl],
+                sas[r][rows],
+                sbs[r],
+            )
+            for r in range(world)
+        ]
+        name = "fp8 row-wise fused_scaled_matmul_reduce_scatter: f64 bound"
+        fp8_row_bound(name, summed, terms, max(world, 2), k)
+        distgemm.synchronize()
+        check.raises(
+            "bad input: row-wise scale_a in float16",
+            TypeError,
+            lambda: distgemm.all_gather_linear(x, w, scale_a=sa.half(), scale_b=sb),
+            ["float32"],
+        )
+
     def fp8_checks():
         """FP8 (tensor-wise) through every schedule the ops expose, the scaled drop-in, and
         FP8 arguments that must be refused."""
@@ -579,7 +793,7 @@ def main():
                 ["scale_a"],
             ),
             (
-                "row-wise scale tensor",
+                "row-wise scale_a with a tensor-wise scale_b",
                 ValueError,
                 lambda: distgemm.all_gather_linear(
                     x, w, scale_a=torch.ones(20, 1, device=dev), scale_b=1.0
@@ -587,7 +801,7 @@ def main():
                 ["row-wise"],
             ),
             (
-                "scaled reduce-scatter drop-in: row-wise A_scale",
+                "scaled reduce-scatter drop-in: row-wise A_scale, tensor-wise B_scale",
                 ValueError,
                 lambda: scaled_rs(A_scale=torch.ones(m, 1, device=dev)),
                 ["row-wise"],
@@ -618,6 +832,11 @@ def main():
         fp8_checks()
     except Exception:  # noqa: BLE001 - report, then run the 16-bit checks
         check.failures.append(f"rank {rank}: FP8 checks: {traceback.format_exc()}")
+        print(check.failures[-1], file=sys.stderr, flush=True)
+    try:
+        fp8_row_checks()
+    except Exception:  # noqa: BLE001 - report, then run the 16-bit checks
+        check.failures.append(f"rank {rank}: row-wise FP8 checks: {traceback.format_exc()}")
         print(check.failures[-1], file=sys.stderr, flush=True)
     try:
         tokens = [256] if args.quick else [256, 37 * world]  # 37 * TP: ragged per rank
