@@ -296,6 +296,21 @@ def _gather_rows(torch, ctx, x, tp):
     return gathered
 
 
+def _launch(torch, ctx, inst, x, weight, out, scale_ptrs):
+    """Enqueues one run of ``inst`` on the current stream with the tensors' addresses (no C)
+    and, row-wise, the scale vectors' (``(0, 0)`` otherwise)."""
+    stream = torch.cuda.current_stream(ctx.device).cuda_stream
+    inst.launch(
+        stream,
+        x.data_ptr(),
+        weight.data_ptr(),
+        None,
+        out.data_ptr(),
+        a_scales=scale_ptrs[0],
+        b_scales=scale_ptrs[1],
+    )
+
+
 def _all_gather_row_scales(torch, ctx, scale_a, scale_b, m, n):
     """The full scale vectors distgemm's row-wise all-gather reads, from this rank's own:
     ``scale_a`` (one float32 per row of this rank's token shard) all-gathered into the M
@@ -372,16 +387,7 @@ def _all_gather_linear(
         # Kept alive until the launch is enqueued; afterwards the allocator's stream rule.
         vectors = _all_gather_row_scales(torch, ctx, *ops.fp8.scales, shapes.m, shapes.n)
         scale_ptrs = tuple(v.data_ptr() for v in vectors)
-    stream = torch.cuda.current_stream(ctx.device).cuda_stream
-    inst.launch(
-        stream,
-        x.data_ptr(),
-        weight.data_ptr(),
-        None,
-        out.data_ptr(),
-        a_scales=scale_ptrs[0],
-        b_scales=scale_ptrs[1],
-    )
+    _launch(torch, ctx, inst, x, weight, out, scale_ptrs)
     return out
 
 
@@ -428,16 +434,7 @@ def _linear_reduce_scatter(
     scale_ptrs = (0, 0)
     if ops.fp8 is not None and ops.fp8.mode == "row":
         scale_ptrs = tuple(s.data_ptr() for s in ops.fp8.scales)
-    stream = torch.cuda.current_stream(ctx.device).cuda_stream
-    inst.launch(
-        stream,
-        x.data_ptr(),
-        weight.data_ptr(),
-        None,
-        out.data_ptr(),
-        a_scales=scale_ptrs[0],
-        b_scales=scale_ptrs[1],
-    )
+    _launch(torch, ctx, inst, x, weight, out, scale_ptrs)
     return out
 
 
