@@ -391,13 +391,26 @@ const _: () = {
 /// later stages, which wait for it, remain ordered after the barrier's flag resets.
 pub const HOOK_DEFER_GRID_WAIT: u32 = 1;
 
+/// [`StageHook::flags`] bit: the wait on `wait_flag` guards only C (a pushed partial in the
+/// device's own memory), so it moves from thread 0's prologue to each consumer warpgroup's
+/// leader just before that warpgroup's first C load, which for the first tile is issued after
+/// its main loop instead of before it: the producer streams A and B at once and the first
+/// tile's main loop covers the neighbour's copy. The leader acquires the flag (system scope,
+/// bounded as in the prologue), orders it before its TMA reads of C
+/// (`fence.proxy.async.global`) and hands it to its warpgroup with a named barrier. On a
+/// timeout it records the error code as the prologue would, and the block finishes its tiles
+/// with whatever C holds (D is then unspecified; the host reports the timeout), since a block
+/// cannot leave in the middle of its pipeline. Not combined with [`HOOK_DEFER_GRID_WAIT`].
+pub const HOOK_WAIT_BEFORE_C: u32 = 2;
+
 /// The distributed prologue hook: what a stage kernel does before its main loop, beyond the
 /// PDL `griddepcontrol.wait` it executes there (unless [`HOOK_DEFER_GRID_WAIT`] moves it to
 /// the end). All-zero means "nothing", and costs one predictable branch.
 ///
 /// Order (thread 0 of each block): if `signal_flag != 0` and this is block 0, release-store
 /// `signal_value` to it at system scope (after a system-scope fence, so everything the previous
-/// stage wrote is visible to whoever acquires the flag); then if `wait_flag != 0`, spin with
+/// stage wrote is visible to whoever acquires the flag); then if `wait_flag != 0` (and
+/// [`HOOK_WAIT_BEFORE_C`] does not move the wait to the first C load), spin with
 /// system-scope acquire loads until `*wait_flag >= wait_value`. If that takes longer than
 /// `timeout_ns`, record `error_code` in `*error_word` and in every peer's error word
 /// (`atom.cas.sys 0 → code`: the first code stays, see

@@ -31,7 +31,7 @@ use std::time::Duration;
 use kernels_gpu::collective_abi::{
     BarrierParams, PeerErrorWords, REDUCE_VECTOR, ReduceParams, WaitFlagsParams,
 };
-use kernels_gpu::gemm_abi::{HOOK_DEFER_GRID_WAIT, RowScales, StageHook};
+use kernels_gpu::gemm_abi::{HOOK_DEFER_GRID_WAIT, HOOK_WAIT_BEFORE_C, RowScales, StageHook};
 
 use super::error::{DistGemmError, TimeoutSite, WaitingNode, encode_timeout};
 use crate::fp8::ScaleMode;
@@ -41,7 +41,9 @@ use crate::plan::{
     PeerCopyNode, Plan,
 };
 use crate::runtime::stream::DependencyKind;
-use crate::schedule::{BufferKind, FlagRef, GemmStage, ReduceStep, Region, View};
+use crate::schedule::{
+    BufferKind, CSource, Collective, FlagRef, GemmStage, ReduceStep, Region, RsPartials, View,
+};
 
 /// The device addresses of one device's buffers (0 for an absent buffer).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -322,6 +324,17 @@ fn operand_rows(dev: &DevicePlan, g: &GemmStage) -> Result<(usize, usize), DistG
     Ok((a, b))
 }
 
+/// Whether stage `g`'s flag wait guards only its C: a reduce-scatter stage with pushed
+/// partials reads C from its own receive slot, which the left neighbour's copy fills before
+/// setting the flag (A and B are its own shards). The kernel then waits just before its first
+/// C load ([`HOOK_WAIT_BEFORE_C`]), so the first tile's main loop covers the copy.
+fn waits_for_c_only(plan: &Plan, g: &GemmStage) -> bool {
+    plan.schedule.collective() == Collective::ReduceScatter
+        && plan.rs_partials == RsPartials::Push
+        && g.waits.is_some()
+        && matches!(g.epilogue.source, CSource::Local(_))
+}
+
 /// Copies up to `N` values into a fixed array (unused entries default).
 fn fixed<T: Copy + Default, const N: usize>(
     values: &[T],
@@ -523,7 +536,13 @@ impl DeviceLowering<'_> {
             signal_value: KERNEL_SIGNAL_VALUE,
             wait_value: 1,
             error_code: self.code(WaitingNode::Gemm, g.stage, g.waits),
-            flags: if deferred { HOOK_DEFER_GRID_WAIT } else { 0 },
+            flags: if deferred {
+                HOOK_DEFER_GRID_WAIT
+            } else if waits_for_c_only(r.plan, g) {
+                HOOK_WAIT_BEFORE_C
+            } else {
+                0
+            },
             peer_errors: self.peer_errors,
         };
         Ok(LoweredNode::Gemm {
@@ -774,6 +793,21 @@ mod tests {
                         .unwrap_or_else(|e| panic!("{e}"));
                     assert_eq!(g.nodes.len(), plan.devices[d].nodes.len(), "{kind}");
                     assert_eq!(g.edges.len(), plan.devices[d].edges.len(), "{kind}");
+                    // The wait moves to the first C load exactly where the flag guards only
+                    // C (pushed partials), and never together with a deferred grid wait.
+                    for (node, lowered) in plan.devices[d].nodes.iter().zip(&g.nodes) {
+                        if let (Node::Gemm(s), LoweredNode::Gemm { hook, .. }) = (node, lowered) {
+                            let pushed = kind.collective() == Collective::ReduceScatter
+                                && plan.rs_partials == RsPartials::Push
+                                && s.waits.is_some();
+                            assert_eq!(hook.flags & HOOK_WAIT_BEFORE_C != 0, pushed, "{kind}");
+                            assert_ne!(
+                                hook.flags,
+                                HOOK_WAIT_BEFORE_C | HOOK_DEFER_GRID_WAIT,
+                                "{kind}"
+                            );
+                        }
+                    }
                     for (e, pe) in g.edges.iter().zip(&plan.devices[d].edges) {
                         assert_eq!((e.from, e.to), (pe.from, pe.to));
                         assert_eq!(
@@ -1272,6 +1306,8 @@ mod tests {
                 (Node::Gemm(s), LoweredNode::Gemm { args, hook, .. }) if s.stage > 0 => {
                     assert_eq!(hook.signal_flag, 0);
                     assert_eq!(hook.wait_flag, flag(1, s.stage));
+                    // The flag guards only C: the kernel waits at its first C load.
+                    assert_eq!(hook.flags, HOOK_WAIT_BEFORE_C);
                     // R_t = slot t−1 of the own workspace.
                     let r = addr[1].workspace + (s.stage as u64 - 1) * slot as u64;
                     assert_eq!(args.c.map(|c| c.ptr), Some(r));

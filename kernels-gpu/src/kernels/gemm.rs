@@ -635,7 +635,7 @@ unsafe fn prologue_hook(hook: &StageHook, ring: Ring) -> bool {
             fence::acq_rel_sys();
             unsafe { flags::store_release_sys(hook.signal_flag as *mut u32, hook.signal_value) };
         }
-        if hook.wait_flag != 0 {
+        if hook.wait_flag != 0 && hook.flags & HOOK_WAIT_BEFORE_C == 0 {
             let outcome = unsafe {
                 flags::wait_at_least(
                     hook.wait_flag as *const u32,
@@ -759,6 +759,9 @@ unsafe fn consume<T: InputType, C: Config>(p: &GemmParams, ring: Ring, tiles: Ti
     let mut acc = C::new_acc();
     // This warpgroup's share of each tile, and where its operand rows start in a slot.
     let (wg_row, wg_col) = C::TILE.wg_origin(half);
+    // Whether C may be read yet: not before the hook's flag when it guards only C
+    // (`HOOK_WAIT_BEFORE_C`), until this warpgroup's first epilogue acquires it.
+    let mut c_ready = p.hook.flags & HOOK_WAIT_BEFORE_C == 0 || p.hook.wait_flag == 0;
     let mut u = tiles.first;
     while u < tiles.total {
         let (t, kb0, kb1) = tiles.unit(u, k_blocks);
@@ -778,10 +781,12 @@ unsafe fn consume<T: InputType, C: Config>(p: &GemmParams, ring: Ring, tiles: Ti
                 fence::proxy_async_global();
             }
         }
-        if !C::TILE.split_k && staged && p.beta != 0.0 && index::thread_in_warpgroup() == 0 {
+        // Whether this tile's first C chunk is loaded after its main loop (split-K: only the
+        // tile's last split runs the epilogue; a C still to be waited for) instead of before.
+        let c_after_main_loop = C::TILE.split_k || !c_ready;
+        if !c_after_main_loop && staged && p.beta != 0.0 && index::thread_in_warpgroup() == 0 {
             // The tile's first C chunk goes into the buffer that the store of the previous
             // tile's last chunk but one reads: once it has, the load overlaps the main loop.
-            // (With split-K only the tile's last split runs the epilogue: it loads C then.)
             tma::wait_group_read::<1>();
             unsafe { load_c_chunk(p, ring, half, chunks_staged, row, col, 0) };
         }
@@ -816,15 +821,18 @@ unsafe fn consume<T: InputType, C: Config>(p: &GemmParams, ring: Ring, tiles: Ti
         if kb1 > kb0 {
             unsafe { release(ring, previous) };
         }
-        if C::TILE.split_k {
-            if !unsafe { finish_split::<C>(p, ring, tiles, &mut acc, u, half, row) } {
-                u += tiles.step;
-                continue;
-            }
-            if staged && p.beta != 0.0 && index::thread_in_warpgroup() == 0 {
-                tma::wait_group_read::<1>();
-                unsafe { load_c_chunk(p, ring, half, chunks_staged, row, col, 0) };
-            }
+        if C::TILE.split_k && !unsafe { finish_split::<C>(p, ring, tiles, &mut acc, u, half, row) }
+        {
+            u += tiles.step;
+            continue;
+        }
+        if !c_ready {
+            unsafe { await_c(p, half) };
+            c_ready = true;
+        }
+        if c_after_main_loop && staged && p.beta != 0.0 && index::thread_in_warpgroup() == 0 {
+            tma::wait_group_read::<1>();
+            unsafe { load_c_chunk(p, ring, half, chunks_staged, row, col, 0) };
         }
         if staged {
             unsafe { C::epilogue_staged::<T>(p, &acc, ring, half, row, col, chunks_staged) };
@@ -839,6 +847,34 @@ unsafe fn consume<T: InputType, C: Config>(p: &GemmParams, ring: Ring, tiles: Ti
         // output must be complete when the grid is.
         tma::wait_group::<0>();
     }
+}
+
+/// [`HOOK_WAIT_BEFORE_C`]: consumer warpgroup `half`'s leader waits for the hook's flag (the
+/// neighbour's pushed partial, this stage's C) before the warpgroup's first C load, as the
+/// prologue would have: system-scope acquire, bounded, the error recorded on a timeout; then
+/// it orders the acquire before its own TMA reads of C, and the warpgroup barrier before the
+/// other threads' generic reads (the unstaged epilogue).
+///
+/// # Safety
+/// `p.hook` must hold the flag, error words and code the lowering fills (valid global memory
+/// of this GPU or a peer's).
+#[inline(always)]
+unsafe fn await_c(p: &GemmParams, half: u32) {
+    let hook = &p.hook;
+    if index::thread_in_warpgroup() == 0 {
+        let outcome = unsafe {
+            flags::wait_at_least(
+                hook.wait_flag as *const u32,
+                hook.wait_value,
+                hook.timeout_ns,
+            )
+        };
+        if outcome == WaitOutcome::TimedOut {
+            unsafe { flags::record_error(hook.error_word, &hook.peer_errors, hook.error_code) };
+        }
+        fence::proxy_async_global();
+    }
+    sync::named_sync(1 + half, 128);
 }
 
 /// Split-K, after unit `u`'s main loop (every thread of consumer warpgroup `half`, whose share
