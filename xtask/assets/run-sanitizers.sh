@@ -5,8 +5,10 @@
 # Every pipelined schedule and two single-stage ones run TP = 2 at 512 x 768 x 528 with
 # `distgemm run --check`: as two rank processes (`--ranks 2`, sharing GPU 0 when there is one
 # GPU; `--target-processes all` instruments both), and, with two or more GPUs, also in one
-# process (`--tp 2`); ag-a and rs-a also in FP8 (e4m3, 512 x 768 x 512; ag-a with tensor-wise
-# scales, rs-a with row-wise ones) as two rank processes. Then every gpu_collective test under each tool. A run fails on any
+# process (`--tp 2`); rs-a and rs-b also with pushed partials (`--rs-partials push`: the
+# neighbour's copy-engine push and the kernel's wait before its first C load); ag-a and rs-a
+# also in FP8 (e4m3, 512 x 768 x 512; ag-a with tensor-wise scales, rs-a with row-wise ones),
+# all as two rank processes. Then every gpu_collective test under each tool. A run fails on any
 # sanitizer error (`--error-exitcode`) or a failed check. Usage:
 #
 #   ./run-sanitizers.sh [RESULTS_DIR]     (default: $OUT if set, else ./results)
@@ -61,6 +63,11 @@ for tool in memcheck synccheck racecheck; do
       run "$tool $s TP=2, one process" "$cs" --tool "$tool" --error-exitcode 9 \
         "$HERE/bin/distgemm" run --schedule "$s" "${shape[@]}" --backend cuda
     fi
+  done
+  for s in rs-a rs-b; do
+    run "$tool $s pushed partials TP=2, two rank processes" "$cs" --tool "$tool" \
+      --target-processes all --error-exitcode 9 "$HERE/bin/distgemm" run --schedule "$s" \
+      "${shape[@]}" --rs-partials push --ranks 2 "${share[@]}"
   done
   run "$tool gpu_collective" "$cs" --tool "$tool" --error-exitcode 9 \
     "$HERE/tests/gpu_collective" --test-threads=1
