@@ -81,7 +81,7 @@ pub struct Timing {
 }
 
 /// Median of a non-empty sample set (an even count's is the mean of the two middle samples).
-fn median(samples: &[f64]) -> f64 {
+pub(crate) fn median(samples: &[f64]) -> f64 {
     let mut sorted = samples.to_vec();
     sorted.sort_by(f64::total_cmp);
     let mid = sorted.len() / 2;

@@ -719,7 +719,7 @@ fn trace_writes_the_timeline_and_the_summary() {
     assert_one_line_exit_2(
         &words(cuda),
         &distgemm(&words(cuda)),
-        "the GPU trace source is not built yet",
+        "; use --backend cpu",
     );
     let iters = "trace --schedule ag-a --tp 2 --m 64 --n 64 --k 64 --backend cpu --iters 0 --out x";
     assert_one_line_exit_2(&words(iters), &distgemm(&words(iters)), "--iters must be");

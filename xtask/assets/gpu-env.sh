@@ -18,11 +18,11 @@ if [ ! -f "$DISTGEMM_PTX" ]; then
   return 1
 fi
 
-# ---- libraries for the baselines (cuBLAS, cuBLASLt, NCCL) --------------------------------
+# ---- libraries for the baselines (cuBLAS, cuBLASLt, NCCL) and the GPU trace (CUPTI) ------
 lib_dirs=()
 has_libs() {
   local d="$1" f
-  for f in "$d"/libcublas.so* "$d"/libcublasLt.so* "$d"/libnccl.so*; do
+  for f in "$d"/libcublas.so* "$d"/libcublasLt.so* "$d"/libnccl.so* "$d"/libcupti.so*; do
     [ -e "$f" ] && return 0
   done
   return 1
@@ -40,6 +40,7 @@ for base in "${CUDA_HOME:-}" "${CUDA_PATH:-}" /usr/local/cuda /usr/local/cuda-*;
   add_dir "$base/lib64"
   add_dir "$base/lib"
   add_dir "$base/targets/x86_64-linux/lib"
+  add_dir "$base/extras/CUPTI/lib64"
 done
 # pip wheels (e.g. those PyTorch depends on): site-packages/nvidia/<pkg>/lib
 for py in python3 python; do

@@ -26,6 +26,7 @@
 
 mod args;
 mod bench;
+mod cupti;
 mod memory;
 mod ranks;
 mod run;
@@ -85,6 +86,9 @@ pub enum CliError {
     /// The CPU run failed (deadlock, panic).
     #[error(transparent)]
     Exec(#[from] ExecError),
+    /// The GPU trace's records do not fit the plan (a record missing or extra).
+    #[error("trace: {0}")]
+    Trace(#[from] crate::trace::TraceError),
     /// `--check` found elements outside the bound.
     #[error(
         "check failed: {mismatches} of {elements} elements outside the bound; worst at (row {row}, col {col}) is {ratio:.3e}× the bound"

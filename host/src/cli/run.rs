@@ -370,12 +370,10 @@ fn run_cuda<T: Element + DeviceCopy>(
     // inputs are generated and uploaded.
     let modules = load_modules(&gpus)?;
     let inputs = GlobalInputs::<T>::random(&plan.problem, args.seed);
-    let shards = plan
-        .shard_inputs(&inputs)?
-        .into_iter()
-        .map(|s| (s.a, s.b, s.c))
-        .collect();
-    let (d, seconds_per_iter) = run_dist(args, &plan, gpus, modules, shards, None)?;
+    let shards = host_shards(&plan, &inputs)?;
+    let timeout = Duration::from_millis(args.timeout_ms);
+    let drive = timed_runs(args.iters);
+    let (seconds_per_iter, d) = with_dist(timeout, &plan, gpus, modules, shards, None, drive)?;
     report(args, &plan, "cuda", &inputs, &d, seconds_per_iter, out)
 }
 
@@ -390,19 +388,41 @@ fn run_cuda_fp8<T: Element + DeviceCopy>(
 ) -> Result<(), CliError> {
     let modules = load_modules(&gpus)?;
     let inputs = Fp8Inputs::<T>::random(&plan.problem, args.seed);
-    let shards = plan
-        .shard_fp8_inputs(&inputs)?
-        .into_iter()
-        .map(|s| (e4m3_bytes(&s.a), e4m3_bytes(&s.b), s.c))
-        .collect();
+    let shards = fp8_host_shards(&plan, &inputs)?;
     let scales = Some(&inputs.scales);
-    let (d, seconds_per_iter) = run_dist(args, &plan, gpus, modules, shards, scales)?;
+    let timeout = Duration::from_millis(args.timeout_ms);
+    let drive = timed_runs(args.iters);
+    let (seconds_per_iter, d) = with_dist(timeout, &plan, gpus, modules, shards, scales, drive)?;
     let checked = check_fp8(args, &plan, &inputs, &d)?;
     print_report(args, &plan, "cuda", checked, seconds_per_iter, out)
 }
 
+/// Every device's host operands of `inputs`.
+pub(super) fn host_shards<T: Element>(
+    plan: &Plan,
+    inputs: &GlobalInputs<T>,
+) -> Result<Vec<HostShard<T, T>>, CliError> {
+    Ok(plan
+        .shard_inputs(inputs)?
+        .into_iter()
+        .map(|s| (s.a, s.b, s.c))
+        .collect())
+}
+
+/// Every device's host operands of FP8 `inputs` (A and B as e4m3 bytes).
+pub(super) fn fp8_host_shards<T: Element>(
+    plan: &Plan,
+    inputs: &Fp8Inputs<T>,
+) -> Result<Vec<HostShard<u8, T>>, CliError> {
+    Ok(plan
+        .shard_fp8_inputs(inputs)?
+        .into_iter()
+        .map(|s| (e4m3_bytes(&s.a), e4m3_bytes(&s.b), s.c))
+        .collect())
+}
+
 /// The module of every GPU.
-fn load_modules(gpus: &[Gpu]) -> Result<Vec<std::sync::Arc<Module>>, CliError> {
+pub(super) fn load_modules(gpus: &[Gpu]) -> Result<Vec<std::sync::Arc<Module>>, CliError> {
     Ok(gpus
         .iter()
         .map(Module::load)
@@ -410,19 +430,32 @@ fn load_modules(gpus: &[Gpu]) -> Result<Vec<std::sync::Arc<Module>>, CliError> {
 }
 
 /// One device's host operands: A and B (`O`: the element type, or e4m3 bytes), C if any.
-type HostShard<O, T> = (Vec<O>, Vec<O>, Option<Vec<T>>);
+pub(super) type HostShard<O, T> = (Vec<O>, Vec<O>, Option<Vec<T>>);
 
-/// Uploads every device's `shards` (and an FP8 problem's row-wise scale vectors), runs the
-/// plan's schedule `args.iters` times (tensor-wise scales given to the builder) and returns
-/// the gathered D and the seconds per run.
-fn run_dist<O: DeviceCopy, T: Element + DeviceCopy>(
-    args: &RunArgs,
+/// `run`'s use of a built [`DistGemm`]: `iters` runs, then the seconds per run.
+fn timed_runs(iters: usize) -> impl FnOnce(&mut DistGemm<'_>) -> Result<f64, CliError> {
+    move |dist| {
+        let start = Instant::now();
+        for _ in 0..iters {
+            dist.run()?;
+        }
+        dist.wait()?;
+        Ok(start.elapsed().as_secs_f64() / iters as f64)
+    }
+}
+
+/// Uploads every device's `shards` (and an FP8 problem's row-wise scale vectors), builds the
+/// plan's schedule on them (tensor-wise scales given to the builder, every GPU wait bounded
+/// by `timeout`), hands it to `drive` and returns what `drive` returned with the gathered D.
+pub(super) fn with_dist<O: DeviceCopy, T: Element + DeviceCopy, R>(
+    timeout: Duration,
     plan: &Plan,
     gpus: Vec<Gpu>,
     modules: Vec<std::sync::Arc<Module>>,
     shards: Vec<HostShard<O, T>>,
     scales: Option<&crate::fp8::Scales>,
-) -> Result<(Vec<T>, f64), CliError> {
+    drive: impl FnOnce(&mut DistGemm<'_>) -> Result<R, CliError>,
+) -> Result<(R, Vec<T>), CliError> {
     let mut buffers = Vec::with_capacity(plan.tp);
     for (((a, b, c), gpu), dev) in shards.iter().zip(&gpus).zip(&plan.devices) {
         let stream = gpu.new_stream()?;
@@ -450,24 +483,20 @@ fn run_dist<O: DeviceCopy, T: Element + DeviceCopy>(
         .schedule(plan.schedule)
         .rs_partials(plan.rs_partials)
         .problem(plan.problem)
-        .timeout(Duration::from_millis(args.timeout_ms))
+        .timeout(timeout)
         .modules(modules)
         .args(device_args);
     if let Some(&crate::fp8::Scales::Tensorwise { a, b }) = scales {
         builder = builder.fp8_scales(a, b);
     }
     let mut dist = builder.build()?;
-    let start = Instant::now();
-    for _ in 0..args.iters {
-        dist.run()?;
-    }
-    dist.wait()?;
-    let seconds_per_iter = start.elapsed().as_secs_f64() / args.iters as f64;
+    let outcome = drive(&mut dist)?;
+    drop(dist);
     let mut outputs = Vec::with_capacity(buffers.len());
     for ((_, _, _, d), _, stream) in &buffers {
         outputs.push(d.download(stream)?);
     }
-    Ok((plan.gather_output(&outputs)?, seconds_per_iter))
+    Ok((outcome, plan.gather_output(&outputs)?))
 }
 
 /// The bytes of e4m3 codes, as the GPU reads them.

@@ -1,18 +1,37 @@
 //! `distgemm trace`: runs the plan with a trace source and writes the timeline and its summary
 //! ([`crate::trace`]) into a directory.
+//!
+//! On the GPUs (`--backend cuda`): CUPTI's activity collection starts, paused, before the
+//! graphs exist; the plan is built on random inputs and run 5 times untraced; then
+//! [`OVERHEAD_ROUNDS`] rounds of [`OVERHEAD_RUNS`] runs each with the collection paused and
+//! on, alternately (host wall time per run, every run waited for), give the cost of tracing;
+//! then `--iters` runs are traced, and their records become the node spans
+//! ([`crate::trace::activity`]).
 
 use std::io::Write;
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::CliError;
 use super::args::{MAX_TRACE_ITERS, TraceArgs, TraceBackend};
+use super::cupti::{Activity, node_id};
 use super::memory::{self, Executor};
-use super::run::CPU_FLOP_CAP;
+use super::run::{CPU_FLOP_CAP, fp8_host_shards, host_shards, load_modules, with_dist};
 use crate::cpu::CpuExecutor;
+use crate::cuda::DistGemm;
 use crate::dtype::{Dtype, Element};
 use crate::plan::{Fp8Inputs, GlobalInputs, Plan};
-use crate::trace::{Summary, Trace};
+use crate::runtime::{DeviceCopy, Gpu};
+use crate::timing::median;
+use crate::trace::activity::spans_from_activity;
+use crate::trace::{Summary, Trace, TraceSource};
+
+/// Untraced runs before anything is measured.
+const WARMUP_RUNS: usize = 5;
+/// Rounds of the tracing-cost comparison (collection paused, then on, in each).
+const OVERHEAD_ROUNDS: usize = 5;
+/// Runs per block of that comparison.
+const OVERHEAD_RUNS: usize = 20;
 
 /// The files `trace` writes into `--out`.
 const FILES: [&str; 4] = ["trace.json", "timeline.svg", "summary.txt", "summary.json"];
@@ -32,9 +51,7 @@ pub(super) fn trace(args: &TraceArgs, out: &mut dyn Write) -> Result<(), CliErro
     }
     let plan = args.problem.plan(problem)?;
     if args.backend == TraceBackend::Cuda {
-        return Err(CliError::CudaUnavailable(
-            "the GPU trace source is not built yet; use --backend cpu".into(),
-        ));
+        return trace_on_gpus(args, plan, out);
     }
     if problem.flops() > CPU_FLOP_CAP {
         return Err(CliError::TooLarge(format!(
@@ -60,6 +77,120 @@ pub(super) fn trace(args: &TraceArgs, out: &mut dyn Write) -> Result<(), CliErro
         args.out.display()
     )?;
     Ok(())
+}
+
+/// `trace --backend cuda`: the GPU checks of `run`, then [`trace_cuda`], the outputs, the
+/// summary and the cost of tracing.
+fn trace_on_gpus(args: &TraceArgs, plan: Plan, out: &mut dyn Write) -> Result<(), CliError> {
+    super::check_ptx_file()?;
+    let gpus = super::cuda_devices(plan.tp)
+        .map_err(|reason| CliError::CudaUnavailable(format!("{reason}; use --backend cpu")))?;
+    memory::check_devices(&plan, &gpus)?;
+    let (trace, cost) = match plan.problem.dtype {
+        Dtype::Bf16 => trace_cuda::<half::bf16>(args, &plan, gpus)?,
+        Dtype::F16 => trace_cuda::<half::f16>(args, &plan, gpus)?,
+    };
+    let summary = Summary::of(&trace);
+    write_outputs(&args.out, &trace, &summary)?;
+    write!(out, "{}", summary.render_text())?;
+    writeln!(
+        out,
+        "cost of tracing (host wall time per run, median of {OVERHEAD_ROUNDS} rounds of \
+         {OVERHEAD_RUNS} runs): {:.4} ms with CUPTI's collection paused, {:.4} ms on ({:+.2} %); \
+         without `trace`, CUPTI is not loaded and the kernels are the same",
+        cost.off_ms,
+        cost.on_ms,
+        (cost.on_ms / cost.off_ms - 1.0) * 100.0
+    )?;
+    writeln!(
+        out,
+        "wrote {} into {} (open trace.json in ui.perfetto.dev)",
+        FILES.join(", "),
+        args.out.display()
+    )?;
+    Ok(())
+}
+
+/// Median wall time per run with the collection paused and on.
+struct TracingCost {
+    off_ms: f64,
+    on_ms: f64,
+}
+
+/// The plan on random inputs on `gpus`, traced by CUPTI (see the module documentation).
+fn trace_cuda<T: Element + DeviceCopy>(
+    args: &TraceArgs,
+    plan: &Plan,
+    gpus: Vec<Gpu>,
+) -> Result<(Trace, TracingCost), CliError> {
+    // Before any graph exists, so that CUPTI knows every node the records will name.
+    let activity = Activity::start()?;
+    activity.pause()?;
+    let modules = load_modules(&gpus)?;
+    let timeout = Duration::from_millis(args.timeout_ms);
+    let drive = |dist: &mut DistGemm<'_>| traced_runs(args.iters, plan, &activity, dist);
+    let (traced, _) = if plan.problem.fp8.is_some() {
+        let inputs = Fp8Inputs::<T>::random(&plan.problem, args.seed);
+        let shards = fp8_host_shards(plan, &inputs)?;
+        with_dist(
+            timeout,
+            plan,
+            gpus,
+            modules,
+            shards,
+            Some(&inputs.scales),
+            drive,
+        )?
+    } else {
+        let inputs = GlobalInputs::<T>::random(&plan.problem, args.seed);
+        let shards = host_shards(plan, &inputs)?;
+        with_dist(timeout, plan, gpus, modules, shards, None, drive)?
+    };
+    Ok(traced)
+}
+
+/// Warm-up, the tracing-cost rounds, then `iters` traced runs turned into the trace.
+fn traced_runs(
+    iters: usize,
+    plan: &Plan,
+    activity: &Activity,
+    dist: &mut DistGemm<'_>,
+) -> Result<(Trace, TracingCost), CliError> {
+    let block = |dist: &mut DistGemm<'_>, runs: usize| -> Result<f64, CliError> {
+        let start = Instant::now();
+        for _ in 0..runs {
+            dist.run()?;
+        }
+        dist.wait()?;
+        Ok(start.elapsed().as_secs_f64() * 1e3 / runs as f64)
+    };
+    block(dist, WARMUP_RUNS)?;
+    let (mut off, mut on) = (Vec::new(), Vec::new());
+    for _ in 0..OVERHEAD_ROUNDS {
+        off.push(block(dist, OVERHEAD_RUNS)?);
+        activity.resume()?;
+        on.push(block(dist, OVERHEAD_RUNS)?);
+        activity.pause()?;
+    }
+    activity.take()?;
+    activity.resume()?;
+    block(dist, iters)?;
+    activity.pause()?;
+    let records = activity.take()?;
+    let node_ids = (0..plan.tp)
+        .map(|rank| {
+            dist.graph_nodes(rank)?
+                .iter()
+                .map(|&n| node_id(n))
+                .collect()
+        })
+        .collect::<Result<Vec<Vec<u64>>, CliError>>()?;
+    let spans = spans_from_activity(plan, &node_ids, &records, iters)?;
+    let cost = TracingCost {
+        off_ms: median(&off),
+        on_ms: median(&on),
+    };
+    Ok((Trace::new(plan, TraceSource::Cupti, &spans)?, cost))
 }
 
 /// `--iters` runs on the CPU executor on random inputs (FP8 ones for an FP8 problem), traced.

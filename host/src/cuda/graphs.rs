@@ -273,6 +273,12 @@ impl DeviceGraph {
         &self.graph
     }
 
+    /// The graph's node handles, in plan order.
+    #[cfg(feature = "cli")]
+    pub(crate) fn nodes(&self) -> &[GraphNode] {
+        &self.nodes
+    }
+
     /// Enqueues one run on `stream`.
     pub(crate) fn launch(&self, stream: RawStream) -> Result<(), DistGemmError> {
         Ok(self.exec.launch_on(stream)?)

@@ -33,6 +33,14 @@ unsafe impl Send for GraphNode {}
 // SAFETY: as above; nothing is mutated through a shared handle.
 unsafe impl Sync for GraphNode {}
 
+impl GraphNode {
+    /// The driver's handle (the profiler asks CUPTI for the node's id with it).
+    #[cfg(feature = "cli")]
+    pub(crate) fn raw(self) -> sys::CUgraphNode {
+        self.0
+    }
+}
+
 /// A CUDA graph under construction on one GPU (`cuGraphCreate`); destroyed on drop.
 #[derive(Debug)]
 pub struct Graph {

@@ -96,6 +96,8 @@
 //!
 //! [`StageHook`]: kernels_gpu::gemm_abi::StageHook
 
+#[cfg(feature = "cli")]
+pub(crate) mod activity;
 mod chrome;
 mod interval;
 mod model;

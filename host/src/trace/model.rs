@@ -60,17 +60,21 @@ pub enum TraceError {
 #[serde(rename_all = "snake_case")]
 pub enum TraceSource {
     /// The CPU executor (`CpuExecutor::run_traced`): one thread per branch of a device's DAG,
-    /// `Instant` stamps, the host's monotonic clock shared by every device. (The GPU source is
-    /// designed in the module documentation, not built yet.)
+    /// `Instant` stamps, the host's monotonic clock shared by every device.
     CpuExecutor,
+    /// The GPUs: CUPTI activity records of the graphs' kernels and copies, on CUPTI's clock
+    /// for every device of the process; flag sets and flag waits derived from them (see
+    /// `trace::activity`).
+    Cupti,
 }
 
 impl TraceSource {
-    /// A short name: `cpu executor`.
+    /// A short name: `cpu executor`, `cupti activity records`.
     #[must_use]
     pub fn name(self) -> &'static str {
         match self {
             TraceSource::CpuExecutor => "cpu executor",
+            TraceSource::Cupti => "cupti activity records",
         }
     }
 }

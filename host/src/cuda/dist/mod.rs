@@ -40,6 +40,8 @@ use super::lower::TimingDiagnostics;
 use super::lower::{DeviceAddresses, LowerOptions, LoweredGraph, lower_device};
 use crate::gemm::check;
 use crate::plan::Plan;
+#[cfg(feature = "cli")]
+use crate::runtime::GraphNode;
 #[cfg(feature = "testing")]
 use crate::runtime::stream::GraphTopology;
 use crate::runtime::{CudaStream, DeviceBuffer, Gpu, Module, RawStream};
@@ -162,7 +164,7 @@ impl<'a> DistGemm<'a> {
         self.options.timeout
     }
 
-    #[cfg(feature = "testing")]
+    #[cfg(any(feature = "testing", feature = "cli"))]
     fn graph(&self, rank: usize) -> Result<&DeviceGraph, DistGemmError> {
         self.graphs.get(rank).ok_or(DistGemmError::NoSuchDevice {
             device: rank,
@@ -175,6 +177,13 @@ impl<'a> DistGemm<'a> {
     #[cfg(feature = "testing")]
     pub fn graph_topology(&self, rank: usize) -> Result<GraphTopology, DistGemmError> {
         Ok(self.graph(rank)?.graph().topology()?)
+    }
+
+    /// Device `rank`'s graph node handles in plan order (node i runs plan node i), for the
+    /// profiler's mapping of activity records to plan nodes.
+    #[cfg(feature = "cli")]
+    pub(crate) fn graph_nodes(&self, rank: usize) -> Result<&[GraphNode], DistGemmError> {
+        Ok(self.graph(rank)?.nodes())
     }
 
     fn addresses(&self, args: &[DeviceArgs<'_>]) -> Vec<DeviceAddresses> {
