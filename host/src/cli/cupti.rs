@@ -9,6 +9,12 @@
 //! them when dropped. Nothing of this runs unless a trace is asked for: `libcupti` is loaded
 //! then, not before, and a run without tracing is the plain `run` path.
 //!
+//! Graph node ids: CUPTI gives the nodes of an instantiated graph ids of their own (the
+//! instance's nodes are clones), and its records carry those. A resource callback on
+//! `CUPTI_CBID_RESOURCE_GRAPHNODE_CLONED`, subscribed before any graph is instantiated, maps
+//! each clone's id to its original's, which [`node_id`] gives for the nodes distgemm created;
+//! [`Activity::take`] translates the records' ids.
+//!
 //! Record layouts: CUDA 13's (`CUpti_ActivityKernel10`, `CUpti_ActivityMemcpy6`,
 //! `CUpti_ActivityMemcpyPtoP4`); later CUPTI versions append fields, so the fields read here
 //! (start, end, graph node id) keep their offsets. Fields are read at their offsets as
@@ -17,6 +23,7 @@
 
 use std::alloc::Layout;
 use std::mem::offset_of;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock, PoisonError};
 
@@ -38,6 +45,8 @@ const KINDS: [sys::CUpti_ActivityKind; 3] = [
 
 /// Records parsed by [`buffer_completed`] and not yet taken.
 static RECORDS: Mutex<Vec<ActivityRecord>> = Mutex::new(Vec::new());
+/// Graph node id of a clone (an instantiated graph's node) → its original's.
+static CLONES: Mutex<Option<HashMap<u64, u64>>> = Mutex::new(None);
 /// Records CUPTI dropped for want of buffer space.
 static DROPPED: AtomicUsize = AtomicUsize::new(0);
 /// Whether an [`Activity`] exists.
@@ -89,7 +98,15 @@ impl Activity {
     /// the collection; an error if CUPTI dropped any.
     pub(super) fn take(&self) -> Result<Vec<ActivityRecord>, CliError> {
         flush()?;
-        let records = std::mem::take(&mut *RECORDS.lock().unwrap_or_else(PoisonError::into_inner));
+        let mut records =
+            std::mem::take(&mut *RECORDS.lock().unwrap_or_else(PoisonError::into_inner));
+        if let Some(clones) = CLONES.lock().unwrap_or_else(PoisonError::into_inner).as_ref() {
+            for r in &mut records {
+                if let Some(&original) = clones.get(&r.graph_node_id) {
+                    r.graph_node_id = original;
+                }
+            }
+        }
         let dropped = DROPPED.swap(0, Ordering::AcqRel);
         if dropped > 0 {
             return Err(CliError::CudaUnavailable(format!(
@@ -150,7 +167,60 @@ fn register() -> Result<(), String> {
         ));
     }
     result::activity::register_callbacks(Some(buffer_requested), Some(buffer_completed))
-        .map_err(|e| format!("cuptiActivityRegisterCallbacks failed: {e:?}"))
+        .map_err(|e| format!("cuptiActivityRegisterCallbacks failed: {e:?}"))?;
+    let mut subscriber: sys::CUpti_SubscriberHandle = std::ptr::null_mut();
+    // SAFETY: `subscriber` is writable; the callback is a `'static` function that needs no
+    // user data. The subscription lives as long as the process (CUPTI allows one).
+    unsafe { result::subscribe(&raw mut subscriber, Some(on_resource), std::ptr::null_mut()) }
+        .map_err(|e| format!("cuptiSubscribe failed: {e:?}"))?;
+    // SAFETY: a live subscriber handle.
+    unsafe {
+        result::enable_callback(
+            1,
+            subscriber,
+            sys::CUpti_CallbackDomain::CUPTI_CB_DOMAIN_RESOURCE,
+            sys::CUpti_CallbackIdResource::CUPTI_CBID_RESOURCE_GRAPHNODE_CLONED as u32,
+        )
+    }
+    .map_err(|e| format!("cuptiEnableCallback (graph node clones) failed: {e:?}"))
+}
+
+/// CUPTI's resource callback: a graph node was cloned (a graph instantiated); remember the
+/// clone's id → the original's.
+///
+/// # Safety
+/// Called by CUPTI; for `CUPTI_CBID_RESOURCE_GRAPHNODE_CLONED`, `data` points at a
+/// `CUpti_ResourceData` whose descriptor is a `CUpti_GraphData`.
+unsafe extern "C" fn on_resource(
+    _user: *mut std::ffi::c_void,
+    _domain: sys::CUpti_CallbackDomain,
+    cbid: sys::CUpti_CallbackId,
+    data: *const std::ffi::c_void,
+) {
+    let cloned = sys::CUpti_CallbackIdResource::CUPTI_CBID_RESOURCE_GRAPHNODE_CLONED as u32;
+    if cbid != cloned || data.is_null() {
+        return;
+    }
+    // SAFETY: the function's contract.
+    let graph = unsafe { (*data.cast::<sys::CUpti_ResourceData>()).resourceDescriptor };
+    if graph.is_null() {
+        return;
+    }
+    // SAFETY: as above.
+    let graph = unsafe { &*graph.cast::<sys::CUpti_GraphData>() };
+    let (mut clone, mut original) = (0u64, 0u64);
+    // SAFETY: live node handles CUPTI passed; the ids are writable.
+    let ok = unsafe {
+        result::get_graph_node_id(graph.node, &raw mut clone).is_ok()
+            && result::get_graph_node_id(graph.originalNode, &raw mut original).is_ok()
+    };
+    if ok {
+        CLONES
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get_or_insert_with(HashMap::new)
+            .insert(clone, original);
+    }
 }
 
 /// The layout of every record buffer (CUPTI needs 8-byte alignment).

@@ -185,6 +185,18 @@ fn traced_runs(
                 .collect()
         })
         .collect::<Result<Vec<Vec<u64>>, CliError>>()?;
+    let known: std::collections::HashSet<u64> = node_ids.iter().flatten().copied().collect();
+    let matched = records
+        .iter()
+        .filter(|r| known.contains(&r.graph_node_id))
+        .count();
+    if matched == 0 {
+        return Err(CliError::CudaUnavailable(format!(
+            "CUPTI reported {} kernel and copy records, none from distgemm's graph nodes (is \
+             another profiler attached?)",
+            records.len()
+        )));
+    }
     let spans = spans_from_activity(plan, &node_ids, &records, iters)?;
     let cost = TracingCost {
         off_ms: median(&off),
