@@ -47,52 +47,26 @@
 //! node and read no clock. Its times are the CPU's, useful to check the plan's shape and the
 //! outputs, not the GPU's speed.
 //!
-//! **The GPUs (designed, not built).** Two sources, combined:
+//! **The GPUs** (`distgemm trace --backend cuda`, [`TraceSource::Cupti`]): CUPTI activity
+//! records of every kernel (`CONCURRENT_KERNEL`) and copy (`MEMCPY`, `MEMCPY2`) of the plan's
+//! graphs, each carrying the id of the graph node that ran it; the instance's nodes are clones
+//! of the built graph's, so a resource callback maps clone ids to the ids `cuptiGetGraphNodeId`
+//! gives for graph node i, which is plan node i (the lowering keeps the order). Records of
+//! one process are on one clock for every GPU. `activity` turns them into spans: a flag set
+//! (a write-value node, not recorded) at its copy's end, a stage kernel's prologue flag wait
+//! estimated from its flags' setters (a lower bound). The collection (the CLI's `cupti`
+//! module) starts before the graphs are built and is paused outside the traced runs; CUPTI is
+//! loaded only then, and the kernels are unchanged, so a run without tracing costs nothing
+//! extra. Measured on one H200: 1.4–2.0 % more host wall time per run while CUPTI collects.
 //!
-//! 1. *Kernel stamps.* Every kernel parameter block gets a `trace: u64` field, the address of
-//!    the node's slot in a per-device trace buffer, 0 when tracing is off ([`StageHook`] for
-//!    the stage GEMM, and `BarrierParams`, `ReduceParams`, `WaitFlagsParams`). When it is not
-//!    0 the kernel writes `%globaltimer` (ns, in steps of about 1 µs:
-//!    `kernels_gpu::device::flags::global_timer_ns`) into the slot: the barrier and the
-//!    release wait (1 thread) at entry and exit; a stage GEMM and the reduction from block 0's
-//!    thread 0 at entry, around its prologue's flag wait, and at exit from every block's
-//!    thread 0 as an `atom.max` (the kernel ends with its last block). The
-//!    slot of run i is `buffer + ((i mod capacity) · nodes + node) · 32` bytes, four `u64`s
-//!    (start, wait start, wait end, end); i is a counter in the buffer's header that the
-//!    device's sink node (release wait, or the last kernel of a reduce-scatter) increments
-//!    after its own stamp: graph launches on one stream are ordered, so every kernel of run
-//!    i reads i. Cost when on: 3 stores on one thread per kernel plus one atomic per block.
-//! 2. *Copies and flag sets.* The copy engine and the front end run no code of ours. CUPTI
-//!    activity records (cudarc's `cupti` feature; `CUpti_ActivityMemcpy5` and, with
-//!    `CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL`, `CUpti_ActivityKernel9`) carry `graphNodeId`,
-//!    which `cuptiGetGraphNodeId` maps back to graph node i, which is plan node i
-//!    ([`crate::cuda`]'s lowering keeps the order): memcpy records give the copies' spans,
-//!    kernel records cross-check the kernel stamps. A flag set (a write-value node) has no
-//!    record (no activity kind for stream memory operations was found): it is placed after
-//!    its copy's end, and bounded by the end of the flag wait of the kernel that observed it.
-//!    Without CUPTI, a copy is bounded by its neighbours: it starts after its chain
-//!    predecessor and ends before its flag's observer stopped waiting. To check on the GPU
-//!    first: that the records of an instantiated, replayed graph carry the ids
-//!    `cuptiGetGraphNodeId` gives for the nodes it was instantiated from, and that enabling
-//!    the memcpy and kernel kinds does not serialise the graph's branches (compare a run's
-//!    time with and without them).
-//!
-//! One clock across GPUs: `%globaltimer` is per GPU. Every device's barrier returns within an
-//! NVLink round trip of the last arrival, so the barrier ends of one run are nearly
-//! simultaneous: device d's offset is the median over runs of `barrier_end(d) −
-//! barrier_end(0)`, subtracted from its stamps (CUPTI records of one process are already on
-//! one clock and give a second estimate).
-//!
-//! Tracing off must cost nothing measurable. The kernels' branch on `trace != 0` is on a
-//! launch parameter, uniform and outside the main loop, so the next session checks, with the
-//! field present and 0: `cargo xtask check-ptx` reports the same registers, no spills and
-//! HGMMA in every entry, and the GEMM entry's SASS differs from today's only by the guarded
-//! stamp blocks (diff `cuobjdump -sass` before/after, count instructions outside the
-//! prologue/epilogue: 0); `distgemm bench` of the previous commit and the new one, tracing off,
-//! in interleaved rounds (70B fc1 `ag-a` and fc2 `rs-a` at 16384 tokens, TP = 1 on one H200)
-//! agree within the rounds' spread; and, tracing on, the same bench states the overhead.
-//! If the branch showed up after all, a second GEMM entry compiled with tracing (a const
-//! generic) leaves the untraced entry's PTX byte-identical.
+//! Not built: kernel-side stamps. `%globaltimer` written by each stage kernel's block 0 around
+//! its prologue wait (a `trace: u64` slot address in [`StageHook`] and the collective kernels'
+//! parameters, 0 = off) would give the real flag waits and the deferred wait of the pipelined
+//! all-gather's stage 0 instead of estimates, at the cost of a branch outside the main loop
+//! (gate: check-ptx registers and SASS unchanged outside the guarded blocks, `distgemm bench`
+//! within noise). Per-rank processes (`run --ranks`) are not traced yet: each process would
+//! collect its own records and the launcher merge them (CUPTI's timestamps are the host's
+//! clock in every process).
 //!
 //! [`StageHook`]: kernels_gpu::gemm_abi::StageHook
 
