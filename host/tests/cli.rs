@@ -716,11 +716,24 @@ fn trace_writes_the_timeline_and_the_summary() {
     let _ = std::fs::remove_dir_all(&dir);
 
     let cuda = "trace --schedule ag-a --tp 2 --m 64 --n 64 --k 64 --backend cuda --out x";
-    assert_one_line_exit_2(
-        &words(cuda),
-        &distgemm(&words(cuda)),
-        "; use --backend cpu",
-    );
+    assert_one_line_exit_2(&words(cuda), &distgemm(&words(cuda)), "; use --backend cpu");
+    for (line, want) in [
+        (
+            "trace --schedule ag-a --tp 2 --m 64 --n 64 --k 64 --backend cpu --ranks 2 --out x",
+            "use --backend cuda",
+        ),
+        (
+            "trace --schedule ag-a --tp 2 --m 64 --n 64 --k 64 --dtype e4m3 --backend cuda \
+             --ranks 2 --out x",
+            "takes bf16 and f16 for now",
+        ),
+        (
+            "trace --schedule ag-a --tp 2 --m 64 --n 64 --k 64 --backend cuda --ranks 3 --out x",
+            "--ranks 3 must equal --tp 2",
+        ),
+    ] {
+        assert_one_line_exit_2(&words(line), &distgemm(&words(line)), want);
+    }
     let iters = "trace --schedule ag-a --tp 2 --m 64 --n 64 --k 64 --backend cpu --iters 0 --out x";
     assert_one_line_exit_2(&words(iters), &distgemm(&words(iters)), "--iters must be");
 }

@@ -461,4 +461,13 @@ pub(crate) struct TraceArgs {
     /// Bound of every executor wait, in milliseconds (at least 1).
     #[arg(long, default_value_t = 5000)]
     pub(crate) timeout_ms: u64,
+    /// With --backend cuda: one process per rank on this host (the per-rank mode), RANKS =
+    /// --tp; each rank collects its own GPU's records and this process merges them (bf16 and
+    /// f16).
+    #[arg(long)]
+    pub(crate) ranks: Option<usize>,
+    /// With --ranks: every rank on GPU 0 (shows the cross-process protocol on one GPU; the
+    /// ranks then share its SMs, so times are not those of separate GPUs).
+    #[arg(long, requires = "ranks")]
+    pub(crate) share_gpu: bool,
 }

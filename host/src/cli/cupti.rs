@@ -22,8 +22,8 @@
 //! values the bindings do not know.
 
 use std::alloc::Layout;
-use std::mem::offset_of;
 use std::collections::HashMap;
+use std::mem::offset_of;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock, PoisonError};
 
@@ -100,7 +100,11 @@ impl Activity {
         flush()?;
         let mut records =
             std::mem::take(&mut *RECORDS.lock().unwrap_or_else(PoisonError::into_inner));
-        if let Some(clones) = CLONES.lock().unwrap_or_else(PoisonError::into_inner).as_ref() {
+        if let Some(clones) = CLONES
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+        {
             for r in &mut records {
                 if let Some(&original) = clones.get(&r.graph_node_id) {
                     r.graph_node_id = original;

@@ -15,8 +15,10 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::args::RunArgs;
-use super::run::{CPU_FLOP_CAP, check_failed, e4m3_bytes, upload_row_scales, upload_shard};
+use super::args::{ProblemArgs, RunArgs};
+use super::run::{
+    CPU_FLOP_CAP, ScaleVectors, check_failed, e4m3_bytes, upload_row_scales, upload_shard,
+};
 use super::sample::{RANDOM_SAMPLES, sample_indices};
 use super::{CliError, EXIT_RUN_FAILED};
 use crate::cuda::rank::RankGemmBuilder;
@@ -38,14 +40,27 @@ const START_SLACK: Duration = Duration::from_secs(300);
 
 /// The parent: starts one process per rank and waits for them.
 pub(crate) fn launch(args: &RunArgs, ranks: usize, out: &mut dyn Write) -> Result<(), CliError> {
-    if ranks != args.problem.tp {
+    let runs = Duration::from_millis(args.timeout_ms).saturating_mul(args.iters as u32 + 2);
+    spawn_ranks(ranks, args.problem.tp, args.share_gpu, runs)?;
+    writeln!(out, "all {ranks} rank processes passed")?;
+    Ok(())
+}
+
+/// Re-executes this command once per rank (with [`RANK_ENV`]) and waits for every rank, at
+/// most [`START_SLACK`] plus `runs`; an error names the ranks that failed.
+pub(crate) fn spawn_ranks(
+    ranks: usize,
+    tp: usize,
+    share_gpu: bool,
+    runs: Duration,
+) -> Result<(), CliError> {
+    if ranks != tp {
         return Err(CliError::Usage(format!(
-            "--ranks {ranks} must equal --tp {} (one process per rank)",
-            args.problem.tp
+            "--ranks {ranks} must equal --tp {tp} (one process per rank)"
         )));
     }
     let gpus = device_count().map_err(|e| CliError::CudaUnavailable(e.to_string()))?;
-    if !args.share_gpu && gpus < ranks {
+    if !share_gpu && gpus < ranks {
         return Err(CliError::CudaUnavailable(format!(
             "--ranks {ranks} needs {ranks} GPUs, this machine has {gpus} (add --share-gpu to \
              test the protocol with every rank on GPU 0)"
@@ -73,7 +88,6 @@ pub(crate) fn launch(args: &RunArgs, ranks: usize, out: &mut dyn Write) -> Resul
             }
         }
     }
-    let runs = Duration::from_millis(args.timeout_ms).saturating_mul(args.iters as u32 + 2);
     let limit = START_SLACK + runs;
     let start = Instant::now();
     let mut codes: Vec<Option<i32>> = vec![None; ranks];
@@ -108,30 +122,42 @@ pub(crate) fn launch(args: &RunArgs, ranks: usize, out: &mut dyn Write) -> Resul
             message: format!("{} failed", failed.join(", ")),
         });
     }
-    writeln!(out, "all {ranks} rank processes passed")?;
     Ok(())
 }
 
-/// A rank process (`spec` is [`RANK_ENV`]'s value).
-pub(crate) fn rank_main(args: &RunArgs, spec: &str, out: &mut dyn Write) -> Result<(), CliError> {
+/// A rank process's side of [`spawn_ranks`]: its rank (from `spec`, [`RANK_ENV`]'s value),
+/// the joined rendezvous, its GPU (rank r's, or GPU 0 with `share_gpu`), and the builder of
+/// its `RankGemm` for `problem`.
+pub(crate) fn join_rank(
+    spec: &str,
+    problem: &ProblemArgs,
+    timeout_ms: u64,
+    share_gpu: bool,
+) -> Result<(usize, Arc<dyn Rendezvous>, Gpu, RankGemmBuilder), CliError> {
     let (rank, socket) = spec
         .split_once(',')
         .and_then(|(r, s)| Some((r.parse::<usize>().ok()?, PathBuf::from(s))))
         .ok_or_else(|| CliError::Usage(format!("{RANK_ENV}={spec} is not <rank>,<socket>")))?;
-    let tp = args.problem.tp;
     let rendezvous: Arc<dyn Rendezvous> = Arc::new(
-        LocalRendezvous::join(&socket, rank, tp, START_SLACK)
+        LocalRendezvous::join(&socket, rank, problem.tp, START_SLACK)
             .map_err(|e| CliError::RankProcesses(e.to_string()))?,
     );
-    let gpu = Gpu::open(if args.share_gpu { 0 } else { rank })?;
-    let problem = args.problem.problem()?;
+    let gpu = Gpu::open(if share_gpu { 0 } else { rank })?;
     let builder = RankGemm::builder()
         .gpu(gpu.clone())
-        .schedule(args.problem.schedule)
-        .rs_partials(args.problem.rs_partials)
-        .problem(problem)
-        .timeout(Duration::from_millis(args.timeout_ms))
-        .allow_shared_gpu(args.share_gpu);
+        .schedule(problem.schedule)
+        .rs_partials(problem.rs_partials)
+        .problem(problem.problem()?)
+        .timeout(Duration::from_millis(timeout_ms))
+        .allow_shared_gpu(share_gpu);
+    Ok((rank, rendezvous, gpu, builder))
+}
+
+/// A rank process of `run --ranks` (`spec` is [`RANK_ENV`]'s value).
+pub(crate) fn rank_main(args: &RunArgs, spec: &str, out: &mut dyn Write) -> Result<(), CliError> {
+    let (_, rendezvous, gpu, builder) =
+        join_rank(spec, &args.problem, args.timeout_ms, args.share_gpu)?;
+    let problem = args.problem.problem()?;
     match (problem.fp8, problem.dtype) {
         (None, Dtype::Bf16) => run_rank::<half::bf16>(args, &gpu, builder.build(rendezvous)?, out),
         (None, Dtype::F16) => run_rank::<half::f16>(args, &gpu, builder.build(rendezvous)?, out),
@@ -197,7 +223,7 @@ fn run_rank<T: Element + DeviceCopy>(
 }
 
 /// Rank `rank`'s element of every device's `shards`.
-fn own_shard<S>(shards: Vec<S>, rank: usize) -> Result<S, CliError> {
+pub(crate) fn own_shard<S>(shards: Vec<S>, rank: usize) -> Result<S, CliError> {
     shards
         .into_iter()
         .nth(rank)
@@ -226,15 +252,8 @@ where
     let block = plan.devices[rank].shards.d;
     let (a, b, c, d) = upload_shard(gpu, &stream, (&a, &b, c.as_deref()), block.elements())?;
     let rows = upload_row_scales(gpu, &stream, scales)?;
-    let launch = RankArgs {
-        a: a.device_ptr(),
-        b: b.device_ptr(),
-        c: c.as_ref().map_or(0, DeviceBuffer::device_ptr),
-        d: d.device_ptr(),
-        a_scales: rows.as_ref().map_or(0, |(sa, _)| sa.device_ptr()),
-        b_scales: rows.as_ref().map_or(0, |(_, sb)| sb.device_ptr()),
-    };
-    let ms = launch_iters(args, &mut dg, &stream, launch)?;
+    let launch = rank_args(&a, &b, c.as_ref(), &d, rows.as_ref());
+    let ms = launch_iters(args.iters, &mut dg, &stream, launch)?;
     let verdict = if args.check {
         let (global, indices) = own_block(args, &plan, rank, &d.download(&stream)?);
         let report = check(&global, &indices)?;
@@ -248,21 +267,39 @@ where
     print_rank_line(args, &plan, rank, gpu, ms, &verdict, out)
 }
 
-/// Launches `args.iters` runs on `stream` and waits; returns the milliseconds per run.
-fn launch_iters(
-    args: &RunArgs,
+/// The launch arguments of this rank's uploaded buffers (and row-wise scale vectors).
+pub(crate) fn rank_args<O: DeviceCopy, T: DeviceCopy>(
+    a: &DeviceBuffer<O>,
+    b: &DeviceBuffer<O>,
+    c: Option<&DeviceBuffer<T>>,
+    d: &DeviceBuffer<T>,
+    rows: Option<&ScaleVectors>,
+) -> RankArgs {
+    RankArgs {
+        a: a.device_ptr(),
+        b: b.device_ptr(),
+        c: c.map_or(0, DeviceBuffer::device_ptr),
+        d: d.device_ptr(),
+        a_scales: rows.map_or(0, |(sa, _)| sa.device_ptr()),
+        b_scales: rows.map_or(0, |(_, sb)| sb.device_ptr()),
+    }
+}
+
+/// Launches `iters` runs on `stream` and waits; returns the milliseconds per run.
+pub(crate) fn launch_iters(
+    iters: usize,
     dg: &mut RankGemm,
     stream: &CudaStream,
     launch: RankArgs,
 ) -> Result<f64, CliError> {
     let start = Instant::now();
-    for _ in 0..args.iters {
+    for _ in 0..iters {
         // SAFETY: the caller's buffers are this GPU's, sized by the plan, and outlive the runs
         // (the synchronisation below comes before they drop); nothing else writes them.
         unsafe { dg.launch_raw(RawStream::of(stream), launch)? };
     }
     dg.synchronize()?;
-    Ok(start.elapsed().as_secs_f64() * 1e3 / args.iters as f64)
+    Ok(start.elapsed().as_secs_f64() * 1e3 / iters as f64)
 }
 
 /// Rank `rank`'s block of D (`mine`) placed in a global M×N matrix of NaN, and the indices

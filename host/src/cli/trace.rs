@@ -7,6 +7,13 @@
 //! on, alternately (host wall time per run, every run waited for), give the cost of tracing;
 //! then `--iters` runs are traced, and their records become the node spans
 //! ([`crate::trace::activity`]).
+//!
+//! With `--ranks N` (the per-rank mode, one process per GPU, or every rank on GPU 0 with
+//! `--share-gpu`): this process starts the ranks ([`super::ranks::spawn_ranks`]); each joins,
+//! starts its own collection, builds its `RankGemm` on the seeded random inputs' shard, runs
+//! the warm-up and the `--iters` traced launches, and writes its nodes' intervals to
+//! `rank-<r>.intervals.json` in `--out`; this process merges them (CUPTI's timestamps are the
+//! host's clock in every process) and writes the outputs. No tracing-cost rounds there.
 
 use std::io::Write;
 use std::path::Path;
@@ -14,17 +21,22 @@ use std::time::{Duration, Instant};
 
 use super::CliError;
 use super::args::{MAX_TRACE_ITERS, TraceArgs, TraceBackend};
+use serde::{Deserialize, Serialize};
+
 use super::cupti::{Activity, node_id};
 use super::memory::{self, Executor};
-use super::run::{CPU_FLOP_CAP, fp8_host_shards, host_shards, load_modules, with_dist};
+use super::ranks::{RANK_ENV, join_rank, launch_iters, own_shard, rank_args};
+use super::run::{
+    CPU_FLOP_CAP, fp8_host_shards, host_shards, load_modules, upload_shard, with_dist,
+};
 use crate::cpu::CpuExecutor;
 use crate::cuda::DistGemm;
 use crate::dtype::{Dtype, Element};
 use crate::plan::{Fp8Inputs, GlobalInputs, Plan};
 use crate::runtime::{DeviceCopy, Gpu};
 use crate::timing::median;
-use crate::trace::activity::spans_from_activity;
-use crate::trace::{Summary, Trace, TraceSource};
+use crate::trace::activity::{node_intervals, spans_from_activity, spans_from_intervals};
+use crate::trace::{Interval, Summary, Trace, TraceSource};
 
 /// Untraced runs before anything is measured.
 const WARMUP_RUNS: usize = 5;
@@ -51,7 +63,18 @@ pub(super) fn trace(args: &TraceArgs, out: &mut dyn Write) -> Result<(), CliErro
     }
     let plan = args.problem.plan(problem)?;
     if args.backend == TraceBackend::Cuda {
+        if let Ok(spec) = std::env::var(RANK_ENV) {
+            return trace_rank(args, &spec);
+        }
+        if let Some(ranks) = args.ranks {
+            return trace_ranks(args, plan, ranks, out);
+        }
         return trace_on_gpus(args, plan, out);
+    }
+    if args.ranks.is_some() {
+        return Err(CliError::Usage(
+            "--ranks traces one process per GPU (the CUDA backend); use --backend cuda".into(),
+        ));
     }
     if problem.flops() > CPU_FLOP_CAP {
         return Err(CliError::TooLarge(format!(
@@ -67,8 +90,7 @@ pub(super) fn trace(args: &TraceArgs, out: &mut dyn Write) -> Result<(), CliErro
         Dtype::Bf16 => trace_cpu::<half::bf16>(args, plan)?,
         Dtype::F16 => trace_cpu::<half::f16>(args, plan)?,
     };
-    let summary = Summary::of(&trace);
-    write_outputs(&args.out, &trace, &summary)?;
+    let summary = write_outputs(&args.out, &trace)?;
     write!(out, "{}", summary.render_text())?;
     writeln!(
         out,
@@ -90,8 +112,7 @@ fn trace_on_gpus(args: &TraceArgs, plan: Plan, out: &mut dyn Write) -> Result<()
         Dtype::Bf16 => trace_cuda::<half::bf16>(args, &plan, gpus)?,
         Dtype::F16 => trace_cuda::<half::f16>(args, &plan, gpus)?,
     };
-    let summary = Summary::of(&trace);
-    write_outputs(&args.out, &trace, &summary)?;
+    let summary = write_outputs(&args.out, &trace)?;
     write!(out, "{}", summary.render_text())?;
     writeln!(
         out,
@@ -224,8 +245,10 @@ fn trace_cpu<T: Element>(args: &TraceArgs, plan: Plan) -> Result<Trace, CliError
     Ok(exec.run_traced(args.iters)?)
 }
 
-/// Writes [`FILES`] into `dir` (created if missing); an error names the file.
-fn write_outputs(dir: &Path, trace: &Trace, summary: &Summary) -> Result<(), CliError> {
+/// Writes [`FILES`] into `dir` (created if missing; an error names the file) and returns
+/// the trace's summary.
+fn write_outputs(dir: &Path, trace: &Trace) -> Result<Summary, CliError> {
+    let summary = Summary::of(trace);
     let named = |path: &Path, e: std::io::Error| {
         std::io::Error::new(e.kind(), format!("{}: {e}", path.display()))
     };
@@ -235,11 +258,121 @@ fn write_outputs(dir: &Path, trace: &Trace, summary: &Summary) -> Result<(), Cli
         serde_json::to_string(&trace.to_chrome_json())?,
         svg,
         summary.render_text(),
-        serde_json::to_string_pretty(summary)? + "\n",
+        serde_json::to_string_pretty(&summary)? + "\n",
     ];
     for (name, text) in FILES.iter().zip(contents) {
         let path = dir.join(name);
         std::fs::write(&path, text).map_err(|e| named(&path, e))?;
     }
+    Ok(summary)
+}
+
+/// What a rank process of `trace --ranks` hands to the parent.
+#[derive(Debug, Serialize, Deserialize)]
+struct RankIntervals {
+    /// The rank.
+    rank: usize,
+    /// Per node of the rank's plan: the intervals of its traced runs, sorted by start.
+    nodes: Vec<Vec<Interval>>,
+}
+
+/// The file a rank process writes into `--out`.
+fn rank_file(dir: &Path, rank: usize) -> std::path::PathBuf {
+    dir.join(format!("rank-{rank}.intervals.json"))
+}
+
+/// `trace --backend cuda --ranks N`: starts the rank processes, merges their intervals into
+/// the trace and writes the outputs.
+fn trace_ranks(
+    args: &TraceArgs,
+    plan: Plan,
+    ranks: usize,
+    out: &mut dyn Write,
+) -> Result<(), CliError> {
+    if plan.problem.fp8.is_some() {
+        return Err(CliError::Usage(
+            "trace --ranks takes bf16 and f16 for now; trace FP8 in one process (no --ranks)"
+                .into(),
+        ));
+    }
+    super::check_ptx_file()?;
+    std::fs::create_dir_all(&args.out)
+        .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", args.out.display())))?;
+    for rank in 0..ranks {
+        let _ = std::fs::remove_file(rank_file(&args.out, rank));
+    }
+    let runs = (WARMUP_RUNS + args.iters + 2) as u32;
+    let bound = Duration::from_millis(args.timeout_ms).saturating_mul(runs);
+    super::ranks::spawn_ranks(ranks, plan.tp, args.share_gpu, bound)?;
+    let mut timed = Vec::with_capacity(ranks);
+    for rank in 0..ranks {
+        let path = rank_file(&args.out, rank);
+        let text = std::fs::read_to_string(&path)
+            .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
+        let got: RankIntervals = serde_json::from_str(&text)?;
+        if got.rank != rank {
+            return Err(CliError::RankProcesses(format!(
+                "{} holds rank {}'s intervals",
+                path.display(),
+                got.rank
+            )));
+        }
+        timed.push(got.nodes);
+        std::fs::remove_file(&path)?;
+    }
+    let spans = spans_from_intervals(&plan, timed, args.iters)?;
+    let trace = Trace::new(&plan, TraceSource::Cupti, &spans)?;
+    let summary = write_outputs(&args.out, &trace)?;
+    write!(out, "{}", summary.render_text())?;
+    writeln!(
+        out,
+        "wrote {} into {} ({ranks} rank processes; open trace.json in ui.perfetto.dev)",
+        FILES.join(", "),
+        args.out.display()
+    )?;
+    Ok(())
+}
+
+/// A rank process of `trace --ranks` (`spec` is [`RANK_ENV`]'s value).
+fn trace_rank(args: &TraceArgs, spec: &str) -> Result<(), CliError> {
+    match args.problem.problem()?.dtype {
+        Dtype::Bf16 => trace_rank_typed::<half::bf16>(args, spec),
+        Dtype::F16 => trace_rank_typed::<half::f16>(args, spec),
+    }
+}
+
+/// See [`trace_rank`]: the collection starts before the rank's graph is built.
+fn trace_rank_typed<T: Element + DeviceCopy>(args: &TraceArgs, spec: &str) -> Result<(), CliError> {
+    let activity = Activity::start()?;
+    activity.pause()?;
+    let (rank, rendezvous, gpu, builder) =
+        join_rank(spec, &args.problem, args.timeout_ms, args.share_gpu)?;
+    let mut dg = builder.build(rendezvous)?;
+    let plan = dg.plan().clone();
+    let inputs = GlobalInputs::<T>::random(&plan.problem, args.seed);
+    let shard = own_shard(plan.shard_inputs(&inputs)?, rank)?;
+    let stream = gpu.new_stream()?;
+    let block = plan.devices[rank].shards.d;
+    let operands = (&shard.a[..], &shard.b[..], shard.c.as_deref());
+    let (a, b, c, d) = upload_shard(&gpu, &stream, operands, block.elements())?;
+    let launch = rank_args(&a, &b, c.as_ref(), &d, None);
+    launch_iters(WARMUP_RUNS, &mut dg, &stream, launch)?;
+    activity.take()?;
+    activity.resume()?;
+    launch_iters(args.iters, &mut dg, &stream, launch)?;
+    activity.pause()?;
+    let records = activity.take()?;
+    let ids = dg
+        .graph_nodes()
+        .iter()
+        .map(|&n| node_id(n))
+        .collect::<Result<Vec<u64>, CliError>>()?;
+    let intervals = RankIntervals {
+        rank,
+        nodes: node_intervals(&ids, &records),
+    };
+    let path = rank_file(&args.out, rank);
+    std::fs::write(&path, serde_json::to_string(&intervals)?)
+        .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
     Ok(())
 }

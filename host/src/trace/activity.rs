@@ -44,45 +44,57 @@ pub(crate) struct ActivityRecord {
 /// those runs; `node_ids[d][i]` is the graph node id of device d's node i. Records of other
 /// graph nodes are ignored (other work in the process). A node that runs code or a copy with
 /// not exactly `iterations` records is an error ([`TraceError::NotOnePerNode`]).
-#[expect(
-    clippy::needless_range_loop,
-    reason = "the run indexes every node's records, not one list"
-)]
 pub(crate) fn spans_from_activity(
     plan: &Plan,
     node_ids: &[Vec<u64>],
     records: &[ActivityRecord],
     iterations: usize,
 ) -> Result<Vec<Vec<NodeSpan>>, TraceError> {
-    if node_ids.len() != plan.tp {
+    let timed = node_ids
+        .iter()
+        .map(|ids| node_intervals(ids, records))
+        .collect();
+    spans_from_intervals(plan, timed, iterations)
+}
+
+/// Per node of one device (`ids[i]`: node i's graph node id): the intervals of its `records`,
+/// sorted by start. Records of other nodes are ignored.
+pub(crate) fn node_intervals(ids: &[u64], records: &[ActivityRecord]) -> Vec<Vec<Interval>> {
+    let index: HashMap<u64, usize> = ids.iter().enumerate().map(|(i, &id)| (id, i)).collect();
+    let mut timed = vec![Vec::new(); ids.len()];
+    for r in records {
+        if let Some(&i) = index.get(&r.graph_node_id) {
+            timed[i].push(Interval::new(r.start_ns, r.end_ns.max(r.start_ns)));
+        }
+    }
+    for list in &mut timed {
+        list.sort_by_key(|s: &Interval| s.start_ns);
+    }
+    timed
+}
+
+/// Every device's node spans for `iterations` runs from `timed[d][i]`, the sorted intervals
+/// of device d's node i ([`node_intervals`], possibly from several processes on one clock):
+/// run r of a kernel or copy is its r-th interval, flag sets and flag waits are derived (see
+/// the module documentation).
+#[expect(
+    clippy::needless_range_loop,
+    reason = "the run indexes every node's records, not one list"
+)]
+pub(crate) fn spans_from_intervals(
+    plan: &Plan,
+    timed: Vec<Vec<Vec<Interval>>>,
+    iterations: usize,
+) -> Result<Vec<Vec<NodeSpan>>, TraceError> {
+    if timed.len() != plan.tp {
         return Err(TraceError::DeviceCount {
-            got: node_ids.len(),
+            got: timed.len(),
             expected: plan.tp,
         });
     }
-    let mut by_id: HashMap<u64, (usize, usize)> = HashMap::new();
-    for (d, ids) in node_ids.iter().enumerate() {
-        for (i, &id) in ids.iter().enumerate() {
-            by_id.insert(id, (d, i));
-        }
-    }
-    // Per device and node: its records' intervals, sorted by start.
-    let mut timed: Vec<Vec<Vec<Interval>>> = plan
-        .devices
-        .iter()
-        .map(|dev| vec![Vec::new(); dev.nodes.len()])
-        .collect();
-    for r in records {
-        if let Some(&(d, i)) = by_id.get(&r.graph_node_id)
-            && let Some(list) = timed.get_mut(d).and_then(|nodes| nodes.get_mut(i))
-        {
-            list.push(Interval::new(r.start_ns, r.end_ns.max(r.start_ns)));
-        }
-    }
     for (d, dev) in plan.devices.iter().enumerate() {
         for (i, node) in dev.nodes.iter().enumerate() {
-            let list = &mut timed[d][i];
-            list.sort_by_key(|s| s.start_ns);
+            let list = timed[d].get(i).map_or(&[][..], Vec::as_slice);
             let expected = if matches!(node, Node::FlagSet(_)) {
                 0
             } else {

@@ -206,6 +206,13 @@ impl RankGemm {
         &self.plan
     }
 
+    /// This rank's graph node handles in plan order (none after teardown), for the
+    /// profiler's mapping of activity records to plan nodes.
+    #[cfg(feature = "cli")]
+    pub(crate) fn graph_nodes(&self) -> &[crate::runtime::GraphNode] {
+        self.graph.as_ref().map_or(&[], DeviceGraph::nodes)
+    }
+
     /// The bound of every GPU wait.
     #[must_use]
     pub fn timeout(&self) -> Duration {
