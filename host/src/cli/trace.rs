@@ -90,8 +90,19 @@ pub(super) fn trace(args: &TraceArgs, out: &mut dyn Write) -> Result<(), CliErro
         Dtype::Bf16 => trace_cpu::<half::bf16>(args, plan)?,
         Dtype::F16 => trace_cpu::<half::f16>(args, plan)?,
     };
-    let summary = write_outputs(&args.out, &trace)?;
-    write!(out, "{}", summary.render_text())?;
+    finish(args, &trace, "", out)
+}
+
+/// Writes the outputs and prints the summary, `more` (lines after it) and where the files
+/// went.
+fn finish(
+    args: &TraceArgs,
+    trace: &Trace,
+    more: &str,
+    out: &mut dyn Write,
+) -> Result<(), CliError> {
+    let summary = write_outputs(&args.out, trace)?;
+    write!(out, "{}{more}", summary.render_text())?;
     writeln!(
         out,
         "wrote {} into {} (open trace.json in ui.perfetto.dev)",
@@ -112,24 +123,15 @@ fn trace_on_gpus(args: &TraceArgs, plan: Plan, out: &mut dyn Write) -> Result<()
         Dtype::Bf16 => trace_cuda::<half::bf16>(args, &plan, gpus)?,
         Dtype::F16 => trace_cuda::<half::f16>(args, &plan, gpus)?,
     };
-    let summary = write_outputs(&args.out, &trace)?;
-    write!(out, "{}", summary.render_text())?;
-    writeln!(
-        out,
+    let cost = format!(
         "cost of tracing (host wall time per run, median of {OVERHEAD_ROUNDS} rounds of \
          {OVERHEAD_RUNS} runs): {:.4} ms with CUPTI's collection paused, {:.4} ms on ({:+.2} %); \
-         without `trace`, CUPTI is not loaded and the kernels are the same",
+         without `trace`, CUPTI is not loaded and the kernels are the same\n",
         cost.off_ms,
         cost.on_ms,
         (cost.on_ms / cost.off_ms - 1.0) * 100.0
-    )?;
-    writeln!(
-        out,
-        "wrote {} into {} (open trace.json in ui.perfetto.dev)",
-        FILES.join(", "),
-        args.out.display()
-    )?;
-    Ok(())
+    );
+    finish(args, &trace, &cost, out)
 }
 
 /// Median wall time per run with the collection paused and on.
@@ -322,15 +324,12 @@ fn trace_ranks(
     }
     let spans = spans_from_intervals(&plan, timed, args.iters)?;
     let trace = Trace::new(&plan, TraceSource::Cupti, &spans)?;
-    let summary = write_outputs(&args.out, &trace)?;
-    write!(out, "{}", summary.render_text())?;
-    writeln!(
+    finish(
+        args,
+        &trace,
+        &format!("traced as {ranks} rank processes\n"),
         out,
-        "wrote {} into {} ({ranks} rank processes; open trace.json in ui.perfetto.dev)",
-        FILES.join(", "),
-        args.out.display()
-    )?;
-    Ok(())
+    )
 }
 
 /// A rank process of `trace --ranks` (`spec` is [`RANK_ENV`]'s value).

@@ -636,15 +636,7 @@ unsafe fn prologue_hook(hook: &StageHook, ring: Ring) -> bool {
             unsafe { flags::store_release_sys(hook.signal_flag as *mut u32, hook.signal_value) };
         }
         if hook.wait_flag != 0 && hook.flags & HOOK_WAIT_BEFORE_C == 0 {
-            let outcome = unsafe {
-                flags::wait_at_least(
-                    hook.wait_flag as *const u32,
-                    hook.wait_value,
-                    hook.timeout_ns,
-                )
-            };
-            if outcome == WaitOutcome::TimedOut {
-                unsafe { flags::record_error(hook.error_word, &hook.peer_errors, hook.error_code) };
+            if unsafe { wait_for_hook_flag(hook) } {
                 abort = 1;
             }
             // TMA reads what the flag guards through the async proxy (A and B: this thread;
@@ -860,21 +852,35 @@ unsafe fn consume<T: InputType, C: Config>(p: &GemmParams, ring: Ring, tiles: Ti
 /// of this GPU or a peer's).
 #[inline(always)]
 unsafe fn await_c(p: &GemmParams, half: u32) {
-    let hook = &p.hook;
     if index::thread_in_warpgroup() == 0 {
-        let outcome = unsafe {
-            flags::wait_at_least(
-                hook.wait_flag as *const u32,
-                hook.wait_value,
-                hook.timeout_ns,
-            )
-        };
-        if outcome == WaitOutcome::TimedOut {
-            unsafe { flags::record_error(hook.error_word, &hook.peer_errors, hook.error_code) };
-        }
+        // On a timeout the block finishes its tiles anyway (see `HOOK_WAIT_BEFORE_C`).
+        let _timed_out = unsafe { wait_for_hook_flag(&p.hook) };
         fence::proxy_async_global();
     }
     sync::named_sync(1 + half, 128);
+}
+
+/// One thread waits (system-scope acquire, bounded by `hook.timeout_ns`) until the hook's
+/// `wait_flag` reaches `wait_value`; on a timeout it records `hook.error_code` in the
+/// device's and every peer's error word and returns true.
+///
+/// # Safety
+/// `hook.wait_flag`, `hook.error_word` and `hook.peer_errors` must be the valid global
+/// addresses the lowering fills (this GPU's or a peer's).
+#[inline(always)]
+unsafe fn wait_for_hook_flag(hook: &StageHook) -> bool {
+    let outcome = unsafe {
+        flags::wait_at_least(
+            hook.wait_flag as *const u32,
+            hook.wait_value,
+            hook.timeout_ns,
+        )
+    };
+    let timed_out = outcome == WaitOutcome::TimedOut;
+    if timed_out {
+        unsafe { flags::record_error(hook.error_word, &hook.peer_errors, hook.error_code) };
+    }
+    timed_out
 }
 
 /// Split-K, after unit `u`'s main loop (every thread of consumer warpgroup `half`, whose share
