@@ -765,7 +765,7 @@ fn fp8_runs_check_every_schedule_on_the_cpu() {
     }
 }
 
-/// `bench` refuses FP8 with one line and exit 2 before looking for GPUs; FP8-only flags
+/// `bench` takes FP8 (on GPUs only: one line and exit 2 without them); FP8-only flags
 /// without e4m3, and FP8's 16-element K, are bad input; without GPUs `auto` runs row-wise FP8
 /// on the CPU with a notice.
 #[test]
@@ -773,8 +773,8 @@ fn fp8_flags_are_checked_and_auto_runs_row_wise_fp8_on_the_cpu_without_gpus() {
     let shape = "--schedule ag-a --tp 2 --m 64 --n 64 --k 64";
     let cases = [
         (
-            format!("bench {shape} --dtype e4m3"),
-            "bench and tune take bf16 and f16 only for now",
+            format!("bench {shape} --dtype e4m3 --scales row"),
+            "distgemm bench times the CUDA backend only",
         ),
         (
             "plan --schedule ag-a --tp 2 --m 64 --n 64 --k 40 --dtype e4m3".to_owned(),

@@ -105,8 +105,8 @@ pub(crate) struct ProblemArgs {
     #[arg(long)]
     pub(crate) tokens: Option<usize>,
     /// Element type of A and B (and of C and D, except for e4m3, whose output type is
-    /// --out-dtype). `run` takes e4m3 on the CPU executor and the GPUs; `bench` and `tune`
-    /// take bf16 and f16 only for now.
+    /// --out-dtype). `run` takes e4m3 on the CPU executor and the GPUs, `bench` and `tune` on
+    /// the GPUs; `trace` in one process (not with --ranks).
     #[arg(long, value_enum, default_value = "bf16")]
     pub(crate) dtype: DtypeArg,
     /// With --dtype e4m3: one scale per operand (tensor) or one per row of A and of B (row)

@@ -1,7 +1,7 @@
 //! `distgemm bench`: times the CUDA backend on one problem.
 //!
 //! Per device, A, B (and C when beta ≠ 0) shards sized by the plan are filled on the GPU
-//! ([`random_shards`]: presets are far too large to generate on the host) and D is poisoned
+//! ([`random_operands`]: presets are far too large to generate on the host) and D is poisoned
 //! once (0xFF bytes: NaN). One [`DistGemm`] is built (graphs instantiated once), `--warmup` runs are
 //! launched untimed, then `--reps` runs are each bracketed by CUDA events on every GPU's
 //! stream ([`time_on_streams`]; the host does not wait between runs, and the reported time is
@@ -20,7 +20,7 @@ use crate::cuda::{DistGemm, DistGemmError};
 use crate::dtype::{Dtype, Element};
 use crate::problem::Problem;
 use crate::runtime::{DeviceCopy, Gpu, Module};
-use crate::testdata::{RandomShard, random_shards};
+use crate::testdata::random_operands;
 use crate::timing::{Timing, TimingConfig, time_on_streams};
 
 /// What `bench` reports (`--json` prints it as one object).
@@ -62,7 +62,6 @@ struct BenchReport {
 pub(super) fn bench(args: &BenchArgs, out: &mut dyn Write) -> Result<(), CliError> {
     let problem = args.problem.problem()?;
     check_counts(args)?;
-    super::check_gpu_problem(&problem)?;
     // The shapes are checked without a GPU, so bad input is exit 2 everywhere.
     let plan = args.problem.plan(problem)?;
     // The PTX file too: an unusable DISTGEMM_PTX is bad input on every machine.
@@ -145,9 +144,12 @@ fn bench_typed<T: Element + DeviceCopy>(
     let plan = builder.plan().map_err(to_cli)?;
     let schedule_source = builder.resolution().map_err(to_cli)?.source.to_string();
     // The shards must outlive the DistGemm (locals drop in reverse order).
-    let shards = random_shards::<T>(&plan, &gpus, &modules, 1)?;
-    let device_args = shards.iter().map(RandomShard::device_args).collect();
-    let mut dist = builder.args(device_args).build()?;
+    let operands = random_operands::<T>(&plan, &gpus, &modules, 1)?;
+    let builder = match operands.tensor_scales() {
+        Some((sa, sb)) => builder.fp8_scales(sa, sb),
+        None => builder,
+    };
+    let mut dist = builder.args(operands.device_args()).build()?;
     let streams = dist.streams();
     let config = TimingConfig {
         warmup: args.warmup,

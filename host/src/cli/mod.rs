@@ -130,18 +130,6 @@ pub enum CliError {
     Tuning(#[from] crate::cuda::TuningError),
 }
 
-/// `Ok` when `bench` and `tune` can run `problem` on GPUs: bf16 and f16. (`run` takes FP8
-/// on GPUs too, in both scale modes; these two do not generate e4m3 inputs yet.)
-pub(super) fn check_gpu_problem(problem: &crate::problem::Problem) -> Result<(), CliError> {
-    match problem.fp8 {
-        Some(_) => Err(CliError::Usage(format!(
-            "{problem}: bench and tune take bf16 and f16 only for now (`run --dtype e4m3` runs \
-             FP8 on the GPUs)"
-        ))),
-        None => Ok(()),
-    }
-}
-
 impl CliError {
     /// The process exit status for this error (module documentation).
     #[must_use]

@@ -2,8 +2,8 @@
 //! machine's GPUs and records it in a tuning table ([`crate::cuda::tuning`]) that `Auto` reads.
 //!
 //! Everything that can be refused without a GPU is refused first (exit status 2): the
-//! arguments, a problem neither schedule of the family can run, an FP8 problem (the CLI's GPU
-//! runs are bf16 and f16 for now), an unusable existing table at `--out`, an unusable
+//! arguments, a problem neither schedule of the family can run, an unusable existing table at
+//! `--out`, an unusable
 //! `DISTGEMM_PTX`; then a machine without TP Hopper GPUs with peer access. On the GPUs, both candidates (the family's
 //! pipelined schedule, with partials read, as `Auto` runs it, and its single-stage schedule)
 //! are built at once, each a [`DistGemm`] over its own random shards, and timed in
@@ -34,7 +34,7 @@ use crate::plan::{Plan, PlanOptions, RsPartials};
 use crate::problem::Problem;
 use crate::runtime::{DeviceCopy, Gpu, Module};
 use crate::schedule::ScheduleKind;
-use crate::testdata::{RandomShard, random_shards};
+use crate::testdata::random_operands;
 use crate::timing::{Timing, TimingConfig, interleaved, time_on_streams};
 
 /// The table written when neither `--out` nor `DISTGEMM_TUNING` names one.
@@ -43,7 +43,6 @@ const DEFAULT_TABLE: &str = "distgemm-tuning.json";
 pub(super) fn tune(args: &TuneArgs, out: &mut dyn Write) -> Result<(), CliError> {
     let problem = args.problem.problem()?;
     check_options(args)?;
-    super::check_gpu_problem(&problem)?;
     let tp = args.problem.tp;
     let family = args.problem.schedule.pipelined();
     let plans = candidate_plans(family, problem, tp)?;
@@ -218,24 +217,26 @@ fn measure<T: Element + DeviceCopy>(
         .map(Module::load)
         .collect::<Result<Vec<Arc<Module>>, _>>()?;
     // The shards must outlive the DistGemms that borrow them.
-    let shards = plans
+    let operands = plans
         .iter()
-        .map(|plan| random_shards::<T>(plan, gpus, &modules, 1))
+        .map(|plan| random_operands::<T>(plan, gpus, &modules, 1))
         .collect::<Result<Vec<_>, _>>()?;
     let mut dists = Vec::with_capacity(plans.len());
-    for (plan, shards) in plans.iter().zip(&shards) {
-        dists.push(
-            DistGemm::builder()
-                .devices(gpus.to_vec())
-                .tp(tp)
-                .schedule(plan.schedule)
-                .problem(problem)
-                .dtype(T::DTYPE)
-                .timeout(Duration::from_millis(args.timeout_ms))
-                .modules(modules.clone())
-                .args(shards.iter().map(RandomShard::device_args).collect())
-                .build()?,
-        );
+    for (plan, operands) in plans.iter().zip(&operands) {
+        let builder = DistGemm::builder()
+            .devices(gpus.to_vec())
+            .tp(tp)
+            .schedule(plan.schedule)
+            .problem(problem)
+            .dtype(T::DTYPE)
+            .timeout(Duration::from_millis(args.timeout_ms))
+            .modules(modules.clone())
+            .args(operands.device_args());
+        let builder = match operands.tensor_scales() {
+            Some((sa, sb)) => builder.fp8_scales(sa, sb),
+            None => builder,
+        };
+        dists.push(builder.build()?);
     }
     let configs: Vec<TimingConfig> = plans
         .iter()

@@ -105,6 +105,8 @@ pub use node::{
     KERNEL_SIGNAL_VALUE, Node, PeerCopyNode,
 };
 pub use shard::{DeviceInputs, Fp8DeviceInputs, Fp8Inputs, GlobalInputs, SizeError, random_normal};
+#[cfg(any(feature = "cli", feature = "baselines"))]
+pub(crate) use shard::{random_e4m3, random_scales};
 
 use crate::problem::Problem;
 pub use crate::schedule::RsPartials;

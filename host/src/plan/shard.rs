@@ -189,7 +189,7 @@ pub struct Fp8Inputs<T> {
 
 /// `len` e4m3 codes of `16·x`, x from N(0, 1), never zero (16σ keeps typical values in the
 /// normal range, well below the saturation at 448).
-fn random_e4m3(len: usize, rng: &mut StdRng) -> Vec<E4m3> {
+pub(crate) fn random_e4m3(len: usize, rng: &mut StdRng) -> Vec<E4m3> {
     (0..len)
         .map(|_| {
             loop {
@@ -205,7 +205,7 @@ fn random_e4m3(len: usize, rng: &mut StdRng) -> Vec<E4m3> {
 
 /// `len` positive scales `2^u`, u uniform in [−6, −2): a product `sa·sb` of at most 2^-4
 /// keeps `Σ_k a·b` of 16σ codes far inside f16's range for every preset's K.
-fn random_scales(len: usize, rng: &mut StdRng) -> Vec<f32> {
+pub(crate) fn random_scales(len: usize, rng: &mut StdRng) -> Vec<f32> {
     (0..len)
         .map(|_| 2f32.powf(rng.random_range(-6.0f32..-2.0)))
         .collect()
