@@ -1030,7 +1030,7 @@ fn tune_without_gpus_exits_2_and_bad_tables_are_refused_first() {
         ("--reps 0", "--reps must be between 1 and"),
         ("--rounds 0", "--rounds must be between 1 and"),
         ("--rs-partials push", "drop --rs-partials"),
-        ("--dtype e4m3", "FP8"),
+        ("--scales row", "--scales applies to --dtype e4m3 only"),
     ];
     for (extra, want) in cases {
         let line = format!(

@@ -21,6 +21,7 @@ Examples:
   distgemm run  --schedule rs-a --tp 2 --m 256 --n 512 --k 384 --ranks 2 --check
   distgemm bench --schedule ag-a --tp 2 --preset llama3-70b-fc1 --auto --format json
   distgemm trace --schedule ag-a --tp 4 --m 256 --n 256 --k 256 --backend cpu --out trace
+  distgemm trace --schedule rs-a --tp 2 --preset llama3-70b-fc2 --backend cuda --ranks 2 --out trace
   distgemm tune --schedule rs-a --tp 2 --preset llama3-70b-fc2 --tokens 1024 --out tuning.json
 
 Exit status:
