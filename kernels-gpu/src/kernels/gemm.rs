@@ -265,6 +265,10 @@ macro_rules! config {
             /// fragment back with `ldmatrix`, and the sum `alpha·acc + beta·C` goes back with
             /// `stmatrix`. Each warp touches only its own 16 rows, so the read and the overwrite
             /// need no barrier between them.
+            // The row-wise prefetch's `sb_next = …` in a tile's last chunk sits behind
+            // `i + 1 < CHUNKS`, false there once `seq!` has unrolled the chunks; the liveness
+            // lint runs before that is folded and calls the assignment unread.
+            #[allow(unused_assignments)]
             #[inline(always)]
             unsafe fn epilogue_staged<T: InputType>(
                 p: &GemmParams,
