@@ -3,10 +3,10 @@
 //!
 //! Everything that can be refused without a GPU is refused first (exit status 2): the
 //! arguments, a problem neither schedule of the family can run, an unusable existing table at
-//! `--out`, an unusable
-//! `DISTGEMM_PTX`; then a machine without TP Hopper GPUs with peer access. On the GPUs, both candidates (the family's
-//! pipelined schedule, with partials read, as `Auto` runs it, and its single-stage schedule)
-//! are built at once, each a [`DistGemm`] over its own random shards, and timed in
+//! `--out`, an unusable `DISTGEMM_PTX`; then a machine without TP Hopper GPUs with peer
+//! access. On the GPUs, every candidate (the family's pipelined schedule — for a
+//! reduce-scatter with its partials read and pushed — and its single-stage schedule) is
+//! built at once, each a [`DistGemm`] over its own random shards, and timed in
 //! `--rounds` [`interleaved`] rounds (order reversed every other round): each block starts
 //! with about `--settle-ms` of untimed runs (counted from the rule's estimate of one run),
 //! then `--reps / --rounds` runs timed with CUDA events on every GPU
@@ -103,27 +103,36 @@ fn check_options(args: &TuneArgs) -> Result<(), CliError> {
     }
     if args.problem.rs_partials != RsPartials::Read {
         return Err(CliError::Usage(
-            "tune measures the partials read, as Auto runs them; drop --rs-partials".into(),
+            "tune measures a reduce-scatter's partials both read and pushed; drop --rs-partials"
+                .into(),
         ));
     }
     Ok(())
 }
 
-/// The plans of `family`'s pipelined and single-stage schedules that can run `problem` (at
-/// least one, else the pipelined schedule's reason).
+/// The plans of `family`'s pipelined schedule (a reduce-scatter's with partials read and
+/// pushed; pushing only from TP 2, where there are partials to move) and its single-stage
+/// schedule that can run `problem` (at least one, else the pipelined schedule's reason).
 fn candidate_plans(
     family: ScheduleKind,
     problem: Problem,
     tp: usize,
 ) -> Result<Vec<Plan>, CliError> {
     let (pipelined, single) = family.family();
-    let build = |kind| Plan::build_with(kind, problem, tp, PlanOptions::default());
-    let plans: Vec<Plan> = [pipelined, single]
+    let build =
+        |kind, rs_partials| Plan::build_with(kind, problem, tp, PlanOptions { rs_partials });
+    let push = RsPartials::applies_to(pipelined) && tp > 1;
+    let mut kinds = vec![(pipelined, RsPartials::Read)];
+    if push {
+        kinds.push((pipelined, RsPartials::Push));
+    }
+    kinds.push((single, RsPartials::Read));
+    let plans: Vec<Plan> = kinds
         .into_iter()
-        .filter_map(|kind| build(kind).ok())
+        .filter_map(|(kind, partials)| build(kind, partials).ok())
         .collect();
     if plans.is_empty() {
-        build(pipelined)?;
+        build(pipelined, RsPartials::Read)?;
     }
     Ok(plans)
 }
@@ -193,9 +202,10 @@ fn round_ms(ms: f64) -> f64 {
 }
 
 /// A candidate's entry in the table from its timing over all rounds.
-fn candidate(schedule: ScheduleKind, t: &Timing) -> Candidate {
+fn candidate(plan: &Plan, t: &Timing) -> Candidate {
     Candidate {
-        schedule,
+        schedule: plan.schedule,
+        rs_partials: plan.rs_partials,
         median_ms: round_ms(t.median_ms),
         min_ms: round_ms(t.min_ms),
         max_ms: round_ms(t.max_ms),
@@ -227,6 +237,7 @@ fn measure<T: Element + DeviceCopy>(
             .devices(gpus.to_vec())
             .tp(tp)
             .schedule(plan.schedule)
+            .rs_partials(plan.rs_partials)
             .problem(problem)
             .dtype(T::DTYPE)
             .timeout(Duration::from_millis(args.timeout_ms))
@@ -269,7 +280,7 @@ fn measure<T: Element + DeviceCopy>(
     plans
         .iter()
         .zip(samples)
-        .map(|(plan, s)| Ok(candidate(plan.schedule, &Timing::from_devices(s?)?)))
+        .map(|(plan, s)| Ok(candidate(plan, &Timing::from_devices(s?)?)))
         .collect()
 }
 
@@ -298,12 +309,23 @@ fn provenance(gpus: &[Gpu], m: usize) -> Provenance {
     }
 }
 
-/// How much less time the entry's choice takes than the rule's, as a fraction of the rule's
-/// (0 when they agree; `None` when the rule's schedule was not measured).
+/// How much less time the entry's choice takes than the rule's (its schedule with partials
+/// read, as `Auto` runs it without a table), as a fraction of the rule's (0 when they agree;
+/// `None` when the rule's schedule was not measured).
 fn gain_over_rule(entry: &TuningEntry, rule: ScheduleKind) -> Option<f64> {
-    let chosen = entry.median_ms(entry.choice)?;
-    let ruled = entry.median_ms(rule)?;
+    let chosen = entry.median_ms(entry.choice, entry.rs_partials)?;
+    let ruled = entry.median_ms(rule, RsPartials::Read)?;
     Some((ruled - chosen) / ruled)
+}
+
+/// A candidate's name in the report: the schedule, and for a pipelined reduce-scatter how
+/// its partials move.
+fn candidate_name(schedule: ScheduleKind, rs_partials: RsPartials) -> String {
+    if RsPartials::applies_to(schedule) {
+        format!("{} ({})", schedule.cli_name(), rs_partials.cli_name())
+    } else {
+        schedule.cli_name().to_owned()
+    }
 }
 
 /// The text report: one line per candidate, then the choice against the rule's.
@@ -316,22 +338,25 @@ fn render_report(entry: &TuningEntry, problem: &Problem, rule: ScheduleKind) -> 
         entry.key.tokens
     );
     for c in &entry.candidates {
-        let mark = if c.schedule == entry.choice {
+        let mark = if c.schedule == entry.choice && c.rs_partials == entry.rs_partials {
             "  <- fastest"
         } else {
             ""
         };
         text.push_str(&format!(
             "  {:<12} median {:.4} ms, min {:.4} ms, max {:.4} ms ({} reps){mark}\n",
-            c.schedule.cli_name(),
+            candidate_name(c.schedule, c.rs_partials),
             c.median_ms,
             c.min_ms,
             c.max_ms,
             c.reps
         ));
     }
+    let chosen = candidate_name(entry.choice, entry.rs_partials);
     let verdict = match gain_over_rule(entry, rule) {
-        _ if rule == entry.choice => "the rule picks the same".to_owned(),
+        _ if rule == entry.choice && entry.rs_partials == RsPartials::Read => {
+            "the rule picks the same".to_owned()
+        }
         Some(gain) => format!(
             "the rule picks {}; the tuned choice takes {:.1} % less time",
             rule.cli_name(),
@@ -339,7 +364,7 @@ fn render_report(entry: &TuningEntry, problem: &Problem, rule: ScheduleKind) -> 
         ),
         None => format!("the rule picks {} (not measured)", rule.cli_name()),
     };
-    text.push_str(&format!("chosen: {}; {verdict}\n", entry.choice.cli_name()));
+    text.push_str(&format!("chosen: {chosen}; {verdict}\n"));
     text
 }
 
@@ -360,9 +385,10 @@ mod tests {
         let key = TuningKey::of("NVIDIA H200", 2, ReduceScatterTilingA, &problem);
         let piped = timing(vec![vec![0.19, 0.194, 0.2], vec![0.193, 0.195, 0.1941]]);
         let single = timing(vec![vec![0.12, 0.121, 0.119], vec![0.118, 0.12, 0.125]]);
+        let plan = |kind| Plan::build_with(kind, problem, 2, PlanOptions::default()).unwrap();
         let candidates = vec![
-            candidate(ReduceScatterTilingA, &piped),
-            candidate(ReduceScatterSingleStageA, &single),
+            candidate(&plan(ReduceScatterTilingA), &piped),
+            candidate(&plan(ReduceScatterSingleStageA), &single),
         ];
         let provenance = Provenance {
             unix_seconds: 0,
@@ -395,7 +421,7 @@ mod tests {
         assert_eq!(
             text,
             "tune rs-a TP=2 M=256 N=8192 K=28672 bf16 on NVIDIA H200 (token bucket 256):\n  \
-             rs-a         median 0.1941 ms, min 0.1930 ms, max 0.2000 ms (3 reps)\n  \
+             rs-a (read)  median 0.1941 ms, min 0.1930 ms, max 0.2000 ms (3 reps)\n  \
              rs-a-single  median 0.1200 ms, min 0.1200 ms, max 0.1250 ms (3 reps)  <- fastest\n\
              chosen: rs-a-single; the rule picks rs-a; the tuned choice takes 38.2 % less time\n"
         );
@@ -403,6 +429,45 @@ mod tests {
         assert!(
             same.ends_with("chosen: rs-a-single; the rule picks the same\n"),
             "{same}"
+        );
+    }
+
+    #[test]
+    fn a_faster_push_is_the_choice_and_its_gain_is_over_the_rules_read() {
+        let problem = Preset::Llama3_70bFc2.problem(4096);
+        let plans = candidate_plans(ReduceScatterTilingA, problem, 2).unwrap();
+        let times = [
+            timing(vec![vec![1.0, 1.0, 1.0]]),
+            timing(vec![vec![0.9, 0.9, 0.9]]),
+            timing(vec![vec![1.2, 1.2, 1.2]]),
+        ];
+        let candidates = plans
+            .iter()
+            .zip(&times)
+            .map(|(p, t)| candidate(p, t))
+            .collect();
+        let key = TuningKey::of("NVIDIA H200", 2, ReduceScatterTilingA, &problem);
+        let provenance = Provenance {
+            unix_seconds: 0,
+            commit: "test".into(),
+            machine: "host: 2× NVIDIA H200".into(),
+            m: 4096,
+        };
+        let e = TuningEntry::from_measurements(key, candidates, provenance).unwrap();
+        assert_eq!(
+            (e.choice, e.rs_partials),
+            (ReduceScatterTilingA, RsPartials::Push)
+        );
+        let gain = gain_over_rule(&e, ReduceScatterTilingA).unwrap();
+        assert!((gain - 0.1).abs() < 1e-12, "{gain}");
+        let text = render_report(&e, &problem, ReduceScatterTilingA);
+        assert!(text.contains("rs-a (push)  median 0.9000 ms"), "{text}");
+        assert!(text.contains("(3 reps)  <- fastest"), "{text}");
+        assert!(
+            text.ends_with(
+                "chosen: rs-a (push); the rule picks rs-a; the tuned choice takes 10.0 % less time\n"
+            ),
+            "{text}"
         );
     }
 
@@ -456,9 +521,34 @@ mod tests {
     #[test]
     fn both_schedules_of_the_family_are_candidates_when_both_run() {
         let problem = Preset::Llama3_70bFc2.problem(256);
-        let plans = candidate_plans(ReduceScatterTilingA, problem, 2).unwrap();
-        let kinds: Vec<ScheduleKind> = plans.iter().map(|p| p.schedule).collect();
-        assert_eq!(kinds, vec![ReduceScatterTilingA, ReduceScatterSingleStageA]);
+        let kinds = |family, tp| -> Vec<(ScheduleKind, RsPartials)> {
+            let plans = candidate_plans(family, problem, tp).unwrap();
+            plans.iter().map(|p| (p.schedule, p.rs_partials)).collect()
+        };
+        // A pipelined reduce-scatter with partials read and pushed, from TP 2.
+        let (read, push) = (RsPartials::Read, RsPartials::Push);
+        assert_eq!(
+            kinds(ReduceScatterTilingA, 2),
+            vec![
+                (ReduceScatterTilingA, read),
+                (ReduceScatterTilingA, push),
+                (ReduceScatterSingleStageA, read)
+            ]
+        );
+        assert_eq!(
+            kinds(ReduceScatterTilingA, 1),
+            vec![
+                (ReduceScatterTilingA, read),
+                (ReduceScatterSingleStageA, read)
+            ]
+        );
+        assert_eq!(
+            kinds(ScheduleKind::AllGatherRotatingA, 2),
+            vec![
+                (ScheduleKind::AllGatherRotatingA, read),
+                (ScheduleKind::AllGatherSingleStageA, read)
+            ]
+        );
         assert!(matches!(
             candidate_plans(ReduceScatterTilingA, Preset::Llama3_70bFc2.problem(201), 2),
             Err(CliError::Plan(_))

@@ -49,7 +49,7 @@ use std::fmt;
 use super::tuning::{LoadedTable, TuningKey};
 use crate::gemm::{choose_variant, estimated_cost};
 use crate::problem::Problem;
-use crate::schedule::{Collective, ScheduleKind, can_implement};
+use crate::schedule::{Collective, RsPartials, ScheduleKind, can_implement};
 
 /// The GPU `Auto` assumes when it is given none (planning without a GPU): the one its model
 /// was measured on, by the name the driver gives it.
@@ -273,10 +273,23 @@ pub struct Resolution {
     pub source: ScheduleSource,
     /// The rule's choice and estimates (`None` for a fixed schedule).
     pub rule: Option<AutoChoice>,
+    /// How partials move, where a tuning table's entry decided it (its measured choice);
+    /// `None` otherwise (the builder's setting, read by default, applies).
+    pub rs_partials: Option<RsPartials>,
+}
+
+impl Resolution {
+    /// The partials mode that runs: the builder's `explicit` setting, else the tuning
+    /// table's, else [`RsPartials::Read`].
+    #[must_use]
+    pub fn rs_partials_with(&self, explicit: Option<RsPartials>) -> RsPartials {
+        explicit.or(self.rs_partials).unwrap_or_default()
+    }
 }
 
 /// [`choose_schedule`], unless `table` has an entry for the problem ([`LoadedTable`]'s
-/// lookup on `gpu`, the driver's name of the GPU) whose choice can run it: then that choice.
+/// lookup on `gpu`, the driver's name of the GPU) whose choice can run it: then that choice,
+/// with the entry's partials mode.
 /// Pure and deterministic in the table's contents.
 #[must_use]
 pub fn choose_schedule_tuned(
@@ -300,6 +313,7 @@ pub fn choose_schedule_tuned(
                     exact: found.exact,
                 },
                 rule: Some(rule),
+                rs_partials: Some(found.entry.rs_partials.effective(choice)),
             },
         )
     });
@@ -307,6 +321,7 @@ pub fn choose_schedule_tuned(
         schedule: rule.schedule,
         source: ScheduleSource::Rule,
         rule: Some(rule),
+        rs_partials: None,
     })
 }
 

@@ -63,6 +63,7 @@ impl ScheduleChoice {
                 schedule: kind,
                 source: ScheduleSource::Fixed,
                 rule: None,
+                rs_partials: None,
             },
             ScheduleChoice::Auto(family) => {
                 let model = MachineModel {
@@ -103,7 +104,7 @@ pub struct DistGemmBuilder<'a> {
     args: Option<Vec<DeviceArgs<'a>>>,
     modules: Vec<Arc<Module>>,
     share_gpus: bool,
-    rs_partials: RsPartials,
+    rs_partials: Option<RsPartials>,
     tuning: Option<Arc<LoadedTable>>,
     fp8_scales: Option<[f32; 2]>,
     #[cfg(feature = "testing")]
@@ -148,12 +149,12 @@ impl<'a> DistGemmBuilder<'a> {
         }
     }
 
-    /// How the pipelined reduce-scatter schedules move partial sums (default
-    /// [`RsPartials::Read`]; ignored by other schedules, also when `Auto` picks one). `Auto`
-    /// never picks [`RsPartials::Push`]: it stays `Read` until pushing is measured.
+    /// How the pipelined reduce-scatter schedules move partial sums (ignored by other
+    /// schedules, also when `Auto` picks one). Unset: a tuning table's measured choice where
+    /// `Auto` found an entry, else [`RsPartials::Read`] (the rule has no model of pushes yet).
     pub fn rs_partials(self, rs_partials: RsPartials) -> Self {
         DistGemmBuilder {
-            rs_partials,
+            rs_partials: Some(rs_partials),
             ..self
         }
     }
@@ -276,12 +277,13 @@ impl<'a> DistGemmBuilder<'a> {
         if tp == 0 {
             return Err(DistGemmError::Missing("at least one device"));
         }
+        let resolution = self.resolution()?;
         Ok(Plan::build_with(
-            self.resolved_schedule()?,
+            resolution.schedule,
             self.resolved_problem()?,
             tp,
             PlanOptions {
-                rs_partials: self.rs_partials,
+                rs_partials: resolution.rs_partials_with(self.rs_partials),
             },
         )?)
     }

@@ -35,7 +35,7 @@ pub struct RankGemmBuilder {
     timeout: Option<Duration>,
     allow_shared_gpu: bool,
     module: Option<Arc<Module>>,
-    rs_partials: RsPartials,
+    rs_partials: Option<RsPartials>,
     tuning: Option<Arc<LoadedTable>>,
     fp8_scales: Option<[f32; 2]>,
 }
@@ -76,12 +76,12 @@ impl RankGemmBuilder {
         }
     }
 
-    /// How the pipelined reduce-scatter schedules move partial sums (default
-    /// [`RsPartials::Read`]; ignored by other schedules); every rank must give the same.
-    /// `Auto` never picks [`RsPartials::Push`]: it stays `Read` until pushing is measured.
+    /// How the pipelined reduce-scatter schedules move partial sums (ignored by other
+    /// schedules); every rank must give the same. Unset: a tuning table's measured choice
+    /// where `Auto` found an entry, else [`RsPartials::Read`].
     pub fn rs_partials(self, rs_partials: RsPartials) -> Self {
         RankGemmBuilder {
-            rs_partials,
+            rs_partials: Some(rs_partials),
             ..self
         }
     }
@@ -137,16 +137,17 @@ impl RankGemmBuilder {
     /// The plan a group of `tp` ranks would run (no GPU needed: `Auto` assumes an H200
     /// unless a GPU was given).
     pub fn plan(&self, tp: usize) -> Result<Plan, DistGemmError> {
-        self.plan_of(tp, self.resolution(tp)?.schedule)
+        self.plan_of(tp, &self.resolution(tp)?)
     }
 
-    /// The plan of `schedule` for a group of `tp` ranks.
-    fn plan_of(&self, tp: usize, schedule: ScheduleKind) -> Result<Plan, DistGemmError> {
+    /// The plan of `resolved` (its schedule, and its partials unless this builder sets them)
+    /// for a group of `tp` ranks.
+    fn plan_of(&self, tp: usize, resolved: &Resolution) -> Result<Plan, DistGemmError> {
         let problem = self.problem.ok_or(DistGemmError::Missing("a problem"))?;
         let options = PlanOptions {
-            rs_partials: self.rs_partials,
+            rs_partials: resolved.rs_partials_with(self.rs_partials),
         };
-        Ok(Plan::build_with(schedule, problem, tp, options)?)
+        Ok(Plan::build_with(resolved.schedule, problem, tp, options)?)
     }
 
     /// The schedule a group of `tp` ranks would run and who decided it (`Auto` reads the
@@ -180,7 +181,7 @@ impl RankGemmBuilder {
             .as_ref()
             .map_or_else(ToString::to_string, |r| r.source.to_string());
         let resolved = resolution.as_ref().ok().map(|r| r.schedule);
-        let local = resolution.and_then(|r| self.prepare(rank, world, r.schedule));
+        let local = resolution.and_then(|r| self.prepare(rank, world, &r));
         let (plan_schedule, problem, rs_partials) = match &local {
             Ok(l) => (l.plan.schedule, l.plan.problem, l.plan.rs_partials),
             // Without a plan, the schedule resolved (so that it agrees with the source), else
@@ -193,7 +194,7 @@ impl RankGemmBuilder {
                         })
                 }),
                 self.problem.unwrap_or(Problem::new(0, 0, 0)),
-                self.rs_partials,
+                self.rs_partials.unwrap_or_default(),
             ),
         };
         let hello = Hello {
@@ -267,9 +268,9 @@ impl RankGemmBuilder {
         &self,
         rank: usize,
         world: usize,
-        schedule: ScheduleKind,
+        resolved: &Resolution,
     ) -> Result<Local, DistGemmError> {
-        let plan = self.plan_of(world, schedule)?;
+        let plan = self.plan_of(world, resolved)?;
         validate_fp8_scales(&plan, self.fp8_scales)?;
         let gpu = self.gpu.clone().ok_or(DistGemmError::Missing("a GPU"))?;
         if rank >= world {
@@ -591,6 +592,7 @@ mod tests {
     fn pipelined_faster(problem: &Problem) -> Arc<LoadedTable> {
         let candidate = |schedule, median_ms| Candidate {
             schedule,
+            rs_partials: RsPartials::Read,
             median_ms,
             min_ms: median_ms,
             max_ms: median_ms,

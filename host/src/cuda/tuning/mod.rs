@@ -1,9 +1,9 @@
 //! Tuning tables: measured schedule choices that [`Auto`](super::auto) prefers to its cost
 //! model.
 //!
-//! `distgemm tune` times the two schedules of a family (pipelined and single-stage) on the
-//! GPUs in interleaved rounds and records, for one shape bucket, which was faster and every
-//! candidate's times. `Auto` then looks the problem up: an entry of the same GPU, TP, problem
+//! `distgemm tune` times the schedules of a family (pipelined and single-stage; a pipelined
+//! reduce-scatter with its partials read and pushed) on the GPUs in interleaved rounds and
+//! records, for one shape bucket, which was faster and every candidate's times. `Auto` then looks the problem up: an entry of the same GPU, TP, problem
 //! kind, family, N and K, with the problem's token bucket if there is one, else a neighbouring
 //! token bucket (one octave, a factor of 2 in tokens, away; a farther entry says nothing about
 //! this M); without a matching entry it uses the rule. The table is a file named by
@@ -18,10 +18,11 @@
 //!   "entries": [{
 //!     "key": {"gpu": "NVIDIA H200", "tp": 2, "dtype": "bf16", "family": "rs-a",
 //!             "tokens": 256, "n": 8192, "k": 28672},
-//!     "choice": "rs-a-single",
+//!     "choice": "rs-a-single", "rs_partials": "read",
 //!     "candidates": [
-//!       {"schedule": "rs-a", "median_ms": 0.194, "min_ms": 0.19, "max_ms": 0.2, "reps": 60},
-//!       {"schedule": "rs-a-single", "median_ms": 0.12, "min_ms": 0.118, "max_ms": 0.13, "reps": 60}
+//!       {"schedule": "rs-a", "rs_partials": "read", "median_ms": 0.194, "min_ms": 0.19, "max_ms": 0.2, "reps": 60},
+//!       {"schedule": "rs-a", "rs_partials": "push", "median_ms": 0.201, "min_ms": 0.197, "max_ms": 0.21, "reps": 60},
+//!       {"schedule": "rs-a-single", "rs_partials": "read", "median_ms": 0.12, "min_ms": 0.118, "max_ms": 0.13, "reps": 60}
 //!     ],
 //!     "provenance": {"unix_seconds": 1796132000, "commit": "c0987df", "machine": "node7: 2× NVIDIA H200", "m": 256}
 //!   }]
@@ -34,8 +35,11 @@
 //!   a schedule of that family (CLI names);
 //! - `tokens` is the bucket of M ([`token_bucket`]: M rounded to the nearest power of two),
 //!   N and K are exact;
-//! - `choice` is normally the candidate with the smallest median (ties to the single-stage
-//!   schedule, as the rule's); an edited table may name another candidate.
+//! - `choice` and `rs_partials` are normally the candidate with the smallest median (ties to
+//!   the single-stage schedule, as the rule's, then to partials read); an edited table may
+//!   name another candidate. `rs_partials` (`read` or `push`, only a pipelined reduce-scatter
+//!   pushes) may be absent, meaning `read`: tables written before pushes were tuned load
+//!   unchanged. `Auto` runs the entry's mode unless the builder sets one.
 //!
 //! Loading refuses, with a [`TuningError`] naming the file: anything but a regular file of at
 //! most [`MAX_TABLE_BYTES`], malformed JSON or unknown fields, another version, and entries

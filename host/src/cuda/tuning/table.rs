@@ -7,7 +7,7 @@ use super::{MAX_BUCKET_OCTAVES, MAX_TP, TABLE_VERSION, TuningError};
 use crate::dtype::Dtype;
 use crate::fp8::ScaleMode;
 use crate::problem::Problem;
-use crate::schedule::ScheduleKind;
+use crate::schedule::{RsPartials, ScheduleKind};
 
 /// A tuning table: measured choices, one per key.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -111,6 +111,10 @@ pub struct Candidate {
     /// The schedule timed.
     #[serde(with = "schedule_name")]
     pub schedule: ScheduleKind,
+    /// How its partials moved (a pipelined reduce-scatter's read or push; `read` for every
+    /// other schedule, and when absent, in tables written before pushes were tuned).
+    #[serde(default)]
+    pub rs_partials: RsPartials,
     /// The slowest GPU's median repetition, over every round ([`crate::timing::Timing`]).
     pub median_ms: f64,
     /// Fastest repetition.
@@ -144,6 +148,9 @@ pub struct TuningEntry {
     /// The schedule `Auto` runs for the key.
     #[serde(with = "schedule_name")]
     pub choice: ScheduleKind,
+    /// How the choice moves partials (`read` when absent).
+    #[serde(default)]
+    pub rs_partials: RsPartials,
     /// Every candidate's times.
     pub candidates: Vec<Candidate>,
     /// Where and when.
@@ -151,36 +158,37 @@ pub struct TuningEntry {
 }
 
 impl TuningEntry {
-    /// The entry of a measurement: `choice` is the candidate with the smallest median (on a
-    /// tie the single-stage schedule, as the rule's). `None` without candidates.
+    /// The entry of a measurement: `choice` and `rs_partials` are the candidate's with the
+    /// smallest median (on a tie the single-stage schedule, as the rule's, then partials
+    /// read). `None` without candidates.
     #[must_use]
     pub fn from_measurements(
         key: TuningKey,
         candidates: Vec<Candidate>,
         provenance: Provenance,
     ) -> Option<TuningEntry> {
-        let best = candidates
-            .iter()
-            .min_by(|a, b| {
-                a.median_ms
-                    .total_cmp(&b.median_ms)
-                    .then(a.schedule.is_pipelined().cmp(&b.schedule.is_pipelined()))
-            })?
-            .schedule;
+        let best = candidates.iter().min_by(|a, b| {
+            a.median_ms
+                .total_cmp(&b.median_ms)
+                .then(a.schedule.is_pipelined().cmp(&b.schedule.is_pipelined()))
+                .then((a.rs_partials == RsPartials::Push).cmp(&(b.rs_partials == RsPartials::Push)))
+        })?;
+        let (choice, rs_partials) = (best.schedule, best.rs_partials);
         Some(TuningEntry {
             key,
-            choice: best,
+            choice,
+            rs_partials,
             candidates,
             provenance,
         })
     }
 
-    /// The measured median of `schedule`, if it was a candidate.
+    /// The measured median of `schedule` with partials `rs_partials`, if it was a candidate.
     #[must_use]
-    pub fn median_ms(&self, schedule: ScheduleKind) -> Option<f64> {
+    pub fn median_ms(&self, schedule: ScheduleKind, rs_partials: RsPartials) -> Option<f64> {
         self.candidates
             .iter()
-            .find(|c| c.schedule == schedule)
+            .find(|c| c.schedule == schedule && c.rs_partials == rs_partials)
             .map(|c| c.median_ms)
     }
 
@@ -214,7 +222,12 @@ impl TuningEntry {
             return Some("no candidates".into());
         }
         for (i, c) in self.candidates.iter().enumerate() {
-            let s = c.schedule.cli_name();
+            let s = format!("{} ({})", c.schedule.cli_name(), c.rs_partials.cli_name());
+            if c.rs_partials == RsPartials::Push && !RsPartials::applies_to(c.schedule) {
+                return Some(format!(
+                    "candidate {s}: only a pipelined reduce-scatter pushes"
+                ));
+            }
             if c.schedule.pipelined() != key.family {
                 return Some(format!(
                     "candidate {s} is not of family {}",
@@ -223,7 +236,7 @@ impl TuningEntry {
             }
             if self.candidates[..i]
                 .iter()
-                .any(|d| d.schedule == c.schedule)
+                .any(|d| d.schedule == c.schedule && d.rs_partials == c.rs_partials)
             {
                 return Some(format!("candidate {s} is listed twice"));
             }
@@ -244,10 +257,11 @@ impl TuningEntry {
                 return Some(format!("candidate {s}: 0 repetitions"));
             }
         }
-        if self.median_ms(self.choice).is_none() {
+        if self.median_ms(self.choice, self.rs_partials).is_none() {
             return Some(format!(
-                "choice {} is not among the candidates",
-                self.choice.cli_name()
+                "choice {} ({}) is not among the candidates",
+                self.choice.cli_name(),
+                self.rs_partials.cli_name()
             ));
         }
         None

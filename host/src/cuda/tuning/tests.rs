@@ -8,14 +8,15 @@ use super::*;
 use crate::dtype::Dtype;
 use crate::fp8::ScaleMode;
 use crate::problem::{Preset, Problem};
-use crate::schedule::ScheduleKind;
 use crate::schedule::ScheduleKind::{
     AllGatherRotatingA, AllGatherSingleStageA, ReduceScatterSingleStageA, ReduceScatterTilingA,
 };
+use crate::schedule::{RsPartials, ScheduleKind};
 
 fn candidate(schedule: ScheduleKind, median_ms: f64) -> Candidate {
     Candidate {
         schedule,
+        rs_partials: RsPartials::Read,
         median_ms,
         // Times as `distgemm tune` records them, to 0.1 µs (they read back exactly).
         min_ms: ((median_ms * 0.9) * 1e4).round() / 1e4,
@@ -268,6 +269,16 @@ fn bad_tables_are_refused_with_the_reason() {
             "{\"schedule\":\"ag-a\"",
             "not of family rs-a",
         ),
+        (
+            "{\"schedule\":\"rs-a-single\",\"rs_partials\":\"read\"",
+            "{\"schedule\":\"rs-a-single\",\"rs_partials\":\"push\"",
+            "only a pipelined reduce-scatter pushes",
+        ),
+        (
+            "\"choice\":\"rs-a-single\",\"rs_partials\":\"read\"",
+            "\"choice\":\"rs-a-single\",\"rs_partials\":\"push\"",
+            "(push) is not among the candidates",
+        ),
     ];
     for (from, to, needle) in cases {
         let json = good_json();
@@ -349,4 +360,92 @@ fn an_unmatched_family_name_is_its_pipelined_schedule() {
     assert_eq!(key.family, AllGatherRotatingA);
     assert_eq!(key.tokens, 128);
     assert_eq!(key.to_string(), "g TP=2 bf16 ag-a M≈128 N=64 K=64");
+}
+
+/// A tuned push: the entry records the fastest candidate's partials mode, `Auto` takes it
+/// unless the builder sets one, and tables written before pushes were tuned read as `read`.
+#[test]
+fn a_measured_push_is_autos_partials_unless_the_builder_sets_them() {
+    let problem = Preset::Llama3_70bFc2.problem(4096);
+    let mut push = candidate(ReduceScatterTilingA, 0.9);
+    push.rs_partials = RsPartials::Push;
+    let entry = TuningEntry::from_measurements(
+        TuningKey::of("NVIDIA H200", 2, ReduceScatterTilingA, &problem),
+        vec![
+            candidate(ReduceScatterTilingA, 1.0),
+            push,
+            candidate(ReduceScatterSingleStageA, 1.2),
+        ],
+        provenance(4096),
+    )
+    .unwrap();
+    assert_eq!(
+        (entry.choice, entry.rs_partials),
+        (ReduceScatterTilingA, RsPartials::Push)
+    );
+    // (rs-a, read) and (rs-a, push) are two candidates, not one listed twice.
+    let t = table(vec![entry]);
+    let json = serde_json::to_string(&t).unwrap();
+    assert_eq!(TuningTable::from_json(&json, "t.json").unwrap(), t);
+    let loaded = std::sync::Arc::new(LoadedTable {
+        table: t,
+        path: "t.json".into(),
+        digest: 1,
+    });
+    let resolved = crate::cuda::choose_schedule_tuned(
+        ReduceScatterTilingA,
+        &problem,
+        2,
+        "NVIDIA H200",
+        &crate::cuda::MachineModel::H200,
+        Some(&loaded),
+    );
+    assert_eq!(resolved.schedule, ReduceScatterTilingA);
+    assert_eq!(resolved.rs_partials, Some(RsPartials::Push));
+    assert_eq!(resolved.rs_partials_with(None), RsPartials::Push);
+    assert_eq!(
+        resolved.rs_partials_with(Some(RsPartials::Read)),
+        RsPartials::Read
+    );
+    // The builders' plans: the table's push under Auto, the builder's setting over it, and
+    // read for a fixed schedule.
+    let builder = || {
+        crate::cuda::DistGemm::builder()
+            .tp(2)
+            .problem(problem)
+            .auto_schedule(ReduceScatterTilingA)
+            .tuning_table(std::sync::Arc::clone(&loaded))
+    };
+    // (The builder looks the table up under the name of an H200, as `tune` wrote it.)
+    let plan = builder().plan().unwrap();
+    assert_eq!(plan.rs_partials, RsPartials::Push);
+    let plan = builder().rs_partials(RsPartials::Read).plan().unwrap();
+    assert_eq!(plan.rs_partials, RsPartials::Read);
+    let fixed = crate::cuda::DistGemm::builder()
+        .tp(2)
+        .problem(problem)
+        .schedule(ReduceScatterTilingA)
+        .plan()
+        .unwrap();
+    assert_eq!(fixed.rs_partials, RsPartials::Read);
+    let rank = crate::cuda::RankGemm::builder()
+        .problem(problem)
+        .auto_schedule(ReduceScatterTilingA)
+        .tuning_table(std::sync::Arc::clone(&loaded))
+        .plan(2)
+        .unwrap();
+    assert_eq!(rank.rs_partials, RsPartials::Push);
+    // A table written before pushes were tuned: no `rs_partials` anywhere reads as read.
+    let old = serde_json::to_string(&table(vec![fc2_entry(256, 0.194, 0.120)]))
+        .unwrap()
+        .replace(",\"rs_partials\":\"read\"", "");
+    assert!(!old.contains("rs_partials"), "{old}");
+    let back = TuningTable::from_json(&old, "t.json").unwrap();
+    assert!(
+        back.entries[0]
+            .candidates
+            .iter()
+            .all(|c| c.rs_partials == RsPartials::Read)
+    );
+    assert_eq!(back.entries[0].rs_partials, RsPartials::Read);
 }
