@@ -300,12 +300,17 @@ fn trace_ranks(
     super::check_ptx_file()?;
     std::fs::create_dir_all(&args.out)
         .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", args.out.display())))?;
-    for rank in 0..ranks {
-        let _ = std::fs::remove_file(rank_file(&args.out, rank));
-    }
+    let remove_rank_files = || {
+        for rank in 0..ranks {
+            let _ = std::fs::remove_file(rank_file(&args.out, rank));
+        }
+    };
+    remove_rank_files();
     let runs = (WARMUP_RUNS + args.iters + 2) as u32;
     let bound = Duration::from_millis(args.timeout_ms).saturating_mul(runs);
-    super::ranks::spawn_ranks(ranks, plan.tp, args.share_gpu, bound)?;
+    // A failed group leaves no rank's file behind.
+    super::ranks::spawn_ranks(ranks, plan.tp, args.share_gpu, bound)
+        .inspect_err(|_| remove_rank_files())?;
     let mut timed = Vec::with_capacity(ranks);
     for rank in 0..ranks {
         let path = rank_file(&args.out, rank);
