@@ -67,7 +67,9 @@ pub(crate) enum Command {
     /// Runs the plan --iters times on random data and writes, into --out: trace.json (Chrome
     /// Trace Event format: open it in ui.perfetto.dev), timeline.svg, summary.txt and
     /// summary.json (per device and stage: compute, copy, wait and exposed communication);
-    /// prints the summary. Only the CPU executor can be traced so far (--backend cpu).
+    /// prints the summary. --backend cuda traces the GPUs through CUPTI's activity records
+    /// (one process, or one per rank with --ranks) and prints the cost of tracing;
+    /// --backend cpu traces the CPU executor (the schedule's structure, CPU times).
     Trace(TraceArgs),
     /// Measure which schedule of --schedule's family is faster and record it in a tuning table.
     ///
