@@ -895,6 +895,49 @@ const PIPELINED_AT_256: &str = r#"{"version": 1, "entries": [{
   "provenance": {"unix_seconds": 0, "commit": "test", "machine": "test: 2× NVIDIA H200", "m": 256}
 }]}"#;
 
+/// A tuning table in which rs-a at TP 2 (256 tokens, N = K = 512) ran fastest with its
+/// partials pushed.
+const PUSH_AT_256: &str = r#"{"version": 1, "entries": [{
+  "key": {"gpu": "NVIDIA H200", "tp": 2, "dtype": "bf16", "family": "rs-a",
+          "tokens": 256, "n": 512, "k": 512},
+  "choice": "rs-a", "rs_partials": "push",
+  "candidates": [
+    {"schedule": "rs-a", "rs_partials": "read", "median_ms": 0.02, "min_ms": 0.019, "max_ms": 0.03, "reps": 60},
+    {"schedule": "rs-a", "rs_partials": "push", "median_ms": 0.01, "min_ms": 0.009, "max_ms": 0.02, "reps": 60},
+    {"schedule": "rs-a-single", "median_ms": 0.03, "min_ms": 0.029, "max_ms": 0.04, "reps": 60}
+  ],
+  "provenance": {"unix_seconds": 0, "commit": "test", "machine": "test: 2× NVIDIA H200", "m": 256}
+}]}"#;
+
+/// `plan --auto` with a table whose entry pushed: the plan pushes and the note says so;
+/// `--rs-partials read` wins over the table; without `--auto` the table is not read.
+#[test]
+fn plan_auto_takes_a_tuned_push_unless_rs_partials_is_given() {
+    let dir = std::env::temp_dir().join(format!("distgemm-cli-push-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let table = dir.join("tuning.json");
+    std::fs::write(&table, PUSH_AT_256).unwrap();
+    let partials_of = |line: &str| -> (String, String) {
+        let out = distgemm_with_table(&words(line), Some(&table));
+        assert_eq!(out.status.code(), Some(0), "{line}: {}", text(&out.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let p = v["rs_partials"].as_str().unwrap_or("read").to_owned();
+        (p, text(&out.stderr))
+    };
+    let base = "plan --schedule rs-a --tp 2 --m 256 --n 512 --k 512 --format json";
+    let (p, note) = partials_of(&format!("{base} --auto"));
+    assert_eq!(p, "push");
+    assert!(
+        note.starts_with("note: --auto runs rs-a with pushed partials (family rs-a"),
+        "{note}"
+    );
+    let (p, _) = partials_of(&format!("{base} --auto --rs-partials read"));
+    assert_eq!(p, "read");
+    let (p, note) = partials_of(base);
+    assert_eq!((p.as_str(), note.as_str()), ("read", ""));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// `plan --auto` says which schedule `Auto` runs and who decided: the rule without a table,
 /// the table's entry when `DISTGEMM_TUNING` names one that matches (a token bucket one
 /// octave away too), the rule again for a shape or a bucket the table does not have; an

@@ -121,10 +121,10 @@ pub(crate) struct ProblemArgs {
     pub(crate) out_dtype: Option<Dtype>,
     /// How rs-a and rs-b move partial sums: read (the next stage's epilogue loads the left
     /// neighbour's partial over NVLink) or push (the left neighbour's copy engine pushes it
-    /// into the device's workspace; more workspace, not yet measured). Other schedules
-    /// ignore it, with a note.
-    #[arg(long, value_enum, default_value = "read")]
-    pub(crate) rs_partials: RsPartials,
+    /// into the device's workspace; more workspace). Default: read, or with --auto a tuning
+    /// table's measured choice. Other schedules ignore it, with a note.
+    #[arg(long, value_enum)]
+    pub(crate) rs_partials: Option<RsPartials>,
 }
 
 /// `--dtype`: a 16-bit type for everything, or e4m3 operands.
@@ -323,19 +323,20 @@ impl ProblemArgs {
         )?)
     }
 
-    /// The plan options the arguments give.
+    /// The plan options the arguments give (partials read unless `--rs-partials` says).
     pub(crate) fn plan_options(&self) -> PlanOptions {
         PlanOptions {
-            rs_partials: self.rs_partials,
+            rs_partials: self.rs_partials.unwrap_or_default(),
         }
     }
 
     /// A note when `--rs-partials` asks for something the schedule does not have.
     pub(crate) fn rs_partials_note(&self) -> Option<String> {
-        (self.rs_partials.effective(self.schedule) != self.rs_partials).then(|| {
+        let asked = self.rs_partials?;
+        (asked.effective(self.schedule) != asked).then(|| {
             format!(
                 "--rs-partials {} applies to rs-a and rs-b only; {} runs unchanged",
-                self.rs_partials.cli_name(),
+                asked.cli_name(),
                 self.schedule.cli_name()
             )
         })

@@ -128,9 +128,12 @@ fn bench_typed<T: Element + DeviceCopy>(
         .tp(tp)
         .problem(problem)
         .dtype(T::DTYPE)
-        .rs_partials(args.problem.rs_partials)
         .timeout(Duration::from_millis(args.timeout_ms))
         .modules(modules.clone());
+    let builder = match args.problem.rs_partials {
+        Some(p) => builder.rs_partials(p),
+        None => builder,
+    };
     let builder = if args.auto {
         builder.auto_schedule(requested)
     } else {

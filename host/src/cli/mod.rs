@@ -44,7 +44,7 @@ use thiserror::Error;
 use self::args::{Cli, Command, Format, PlanArgs};
 use crate::cpu::ExecError;
 use crate::cuda::{ASSUMED_GPU_NAME, DistGemm, DistGemmError, Resolution, ScheduleSource};
-use crate::plan::{Plan, PlanError, SizeError};
+use crate::plan::{Plan, PlanError, PlanOptions, RsPartials, SizeError};
 use crate::runtime::module::{PTX_ENV_VAR, PtxSource, read_ptx};
 use crate::runtime::{Gpu, RuntimeError, hopper_gpus};
 use crate::schedule::ScheduleKind;
@@ -314,12 +314,11 @@ fn cuda_devices(tp: usize) -> Result<Vec<Gpu>, String> {
 
 fn plan(args: &PlanArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), CliError> {
     let problem = args.problem.problem()?;
-    let schedule = if args.auto {
+    let (schedule, options) = if args.auto {
         let resolution = DistGemm::builder()
             .tp(args.problem.tp)
             .auto_schedule(args.problem.schedule)
             .problem(problem)
-            .rs_partials(args.problem.rs_partials)
             .resolution()
             .map_err(|e| match e {
                 DistGemmError::Tuning(e) => CliError::Tuning(e),
@@ -330,16 +329,12 @@ fn plan(args: &PlanArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result<(),
             "note: {}",
             auto_note(args.problem.schedule, &resolution)
         )?;
-        resolution.schedule
+        let rs_partials = resolution.rs_partials_with(args.problem.rs_partials);
+        (resolution.schedule, PlanOptions { rs_partials })
     } else {
-        args.problem.schedule
+        (args.problem.schedule, args.problem.plan_options())
     };
-    let plan = Plan::build_with(
-        schedule,
-        problem,
-        args.problem.tp,
-        args.problem.plan_options(),
-    )?;
+    let plan = Plan::build_with(schedule, problem, args.problem.tp, options)?;
     match args.format {
         Format::Table => write!(out, "{}", plan.render_table())?,
         Format::Json => writeln!(out, "{}", plan.to_json()?)?,
@@ -357,8 +352,12 @@ fn auto_note(requested: ScheduleKind, resolution: &Resolution) -> String {
         }
         _ => String::new(),
     };
+    let partials = match resolution.rs_partials {
+        Some(RsPartials::Push) => " with pushed partials",
+        _ => "",
+    };
     format!(
-        "--auto runs {} (family {}, for an {ASSUMED_GPU_NAME}): {}{rule}",
+        "--auto runs {}{partials} (family {}, for an {ASSUMED_GPU_NAME}): {}{rule}",
         resolution.schedule.cli_name(),
         requested.pipelined().cli_name(),
         resolution.source,

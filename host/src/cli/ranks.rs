@@ -146,7 +146,7 @@ pub(crate) fn join_rank(
     let builder = RankGemm::builder()
         .gpu(gpu.clone())
         .schedule(problem.schedule)
-        .rs_partials(problem.rs_partials)
+        .rs_partials(problem.plan_options().rs_partials)
         .problem(problem.problem()?)
         .timeout(Duration::from_millis(timeout_ms))
         .allow_shared_gpu(share_gpu);

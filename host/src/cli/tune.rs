@@ -101,7 +101,7 @@ fn check_options(args: &TuneArgs) -> Result<(), CliError> {
             "--timeout-ms must be at least 1 (it bounds every GPU wait)".into(),
         ));
     }
-    if args.problem.rs_partials != RsPartials::Read {
+    if args.problem.rs_partials.is_some() {
         return Err(CliError::Usage(
             "tune measures a reduce-scatter's partials both read and pushed; drop --rs-partials"
                 .into(),
