@@ -45,20 +45,23 @@ pub fn fill_normal<T: Element + DeviceCopy>(
     }
 }
 
-/// One device's operands of a plan, in `cuMemAlloc` memory (peers may read them).
+/// One device's operands of a plan, in `cuMemAlloc` memory (peers may read them): A and B
+/// as `O` (the element type, or e4m3 codes as `u8` for an FP8 plan), C and D as `T`.
 #[derive(Debug)]
-pub struct RandomShard<T: DeviceCopy> {
+pub struct RandomShard<T: DeviceCopy, O: DeviceCopy = T> {
     /// Shard of A.
-    pub a: DeviceBuffer<T>,
+    pub a: DeviceBuffer<O>,
     /// Shard of B.
-    pub b: DeviceBuffer<T>,
+    pub b: DeviceBuffer<O>,
     /// Shard of C: empty when the plan has none.
     pub c: DeviceBuffer<T>,
     /// Shard of D, poisoned with `0xFF` bytes (NaN in bf16 and f16).
     pub d: DeviceBuffer<T>,
+    /// Row-wise FP8's full scale vectors (M and N f32); `None` otherwise.
+    pub row_scales: Option<(DeviceBuffer<f32>, DeviceBuffer<f32>)>,
 }
 
-impl<T: DeviceCopy> RandomShard<T> {
+impl<T: DeviceCopy, O: DeviceCopy> RandomShard<T, O> {
     /// The buffers as a [`crate::cuda::DistGemm`]'s arguments for this device.
     pub fn device_args(&self) -> DeviceArgs<'_> {
         DeviceArgs {
@@ -66,7 +69,10 @@ impl<T: DeviceCopy> RandomShard<T> {
             b: BufferRef::of(&self.b),
             c: (!self.c.is_empty()).then(|| BufferRef::of(&self.c)),
             d: BufferRef::of(&self.d),
-            row_scales: None,
+            row_scales: self.row_scales.as_ref().map(|(a, b)| Fp8RowScales {
+                a: BufferRef::of(a),
+                b: BufferRef::of(b),
+            }),
         }
     }
 }
@@ -90,6 +96,7 @@ pub fn random_shards<T: Element + DeviceCopy>(
             b: alloc(BufferKind::B)?,
             c: alloc(BufferKind::C)?,
             d: alloc(BufferKind::D)?,
+            row_scales: None,
         };
         for (i, buf) in [&mut shard.a, &mut shard.b, &mut shard.c]
             .into_iter()
@@ -137,38 +144,6 @@ pub fn random_e4m3_bytes(len: usize, seed: u64) -> Vec<u8> {
     out
 }
 
-/// One device's operands of an FP8 plan: A and B as e4m3 codes (bytes), C and D in the
-/// output type, and for row-wise scales the full M and N scale vectors.
-#[derive(Debug)]
-pub struct RandomFp8Shard<T: DeviceCopy> {
-    /// Shard of A, e4m3 codes.
-    pub a: DeviceBuffer<u8>,
-    /// Shard of B, e4m3 codes.
-    pub b: DeviceBuffer<u8>,
-    /// Shard of C: empty when the plan has none.
-    pub c: DeviceBuffer<T>,
-    /// Shard of D, poisoned with `0xFF` bytes.
-    pub d: DeviceBuffer<T>,
-    /// Row-wise scales (M and N f32), `None` for tensor-wise.
-    pub row_scales: Option<(DeviceBuffer<f32>, DeviceBuffer<f32>)>,
-}
-
-impl<T: DeviceCopy> RandomFp8Shard<T> {
-    /// The buffers as a [`crate::cuda::DistGemm`]'s arguments for this device.
-    pub fn device_args(&self) -> DeviceArgs<'_> {
-        DeviceArgs {
-            a: BufferRef::of(&self.a),
-            b: BufferRef::of(&self.b),
-            c: (!self.c.is_empty()).then(|| BufferRef::of(&self.c)),
-            d: BufferRef::of(&self.d),
-            row_scales: self.row_scales.as_ref().map(|(a, b)| Fp8RowScales {
-                a: BufferRef::of(a),
-                b: BufferRef::of(b),
-            }),
-        }
-    }
-}
-
 /// Random operands of a plan in either element form, for `bench` and `tune`.
 #[derive(Debug)]
 pub enum RandomOperands<T: DeviceCopy> {
@@ -176,7 +151,7 @@ pub enum RandomOperands<T: DeviceCopy> {
     Plain(Vec<RandomShard<T>>),
     /// e4m3 A and B ([`random_fp8_operands`]), with the tensor-wise scales a builder takes
     /// (`None` for row-wise, whose vectors are in the shards).
-    Fp8(Vec<RandomFp8Shard<T>>, Option<(f32, f32)>),
+    Fp8(Vec<RandomShard<T, u8>>, Option<(f32, f32)>),
 }
 
 impl<T: DeviceCopy> RandomOperands<T> {
@@ -184,7 +159,7 @@ impl<T: DeviceCopy> RandomOperands<T> {
     pub fn device_args(&self) -> Vec<DeviceArgs<'_>> {
         match self {
             RandomOperands::Plain(s) => s.iter().map(RandomShard::device_args).collect(),
-            RandomOperands::Fp8(s, _) => s.iter().map(RandomFp8Shard::device_args).collect(),
+            RandomOperands::Fp8(s, _) => s.iter().map(RandomShard::device_args).collect(),
         }
     }
 
@@ -260,7 +235,7 @@ pub fn random_fp8_operands<T: Element + DeviceCopy>(
             )),
             None => None,
         };
-        shards.push(RandomFp8Shard {
+        shards.push(RandomShard {
             a: codes(BufferKind::A, 0)?,
             b: codes(BufferKind::B, 1)?,
             c,
