@@ -731,6 +731,11 @@ fn trace_writes_the_timeline_and_the_summary() {
             "trace --schedule ag-a --tp 2 --m 64 --n 64 --k 64 --backend cuda --ranks 3 --out x",
             "--ranks 3 must equal --tp 2",
         ),
+        // Without CUPTI (or without GPUs): one line before any rank starts.
+        (
+            "trace --schedule ag-a --tp 2 --m 64 --n 64 --k 64 --backend cuda --ranks 2 --out x",
+            "CUDA backend unavailable",
+        ),
     ] {
         assert_one_line_exit_2(&words(line), &distgemm(&words(line)), want);
     }

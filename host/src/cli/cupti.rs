@@ -64,10 +64,7 @@ impl Activity {
     /// Loads `libcupti` (a clear error if it is not found), registers the buffer callbacks
     /// and enables the kernel and copy kinds.
     pub(super) fn start() -> Result<Activity, CliError> {
-        REGISTERED
-            .get_or_init(register)
-            .clone()
-            .map_err(|e| CliError::CudaUnavailable(format!("the GPU trace needs CUPTI: {e}")))?;
+        check_available()?;
         if ACTIVE.swap(true, Ordering::AcqRel) {
             return Err(CliError::Usage(
                 "a CUPTI activity collection is already running in this process".into(),
@@ -132,6 +129,15 @@ impl Drop for Activity {
         DROPPED.store(0, Ordering::Release);
         ACTIVE.store(false, Ordering::Release);
     }
+}
+
+/// Loads `libcupti` and registers the callbacks (once per process): a clear error when the
+/// library is missing, before anything else is started.
+pub(super) fn check_available() -> Result<(), CliError> {
+    REGISTERED
+        .get_or_init(register)
+        .clone()
+        .map_err(|e| CliError::CudaUnavailable(format!("the GPU trace needs CUPTI: {e}")))
 }
 
 /// CUPTI's id of a graph node (what its records of the node's work carry).

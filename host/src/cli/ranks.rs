@@ -54,11 +54,7 @@ pub(crate) fn spawn_ranks(
     share_gpu: bool,
     runs: Duration,
 ) -> Result<(), CliError> {
-    if ranks != tp {
-        return Err(CliError::Usage(format!(
-            "--ranks {ranks} must equal --tp {tp} (one process per rank)"
-        )));
-    }
+    check_rank_count(ranks, tp)?;
     let gpus = device_count().map_err(|e| CliError::CudaUnavailable(e.to_string()))?;
     if !share_gpu && gpus < ranks {
         return Err(CliError::CudaUnavailable(format!(
@@ -121,6 +117,16 @@ pub(crate) fn spawn_ranks(
             code: u8::try_from(worst).unwrap_or(EXIT_RUN_FAILED),
             message: format!("{} failed", failed.join(", ")),
         });
+    }
+    Ok(())
+}
+
+/// `--ranks` must equal `--tp`: one process per rank.
+pub(crate) fn check_rank_count(ranks: usize, tp: usize) -> Result<(), CliError> {
+    if ranks != tp {
+        return Err(CliError::Usage(format!(
+            "--ranks {ranks} must equal --tp {tp} (one process per rank)"
+        )));
     }
     Ok(())
 }

@@ -23,9 +23,9 @@ use super::CliError;
 use super::args::{MAX_TRACE_ITERS, TraceArgs, TraceBackend};
 use serde::{Deserialize, Serialize};
 
-use super::cupti::{Activity, node_id};
+use super::cupti::{Activity, check_available, node_id};
 use super::memory::{self, Executor};
-use super::ranks::{RANK_ENV, join_rank, launch_iters, own_shard, rank_args};
+use super::ranks::{RANK_ENV, check_rank_count, join_rank, launch_iters, own_shard, rank_args};
 use super::run::{
     CPU_FLOP_CAP, fp8_host_shards, host_shards, load_modules, upload_shard, with_dist,
 };
@@ -298,6 +298,9 @@ fn trace_ranks(
         ));
     }
     super::check_ptx_file()?;
+    check_rank_count(ranks, plan.tp)?;
+    // A rank without CUPTI would fail only after its peers had joined and started waiting.
+    check_available()?;
     std::fs::create_dir_all(&args.out)
         .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", args.out.display())))?;
     let remove_rank_files = || {
