@@ -348,12 +348,15 @@ fn trace_rank(args: &TraceArgs, spec: &str) -> Result<(), CliError> {
     }
 }
 
-/// See [`trace_rank`]: the collection starts before the rank's graph is built.
+/// See [`trace_rank`]: the collection starts once the rank has joined, before its graph is
+/// built.
 fn trace_rank_typed<T: Element + DeviceCopy>(args: &TraceArgs, spec: &str) -> Result<(), CliError> {
-    let activity = Activity::start()?;
-    activity.pause()?;
     let (rank, rendezvous, gpu, builder) =
         join_rank(spec, &args.problem, args.timeout_ms, args.share_gpu)?;
+    // After joining (a failure here reaches the peers through the rendezvous), before the
+    // graph is built.
+    let activity = Activity::start()?;
+    activity.pause()?;
     let mut dg = builder.build(rendezvous)?;
     let plan = dg.plan().clone();
     let inputs = GlobalInputs::<T>::random(&plan.problem, args.seed);
