@@ -371,9 +371,7 @@ fn run_cuda<T: Element + DeviceCopy>(
     let modules = load_modules(&gpus)?;
     let inputs = GlobalInputs::<T>::random(&plan.problem, args.seed);
     let shards = host_shards(&plan, &inputs)?;
-    let timeout = Duration::from_millis(args.timeout_ms);
-    let drive = timed_runs(args.iters);
-    let (seconds_per_iter, d) = with_dist(timeout, &plan, gpus, modules, shards, None, drive)?;
+    let (seconds_per_iter, d) = timed_runs(args, &plan, gpus, modules, shards, None)?;
     report(args, &plan, "cuda", &inputs, &d, seconds_per_iter, out)
 }
 
@@ -390,9 +388,7 @@ fn run_cuda_fp8<T: Element + DeviceCopy>(
     let inputs = Fp8Inputs::<T>::random(&plan.problem, args.seed);
     let shards = fp8_host_shards(&plan, &inputs)?;
     let scales = Some(&inputs.scales);
-    let timeout = Duration::from_millis(args.timeout_ms);
-    let drive = timed_runs(args.iters);
-    let (seconds_per_iter, d) = with_dist(timeout, &plan, gpus, modules, shards, scales, drive)?;
+    let (seconds_per_iter, d) = timed_runs(args, &plan, gpus, modules, shards, scales)?;
     let checked = check_fp8(args, &plan, &inputs, &d)?;
     print_report(args, &plan, "cuda", checked, seconds_per_iter, out)
 }
@@ -432,16 +428,26 @@ pub(super) fn load_modules(gpus: &[Gpu]) -> Result<Vec<std::sync::Arc<Module>>, 
 /// One device's host operands: A and B (`O`: the element type, or e4m3 bytes), C if any.
 pub(super) type HostShard<O, T> = (Vec<O>, Vec<O>, Option<Vec<T>>);
 
-/// `run`'s use of a built [`DistGemm`]: `iters` runs, then the seconds per run.
-fn timed_runs(iters: usize) -> impl FnOnce(&mut DistGemm<'_>) -> Result<f64, CliError> {
-    move |dist| {
+/// `run`'s use of the GPUs (`modules` loaded first): [`with_dist`] bounded by
+/// `--timeout-ms`, then `--iters` runs queued back to back; returns the seconds per run (from
+/// the first launch to the end of the last) and the gathered D.
+fn timed_runs<O: DeviceCopy, T: Element + DeviceCopy>(
+    args: &RunArgs,
+    plan: &Plan,
+    gpus: Vec<Gpu>,
+    modules: Vec<std::sync::Arc<Module>>,
+    shards: Vec<HostShard<O, T>>,
+    scales: Option<&crate::fp8::Scales>,
+) -> Result<(f64, Vec<T>), CliError> {
+    let timeout = Duration::from_millis(args.timeout_ms);
+    with_dist(timeout, plan, gpus, modules, shards, scales, |dist| {
         let start = Instant::now();
-        for _ in 0..iters {
+        for _ in 0..args.iters {
             dist.run()?;
         }
         dist.wait()?;
-        Ok(start.elapsed().as_secs_f64() / iters as f64)
-    }
+        Ok(start.elapsed().as_secs_f64() / args.iters as f64)
+    })
 }
 
 /// Uploads every device's `shards` (and an FP8 problem's row-wise scale vectors), builds the
