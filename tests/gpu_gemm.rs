@@ -52,9 +52,15 @@ fn random_matrix<T: Element>(rng: &mut SmallRng, len: u64) -> Vec<T> {
 /// Runs of a split-K configuration after the first, each compared bit for bit with it.
 const SPLIT_K_REPEATS: usize = 5;
 
+/// Grid sizes a split-K configuration also runs with (each checked on every element),
+/// largest first since a cap only lowers the grid: other stream-K partitions of the same
+/// tiles.
+const SPLIT_K_GRID_CAPS: [u32; 3] = [37, 5, 1];
+
 /// Runs `case` on our kernel and on cuBLASLt and checks every element; returns the worst
 /// error relative to the bound. Split-K configurations also run [`SPLIT_K_REPEATS`] more times
-/// and must give the same bits every time.
+/// and must give the same bits every time, then run on the smaller grids of
+/// [`SPLIT_K_GRID_CAPS`].
 fn check_case<T: Element + CublasLtElement + DeviceCopy>(
     variant: Option<&GemmVariant>,
     c_owner: Option<&Gpu>,
@@ -122,30 +128,12 @@ fn check_case<T: Element + CublasLtElement + DeviceCopy>(
         alpha: 1.0,
         beta,
     };
-    let prepared = match variant {
+    let mut prepared = match variant {
         Some(v) => kernel.prepare_variant(stream, &args, v),
         None => kernel.prepare(stream, &args),
     }
     .expect("prepare GEMM");
     let name = format!("{} [{}]", c.name, prepared.variant().name);
-    // SAFETY: the operands are live buffers of the viewed sizes, read back after the launch.
-    unsafe { prepared.launch(stream, false) }.expect("launch GEMM");
-    if prepared.variant().config.split_k {
-        // Split-K adds the splits' partial sums in a fixed order, whichever block finishes a
-        // tile, and leaves its counters zero: every run gives the same bits.
-        let first = ours.download(stream).expect("download D");
-        for run in 1..=SPLIT_K_REPEATS {
-            ours.fill(stream, T::nan()).expect("poison D");
-            // SAFETY: as above.
-            unsafe { prepared.launch(stream, false) }.expect("launch GEMM again");
-            let again = ours.download(stream).expect("download D");
-            let same = first
-                .iter()
-                .zip(&again)
-                .all(|(x, y)| x.to_bits() == y.to_bits());
-            assert!(same, "{name}: run {run} differs from the first run");
-        }
-    }
     let shape = TnGemmShape {
         m,
         n,
@@ -158,35 +146,65 @@ fn check_case<T: Element + CublasLtElement + DeviceCopy>(
     let lt = CublasLtGemm::<T>::new(gpu, stream.clone(), shape).expect("cuBLASLt");
     lt.run(&a, &b, c_dev.as_ref(), &mut theirs, 1.0, beta)
         .expect("cuBLASLt run");
-    let ours = ours.download(stream).expect("download D");
     let theirs = theirs.download(stream).expect("download D ref");
 
     let u = T::DTYPE.unit_roundoff();
     let s = 1e-2 * (k as f64).sqrt();
     let accumulation = 8.0 * k as f64 * 2f64.powi(-24);
     let bound = |r: f64| 2.0 * u * (r.abs() + s) + accumulation;
-    let mut worst: f64 = 0.0;
-    for row in 0..m {
-        for col in 0..ldd {
-            let i = (row * ldd + col) as usize;
-            let (o, t) = (ours[i].to_f32() as f64, theirs[i].to_f32() as f64);
-            if col >= n {
+    // Every element of `ours` (D of run `label`) against cuBLASLt; the worst error over the
+    // bound.
+    let check_all = |ours: &[T], label: &str| {
+        let mut worst: f64 = 0.0;
+        for row in 0..m {
+            for col in 0..ldd {
+                let i = (row * ldd + col) as usize;
+                let (o, t) = (ours[i].to_f32() as f64, theirs[i].to_f32() as f64);
+                if col >= n {
+                    assert!(
+                        o.is_nan(),
+                        "{name}{label}: padding D[{row}][{col}] was written ({o})"
+                    );
+                    continue;
+                }
+                let err = (o - t).abs();
                 assert!(
-                    o.is_nan(),
-                    "{name}: padding D[{row}][{col}] was written ({o})"
+                    err <= bound(t),
+                    "{name}{label}: D[{row}][{col}] = {o}, cuBLASLt {t} (|err| {err} > bound {})",
+                    bound(t)
                 );
-                continue;
+                worst = worst.max(err / bound(t));
             }
-            let err = (o - t).abs();
-            assert!(
-                err <= bound(t),
-                "{}: D[{row}][{col}] = {o}, cuBLASLt {t} (|err| {err} > bound {})",
-                name,
-                bound(t)
-            );
-            worst = worst.max(err / bound(t));
+        }
+        worst
+    };
+    let mut run = |prepared: &distgemm::gemm::PreparedGemm| {
+        ours.fill(stream, T::nan()).expect("poison D");
+        // SAFETY: the operands are live buffers of the viewed sizes, read back after the
+        // launch.
+        unsafe { prepared.launch(stream, false) }.expect("launch GEMM");
+        ours.download(stream).expect("download D")
+    };
+    let first = run(&prepared);
+    let mut worst = check_all(&first, "");
+    if prepared.variant().config.split_k {
+        // Split-K adds a tile's partial sums in k order, whichever block finishes it, and
+        // leaves its counters zero: every run on the same grid gives the same bits.
+        for again in 1..=SPLIT_K_REPEATS {
+            let same = run(&prepared)
+                .iter()
+                .zip(&first)
+                .all(|(x, y)| x.to_bits() == y.to_bits());
+            assert!(same, "{name}: run {again} differs from the first run");
+        }
+        // Smaller grids cut the tiles elsewhere (stream-K ranges that start and end inside
+        // tiles, several pieces per block, or one block for everything).
+        for cap in SPLIT_K_GRID_CAPS {
+            prepared.cap_grid(cap);
+            worst = worst.max(check_all(&run(&prepared), &format!(" on {cap} blocks")));
         }
     }
+    let ours = first;
     // Float64 reference on sampled elements: corners, the last row/column (tails) and random picks.
     let mut samples = vec![(0, 0), (m - 1, n - 1), (m - 1, 0), (0, n - 1)];
     samples.extend((0..256).map(|_| (rng.random_range(0..m), rng.random_range(0..n))));

@@ -62,9 +62,10 @@ pub struct TileConfig {
     pub stages: u32,
     /// Blocks per cluster along M (1 or 2).
     pub cluster_m: u32,
-    /// Split-K: a tile's k-blocks may be divided among several blocks ([`SplitParams`]), for
-    /// problems with fewer output tiles than SMs (decode). A separate compiled configuration,
-    /// so the other configurations' code is untouched by it.
+    /// Split-K: the grid shares the tiles' k-blocks out evenly (stream-K, [`SplitParams`]),
+    /// so a tile's k-blocks may be divided among several blocks: for problems whose tiles
+    /// leave SMs idle (decode; a last wave of few tiles). A separate compiled configuration,
+    /// so the other configurations' code is untouched by it. Never with clusters.
     pub split_k: bool,
 }
 
@@ -446,33 +447,32 @@ pub struct StageHook {
 /// Split-K of a `split_k` configuration ([`TileConfig::split_k`]); ignored by the others (all
 /// zero there).
 ///
-/// The work is `tiles × splits` *units*: unit `u` is split `j = u % splits` of tile
-/// `u / splits` (in the raster order), k-blocks `⌊j·kb/splits⌋ .. ⌊(j+1)·kb/splits⌋` of the
-/// tile's `kb = ⌈K/64⌉`, and blocks take units as they take tiles otherwise. After its main
-/// loop, a consumer warpgroup writes its f32 accumulators to its slot in `partials` and counts
-/// itself in on the tile's counter; the warpgroup that arrives last (all the tile's other
-/// splits have written theirs) adds the `splits` slots in split order `0, 1, …` into its
-/// registers — so the sum, and D, are the same bits whichever block finishes last — resets
-/// the counter to 0 for the next launch and runs the epilogue. No block ever waits for
-/// another.
+/// The grid shares the tiles' k-blocks out by stream-K ([`crate::layout::stream_k`]): block
+/// `g` of `G` (the launch's grid size) takes positions `⌊g·W/G⌋ .. ⌊(g+1)·W/G⌋` of the
+/// `W = tiles · ⌈K/64⌉` k-blocks laid end to end in the tiles' raster order, and computes the
+/// *pieces* of tiles its range cuts. A tile computed whole by one block has the usual
+/// epilogue. Otherwise, after a piece's main loop, a consumer warpgroup writes its f32
+/// accumulators to the piece's slot in `partials` and counts itself in on the tile's counter;
+/// the warpgroup that arrives last (all the tile's other pieces have written theirs) adds the
+/// tile's `n` slots in k order into its registers — so the sum, and D, are the same bits
+/// whichever block finishes last (for a given grid size: another `G` cuts other pieces) —
+/// resets the counter to 0 for the next launch and runs the epilogue. No block ever waits
+/// for another.
 ///
-/// Slot layout: the slot of (unit `u`, consumer warpgroup `h`) starts at float
-/// `(2u + h) · 128 · R` (`R` = accumulator registers per thread = slabs × `wg_cols / 2`);
-/// register `r` of thread `t` is float `r · 128 + t` in it (register-major, so each register's
-/// stores and loads are 512 contiguous bytes across the warpgroup). Registers of rows past M
-/// are neither written nor read.
+/// Slot layout: the piece of tile `t` computed by block `g` has slot `s = t + g`; the part
+/// of (slot `s`, consumer warpgroup `h`) starts at float `(2s + h) · 128 · R` (`R` =
+/// accumulator registers per thread = slabs × `wg_cols / 2`); register `r` of thread `i` is
+/// float `r · 128 + i` in it (register-major, so each register's stores and loads are 512
+/// contiguous bytes across the warpgroup). Registers of rows past M are neither written nor
+/// read.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct SplitParams {
-    /// Device address of the f32 partial sums: `tiles · splits · block_m · block_n` floats.
+    /// Device address of the f32 partial sums: `(tiles + G) · block_m · block_n` floats.
     pub partials: u64,
     /// Device address of the arrival counters: `2 · tiles` u32 (one per tile and consumer
     /// warpgroup), zero before a launch and left zero by it.
     pub counters: u64,
-    /// Splits per tile, 1 ..= `⌈K/64⌉`.
-    pub splits: u32,
-    /// Padding to 8 bytes.
-    pub reserved: u32,
 }
 
 /// Row-wise FP8 scales: `D[i][j] = alpha · sa[i] · sb[j] · Σ_k a[i][k]·b[j][k] + beta · C[i][j]`.
@@ -591,13 +591,21 @@ mod tests {
     }
 
     #[test]
+    fn split_k_configurations_have_no_clusters() {
+        // The kernel's stream-K partition is over blocks, not clusters.
+        for v in VARIANTS.iter().filter(|v| v.config.split_k) {
+            assert_eq!(v.config.cluster_m, 1, "{}", v.name);
+        }
+    }
+
+    #[test]
     fn parameter_block_layout_is_stable() {
         // The host passes the struct's bytes; the PTX declares a .param of this size.
         assert_eq!(core::mem::size_of::<StageHook>(), 48 + 64);
-        assert_eq!(core::mem::size_of::<SplitParams>(), 24);
+        assert_eq!(core::mem::size_of::<SplitParams>(), 16);
         assert_eq!(
             core::mem::size_of::<GemmParams>(),
-            48 + 32 + 48 + 64 + 24 + 16
+            48 + 32 + 48 + 64 + 16 + 16
         );
         assert_eq!(core::mem::align_of::<GemmParams>(), 8);
     }

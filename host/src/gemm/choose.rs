@@ -8,6 +8,7 @@
 //! per-configuration efficiency factor (smaller tiles reread more operand bytes per FLOP).
 //! The rule picks the configuration with the smallest estimate; ties go to the larger tile.
 use kernels_gpu::gemm_abi::{BLOCK_K, GemmVariant, VARIANTS};
+use kernels_gpu::layout::stream_k::{self, StreamK};
 
 /// Relative cost of one tile's main loop per output element, by configuration name
 /// (128×256 = 1). The factors come from the measured per-SM throughput of each configuration
@@ -46,33 +47,54 @@ fn cost_per_element(variant: &GemmVariant) -> f64 {
 
 /// Estimated relative run time of `variant` on an `m × n × k` problem with `sm_count` SMs.
 ///
-/// With split-K ([`split_count`] `s > 1`) the units are `tiles · s`, each `1/s` of a tile's
-/// main loop plus the hand-off, in k-blocks of that loop: `SPLIT_ROUND_TRIP_K_BLOCKS` per L2
-/// round trip of the finishing warpgroup's sum (`⌈s / sum_group⌉` of them:
-/// `TileConfig::sum_group`) and `SPLIT_PARTIAL_K_BLOCKS` per split and 64 real rows of
-/// partial sums (each split stores them, the finisher reads them all back).
+/// Without split-K, `⌈tiles / slots⌉` waves of one tile's main loop each. A split-K
+/// configuration runs one wave of [`split_grid`] blocks (or, where that finds no split that
+/// pays, one block per tile up to the SMs), each its `⌈W/G⌉` of the `W = tiles · ⌈K/64⌉`
+/// k-blocks plus the hand-off of its most-cut tile (`split_hand_off`).
 #[must_use]
 pub fn estimated_cost(variant: &GemmVariant, m: u64, n: u64, k: u64, sm_count: u32) -> f64 {
     let c = variant.config;
     let slots = u64::from((sm_count / c.cluster_m) * c.cluster_m).max(1);
-    let tiles = m
-        .div_ceil(u64::from(c.block_m))
-        .next_multiple_of(u64::from(c.cluster_m))
-        * n.div_ceil(u64::from(c.block_n));
-    let splits = u64::from(split_count(variant, m, n, k, sm_count));
-    let waves = (tiles * splits).div_ceil(slots);
+    let tiles = tile_count(variant, m, n);
     let tile = f64::from(c.block_m * c.block_n) * cost_per_element(variant);
-    let per_unit = if splits > 1 {
-        let k_blocks = k.div_ceil(u64::from(BLOCK_K)) as f64;
-        let round_trips = splits.div_ceil(u64::from(c.sum_group())) as f64;
-        let rows = m.min(u64::from(c.block_m)) as f64 / 64.0;
-        let hand_off =
-            SPLIT_ROUND_TRIP_K_BLOCKS * round_trips + SPLIT_PARTIAL_K_BLOCKS * splits as f64 * rows;
-        (k_blocks / splits as f64 + hand_off) / k_blocks
-    } else {
-        1.0
-    };
-    waves as f64 * tile * per_unit
+    if !c.split_k {
+        return tiles.div_ceil(slots) as f64 * tile;
+    }
+    let k_blocks = k.div_ceil(u64::from(BLOCK_K)).max(1);
+    let grid = split_grid(variant, m, n, k, sm_count)
+        .map_or_else(|| tiles.min(slots), u64::from);
+    tile * split_k_blocks(variant, m, tiles, k_blocks, grid) / k_blocks as f64
+}
+
+/// Output tiles of `variant` on an `m × n` output, whole clusters.
+fn tile_count(variant: &GemmVariant, m: u64, n: u64) -> u64 {
+    let c = variant.config;
+    m.div_ceil(u64::from(c.block_m))
+        .next_multiple_of(u64::from(c.cluster_m))
+        * n.div_ceil(u64::from(c.block_n))
+}
+
+/// A split-K grid of `grid` blocks' longest run, in k-blocks of the main loop: its share of
+/// the k-blocks and, where a tile is cut, the hand-off of the most-cut tile.
+fn split_k_blocks(variant: &GemmVariant, m: u64, tiles: u64, k_blocks: u64, grid: u64) -> f64 {
+    let partition = StreamK::new(tiles as u32, k_blocks as u32, grid as u32);
+    let pieces = partition.max_pieces();
+    (tiles * k_blocks).div_ceil(grid) as f64 + split_hand_off(variant, m, pieces)
+}
+
+/// What cutting a tile into `pieces` costs its last piece, in k-blocks of the main loop
+/// (nothing for an uncut tile): [`SPLIT_ROUND_TRIP_K_BLOCKS`] per L2 round trip of the
+/// finishing warpgroup's sum (`⌈pieces / sum_group⌉` of them: `TileConfig::sum_group`) and
+/// [`SPLIT_PARTIAL_K_BLOCKS`] per piece and 64 real rows of partial sums (each piece stores
+/// them, the finisher reads them all back).
+fn split_hand_off(variant: &GemmVariant, m: u64, pieces: u32) -> f64 {
+    if pieces <= 1 {
+        return 0.0;
+    }
+    let c = variant.config;
+    let round_trips = pieces.div_ceil(c.sum_group()) as f64;
+    let rows = m.min(u64::from(c.block_m)) as f64 / 64.0;
+    SPLIT_ROUND_TRIP_K_BLOCKS * round_trips + SPLIT_PARTIAL_K_BLOCKS * f64::from(pieces) * rows
 }
 
 /// What one L2 round trip of split-K's sum costs, in k-blocks of the unit's main loop: at
@@ -108,7 +130,7 @@ fn cheapest<'v>(
     sm_count: u32,
 ) -> &'v GemmVariant {
     let mut candidates =
-        candidates.filter(|v| !v.config.split_k || split_count(v, m, n, k, sm_count) > 1);
+        candidates.filter(|v| !v.config.split_k || split_grid(v, m, n, k, sm_count).is_some());
     let first = candidates
         .next()
         .expect("at least one candidate configuration");
@@ -155,12 +177,12 @@ pub fn raster_group_m(variant: &GemmVariant, m: u64, n: u64, resident: u32) -> u
     g.clamp(1, cluster_rows.max(1)) as u32
 }
 
-/// The most k-splits of a tile: bounds the partial-sum traffic and keeps the kernel's unit
-/// arithmetic (`split · k_blocks`) far inside 32 bits.
+/// The most k-splits of a tile in plain split-K (`s` blocks per tile): bounds the
+/// partial-sum traffic.
 pub const MAX_SPLITS: u32 = 32;
 
-/// The fewest 64-wide k-blocks a split runs: below this the pipeline's fill and the partial
-/// sum's write and read cost more than the split saves.
+/// The fewest 64-wide k-blocks a block of a split grid runs: below this the pipeline's fill
+/// and the partial sum's write and read cost more than the split saves.
 pub const MIN_SPLIT_K_BLOCKS: u64 = 8;
 
 /// The most rows of partial sums with which two splits still pay: measured, two splits of
@@ -168,34 +190,55 @@ pub const MIN_SPLIT_K_BLOCKS: u64 = 8;
 /// unsplit kernel already streams ~3.8 TB/s on half the SMs, and the partials are 64 rows.
 pub const TWO_SPLIT_MAX_ROWS: u64 = 16;
 
-/// K-splits per tile for a split-K configuration ([`SplitParams`](kernels_gpu::gemm_abi::SplitParams))
-/// on an `m × n × k` problem with `sm_count` SMs: as many as fit one wave of units,
-/// `⌊SMs / tiles⌋`, at most `MAX_SPLITS` and with at least `MIN_SPLIT_K_BLOCKS` k-blocks
-/// each; two only for at most `TWO_SPLIT_MAX_ROWS` rows. One wave because every unit beyond
-/// a block's first restarts the pipeline and every split adds to the finishing warpgroup's
-/// sum (NOTES steps 34 and 37: more splits in several waves measured slower than none). It
-/// is 1 without split-K and when the tiles fill more than half the SMs.
+/// The largest A (M × K, in bytes) for which a grid of one block per SM takes stream-K ranges
+/// that are not whole splits of every tile. A block's range is contiguous in the tile order,
+/// so at any moment the grid works on tiles spread over the whole output and every A panel
+/// is in use at once: they must all stay in L2 (50 MiB on H100/H200) beside the streamed
+/// weights. Plain split-K (every tile in `s` pieces, all tiles at once) has no such limit.
+pub const STREAM_K_MAX_A_BYTES: u64 = 16 << 20;
+
+/// The grid of a split-K configuration ([`SplitParams`](kernels_gpu::gemm_abi::SplitParams)):
+/// how many blocks share the tiles' k-blocks out (stream-K,
+/// [`kernels_gpu::layout::stream_k`]) on an `m × n × k` problem with `sm_count` SMs, or
+/// `None` where no split pays by the estimate (`split_k_blocks` against a wave of whole
+/// tiles) and for configurations without split-K.
 ///
-/// Examples on 132 SMs: 1 × 2304 × 16384 (405B QKV at TP 8) in 64×128 tiles: 18 tiles, 7
-/// splits of 36–37 k-blocks (126 units); 16 × 8192 × 14336 in 128×256 tiles: 32 tiles, 4
+/// Candidates: plain split-K, `G = tiles · s` for `s = 2 … ⌊SMs / tiles⌋` (at most
+/// [`MAX_SPLITS`], two only for at most [`TWO_SPLIT_MAX_ROWS`] rows); and one block per SM
+/// (fewer if that left a block under [`MIN_SPLIT_K_BLOCKS`]), where A is at most
+/// [`STREAM_K_MAX_A_BYTES`] — the stream-K grid, which evens out a last wave of few tiles
+/// (224 tiles on 132 SMs: 1.7 tiles' worth each instead of 2 waves) and a tile count that
+/// does not divide the SMs (48 tiles: 132 blocks of 23–24 k-blocks instead of 96 of 32).
+/// Every block keeps at least [`MIN_SPLIT_K_BLOCKS`] k-blocks.
+///
+/// Examples on 132 SMs: 1 × 2304 × 16384 (405B QKV at TP 8) in 64×128 tiles: 18 tiles,
+/// 7 splits of 36–37 k-blocks (126 blocks); 16 × 8192 × 14336 in 128×256 tiles: 32 tiles, 4
 /// splits.
 #[must_use]
-pub fn split_count(variant: &GemmVariant, m: u64, n: u64, k: u64, sm_count: u32) -> u32 {
+pub fn split_grid(variant: &GemmVariant, m: u64, n: u64, k: u64, sm_count: u32) -> Option<u32> {
     let c = variant.config;
     if !c.split_k {
-        return 1;
+        return None;
     }
-    let tiles = m.div_ceil(u64::from(c.block_m)) * n.div_ceil(u64::from(c.block_n));
+    let tiles = tile_count(variant, m, n);
     let slots = u64::from(sm_count.max(1));
-    let k_blocks = k.div_ceil(u64::from(BLOCK_K));
-    let s = (slots / tiles.max(1))
-        .min(k_blocks / MIN_SPLIT_K_BLOCKS)
-        .clamp(1, u64::from(MAX_SPLITS));
-    if s == 2 && m > TWO_SPLIT_MAX_ROWS {
-        1
-    } else {
-        s as u32
-    }
+    let k_blocks = k.div_ceil(u64::from(BLOCK_K)).max(1);
+    let work = tiles * k_blocks;
+    let max_grid = work / MIN_SPLIT_K_BLOCKS;
+    let most_splits = (slots / tiles.max(1)).min(u64::from(MAX_SPLITS));
+    let plain = (2..=most_splits)
+        .filter(|&s| s > 2 || m <= TWO_SPLIT_MAX_ROWS)
+        .map(|s| tiles * s);
+    let stream = (m * k * 2 <= STREAM_K_MAX_A_BYTES).then_some(slots);
+    let cost = |grid: u64| split_k_blocks(variant, m, tiles, k_blocks, grid);
+    let whole_tiles = tiles.div_ceil(slots) as f64 * k_blocks as f64;
+    plain
+        .chain(stream)
+        .filter(|&grid| grid <= max_grid && grid != tiles && stream_k::fits(tiles, k_blocks, grid))
+        .map(|grid| (grid, cost(grid)))
+        .filter(|&(_, c)| c < whole_tiles)
+        .min_by(|x, y| x.1.total_cmp(&y.1))
+        .map(|(grid, _)| grid as u32)
 }
 
 /// The configuration named `name` (`128x256`, `128x256c2`, `192x192`, `128x224`, `128x128`,
@@ -248,30 +291,31 @@ mod tests {
     }
 
     #[test]
-    fn split_k_fills_one_wave_of_units() {
+    fn split_grids_fill_the_sms() {
         let s = variant_named("128x256s").unwrap();
-        // 32 tiles: 4 splits make one full wave of 128 units.
-        assert_eq!(split_count(s, 16, 8192, 14336, 132), 4);
-        // 112 tiles: a second split would need a second wave: none.
-        assert_eq!(split_count(s, 16, 28672, 8192, 132), 1);
-        // The tiles alone fill the SMs: no split.
-        assert_eq!(split_count(s, 8192, 8192, 8192, 132), 1);
-        assert_eq!(split_count(s, 128, 33792, 8192, 132), 1);
-        // Short K: at least 8 k-blocks a split (K = 1024: 16 k-blocks, 2 splits).
-        assert_eq!(split_count(s, 16, 8192, 1024, 132), 2);
-        assert_eq!(split_count(s, 16, 8192, 512, 132), 1);
-        // Two splits only for few rows: 8B QKV (48 tiles of 64×128) at 16 and 64 tokens.
+        // 32 tiles: 4 splits make one full wave of 128 blocks, against 132 blocks of 108–109
+        // k-blocks cutting a tile in up to 6 pieces (two more sum round trips).
+        assert_eq!(split_grid(s, 16, 8192, 14336, 132), Some(128));
+        // 112 tiles: stream-K over 132 blocks (95 k-blocks each, tiles in up to 3 pieces).
+        assert_eq!(split_grid(s, 16, 28672, 8192, 132), Some(132));
+        // The tiles fill the SMs in whole waves, or A is too large to stream: no split.
+        assert_eq!(split_grid(s, 8192, 8192, 8192, 132), None);
+        assert_eq!(split_grid(s, 2048, 7168, 8192, 132), None);
+        // Short K: at least 8 k-blocks a block (K = 1024: 16 k-blocks, 2 splits).
+        assert_eq!(split_grid(s, 16, 8192, 1024, 132), Some(64));
+        assert_eq!(split_grid(s, 16, 8192, 512, 132), None);
         let narrow = variant_named("64x128s").unwrap();
-        assert_eq!(split_count(narrow, 16, 6144, 4096, 132), 2);
-        assert_eq!(split_count(narrow, 64, 6144, 4096, 132), 1);
-        // 405B QKV at TP 8, one token, 64×128 tiles: 18 tiles, 7 splits (126 units).
-        assert_eq!(split_count(narrow, 1, 2304, 16384, 132), 7);
-        // Never more than MAX_SPLITS, even with one tile and a huge K.
-        assert_eq!(split_count(s, 1, 8, 1 << 24, 132), MAX_SPLITS);
+        // 8B QKV (48 tiles of 64×128, K = 4096): stream-K over every SM (23–24 k-blocks).
+        assert_eq!(split_grid(narrow, 16, 6144, 4096, 132), Some(132));
+        // 405B QKV at TP 8, one token, 64×128 tiles: 18 tiles, 7 splits (126 blocks), one
+        // sum round trip fewer than stream-K's 9 pieces.
+        assert_eq!(split_grid(narrow, 1, 2304, 16384, 132), Some(126));
+        // One tile and a huge K: every SM, whatever MAX_SPLITS says of plain splits.
+        assert_eq!(split_grid(s, 1, 8, 1 << 24, 132), Some(132));
         // Other configurations never split.
         assert_eq!(
-            split_count(variant_named("128x256").unwrap(), 16, 8192, 14336, 132),
-            1
+            split_grid(variant_named("128x256").unwrap(), 16, 8192, 14336, 132),
+            None
         );
     }
 

@@ -1,5 +1,5 @@
 //! Preparing and launching the GEMM stage kernel on one GPU.
-use super::choose::{choose_fp8_variant, choose_variant, raster_group_m, split_count};
+use super::choose::{choose_fp8_variant, choose_variant, raster_group_m, split_grid};
 use super::{Fp8GemmArgs, GemmArgs, GemmError, MatrixView, check};
 use crate::dtype::Dtype;
 use crate::runtime::{
@@ -7,6 +7,7 @@ use crate::runtime::{
     RuntimeError, Swizzle, TensorMap2d, TensorMapDtype, TensorMapSpec, launch, max_active_clusters,
 };
 use kernels_gpu::gemm_abi::{self, GemmParams, GemmVariant, RowScales, SplitParams, StageHook};
+use kernels_gpu::layout::stream_k;
 use std::sync::Arc;
 
 /// Errors of preparing or launching a GEMM.
@@ -254,21 +255,33 @@ impl GemmKernel {
                 Inputs::Native => RowScales::default(),
             },
         };
-        // A persistent grid: at most one block per SM, whole clusters, no more than the work
-        // (with split-K: tiles × splits units).
+        // A persistent grid: at most one block per SM, whole clusters, no more than the tiles;
+        // a split-K configuration's grid is the stream-K partition the rule picks
+        // (`split_grid`; one block per tile up to the SMs where it finds no split).
         let cluster = config.cluster_m;
         let cluster_tiles =
             params.m.div_ceil(config.block_m).div_ceil(cluster) * params.n.div_ceil(config.block_n);
-        let split = if config.split_k {
-            let splits = split_count(variant, m, n, k, self.gpu.sm_count());
-            let workspace = SplitWorkspace::new(&self.gpu, stream, config, cluster_tiles, splits)?;
-            params.split = workspace.params(splits);
-            Some(workspace)
+        let resident = compiled.resident_clusters;
+        let (grid, split) = if config.split_k {
+            let grid = split_grid(variant, m, n, k, self.gpu.sm_count())
+                .unwrap_or(cluster_tiles)
+                .min(resident)
+                .max(1);
+            let k_blocks = params.k.div_ceil(gemm_abi::BLOCK_K).max(1);
+            if !stream_k::fits(cluster_tiles.into(), k_blocks.into(), grid.into()) {
+                return Err(GemmError::Shape(format!(
+                    "{m}x{n}x{k} is too large for the split-K configuration {} (its {grid} \
+                     blocks' shares of the k-blocks need tiles × ⌈K/64⌉ × blocks < 2^32)",
+                    variant.name
+                ))
+                .into());
+            }
+            let workspace = SplitWorkspace::new(&self.gpu, stream, config, cluster_tiles, grid)?;
+            params.split = workspace.params();
+            (grid, Some(workspace))
         } else {
-            None
+            (cluster_tiles.min(resident).max(1) * cluster, None)
         };
-        let units = cluster_tiles * params.split.splits.max(1);
-        let grid = units.min(compiled.resident_clusters).max(1) * cluster;
         Ok(PreparedGemm {
             kernel,
             variant: compiled.variant,
@@ -280,8 +293,10 @@ impl GemmKernel {
     }
 }
 
-/// Split-K's device memory ([`SplitParams`]): the f32 partial sums of every unit and the
-/// per-tile arrival counters (zeroed here; every launch leaves them zero).
+/// Split-K's device memory ([`SplitParams`]): the f32 partial sums of every piece a grid of
+/// at most `grid` blocks may cut (slots `t + g`: fewer than `tiles + grid`, so a grid capped
+/// later by [`PreparedGemm::cap_grid`] fits too) and the per-tile arrival counters (zeroed
+/// here; every launch leaves them zero).
 struct SplitWorkspace {
     partials: DeviceBuffer<f32>,
     counters: DeviceBuffer<u32>,
@@ -293,21 +308,20 @@ impl SplitWorkspace {
         stream: &CudaStream,
         config: gemm_abi::TileConfig,
         tiles: u32,
-        splits: u32,
+        grid: u32,
     ) -> Result<Self, RuntimeError> {
         let tile_floats = (config.block_m * config.block_n) as usize;
-        let partials = DeviceBuffer::alloc(gpu, tiles as usize * splits as usize * tile_floats)?;
+        let slots = tiles as usize + grid as usize;
+        let partials = DeviceBuffer::alloc(gpu, slots * tile_floats)?;
         let mut counters = DeviceBuffer::alloc(gpu, 2 * tiles as usize)?;
         counters.fill_bytes(stream, 0)?;
         Ok(Self { partials, counters })
     }
 
-    fn params(&self, splits: u32) -> SplitParams {
+    fn params(&self) -> SplitParams {
         SplitParams {
             partials: self.partials.device_ptr(),
             counters: self.counters.device_ptr(),
-            splits,
-            reserved: 0,
         }
     }
 }

@@ -14,7 +14,7 @@ mod launch;
 
 pub use check::{GemmError, check};
 pub use choose::{
-    choose_fp8_variant, choose_variant, estimated_cost, raster_group_m, split_count, variant_named,
+    choose_fp8_variant, choose_variant, estimated_cost, raster_group_m, split_grid, variant_named,
 };
 pub use fp8::{Fp8GemmArgs, Fp8Scales};
 pub use kernels_gpu::gemm_abi::{GemmVariant, VARIANTS};

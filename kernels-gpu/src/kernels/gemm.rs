@@ -25,11 +25,13 @@
 //!   tiles of the same n-tile. Each loads its own A tile and half of the shared B tile, which
 //!   TMA multicasts into both blocks; a slot is free only when the consumers of *both* blocks
 //!   have released it, so consumers arrive on the `empty` barrier of every block in the cluster.
-//! - **split-K** (`*s` configurations, for problems with fewer output tiles than SMs): the
-//!   blocks take units of a tile's k-blocks instead of whole tiles; each consumer warpgroup
-//!   writes its f32 partial to global memory and counts in on the tile's counter, and the one
-//!   that arrives last adds all partials in split order (deterministic) and runs the epilogue
-//!   ([`finish_split`], layout and hand-off in [`SplitParams`] and [`crate::device::grid`]).
+//! - **split-K** (`*s` configurations, for problems whose tiles leave SMs idle): every block
+//!   takes an equal range of the tiles' k-blocks laid end to end (stream-K,
+//!   [`crate::layout::stream_k`]) instead of whole tiles; for a tile cut between blocks each
+//!   consumer warpgroup writes its f32 partial to global memory and counts in on the tile's
+//!   counter, and the one that arrives last adds all partials in k order (deterministic) and
+//!   runs the epilogue ([`finish_split`], layout and hand-off in [`SplitParams`] and
+//!   [`crate::device::grid`]).
 //! - **prologue hook**: every thread executes `griddepcontrol.wait` (PDL) after the barrier set-up
 //!   (unless [`HOOK_DEFER_GRID_WAIT`] moves it to the end, for thread 0); thread 0 then
 //!   signals/waits on cross-GPU flags as [`StageHook`] says. The producer issues
@@ -44,6 +46,7 @@ use crate::device::mbarrier::{MBarrier, PipelineState};
 use crate::device::wgmma::{self, Bf16, E4m3, F16, InputType};
 use crate::device::{cluster, fence, gdc, grid, index, regs, smem, stmatrix, sync, tma};
 use crate::gemm_abi::*;
+use crate::layout::stream_k::{self, StreamK};
 use crate::layout::{descriptor, raster, swizzle};
 use seq_macro::seq;
 
@@ -553,20 +556,23 @@ impl Ring {
 
 /// This block's share of the output. Tiles are grouped in *cluster tiles* of `cluster_m`
 /// vertically adjacent tiles; cluster `c` takes cluster tiles `c, c + clusters, …` in raster
-/// order, and its block of rank `r` computes the `r`-th tile of each. With split-K the blocks
-/// take *units* instead, `splits` per tile ([`SplitParams`]); otherwise a unit is a tile.
+/// order, and its block of rank `r` computes the `r`-th tile of each: a *unit* is a tile.
+/// With split-K (always without clusters) the block takes its stream-K range of k-blocks
+/// instead ([`StreamK`]; [`SplitParams`]): a unit is a piece of a tile, and `u` the position
+/// of its first k-block.
 #[derive(Clone, Copy)]
 struct Tiles {
     num_m: u32,
     num_n: u32,
-    /// Units: tiles × splits.
-    total: u32,
+    /// The first unit: a cluster tile, or (split-K) a position.
     first: u32,
+    /// Past the last unit.
+    end: u32,
+    /// Cluster tiles between a cluster's units (not used by split-K).
     step: u32,
     rank: u32,
     group_m: u32,
-    /// K-splits per tile (1 unless the configuration is `split_k`).
-    splits: u32,
+    k_blocks: u32,
     tile: TileConfig,
 }
 
@@ -575,47 +581,58 @@ impl Tiles {
     fn new(p: &GemmParams, tile: TileConfig) -> Self {
         let num_m = p.m.div_ceil(tile.block_m).div_ceil(tile.cluster_m);
         let num_n = p.n.div_ceil(tile.block_n);
-        let (first, step, rank) = if tile.cluster_m == 1 {
-            (index::block_idx(), index::grid_dim(), 0)
+        let k_blocks = p.k.div_ceil(BLOCK_K);
+        let (first, end, step, rank) = if tile.split_k {
+            let stream = Self::stream_k(p, tile);
+            let g = index::block_idx();
+            (stream.start(g), stream.start(g + 1), 0, 0)
+        } else if tile.cluster_m == 1 {
+            (index::block_idx(), num_m * num_n, index::grid_dim(), 0)
         } else {
             (
                 index::cluster_idx(),
+                num_m * num_n,
                 index::cluster_count(),
                 index::cluster_ctarank(),
             )
         };
-        let splits = if tile.split_k {
-            p.split.splits.max(1)
-        } else {
-            1
-        };
         Self {
             num_m,
             num_n,
-            total: num_m * num_n * splits,
             first,
+            end,
             step,
             rank,
             group_m: p.raster_group_m.max(1),
-            splits,
+            k_blocks,
             tile,
         }
     }
-    /// Unit `u`'s cluster tile and k-block range `kb0..kb1` out of the tile's `k_blocks`:
-    /// split `j = u % splits` of tile `u / splits` takes k-blocks
-    /// `⌊j·k_blocks/splits⌋ .. ⌊(j+1)·k_blocks/splits⌋` (never empty: the host keeps
-    /// `splits ≤ k_blocks`). Without split-K, unit `u` is all of tile `u`.
+    /// Split-K: the grid's partition of the k-blocks, computed from the parameters where it
+    /// is needed rather than kept in registers across the main loop.
     #[inline(always)]
-    fn unit(self, u: u32, k_blocks: u32) -> (u32, u32, u32) {
-        if !self.tile.split_k {
-            return (u, 0, k_blocks);
+    fn stream_k(p: &GemmParams, tile: TileConfig) -> StreamK {
+        let tiles = p.m.div_ceil(tile.block_m) * p.n.div_ceil(tile.block_n);
+        StreamK::new(tiles, p.k.div_ceil(BLOCK_K), index::grid_dim())
+    }
+    /// Unit `u`'s cluster tile and k-block range `kb0..kb1` of the tile's `⌈K/64⌉` (never
+    /// empty); without split-K, all of tile `u`.
+    #[inline(always)]
+    fn unit(self, u: u32) -> (u32, u32, u32) {
+        if self.tile.split_k {
+            stream_k::piece_at(u, self.end, self.k_blocks)
+        } else {
+            (u, 0, self.k_blocks)
         }
-        let (t, j) = (u / self.splits, u % self.splits);
-        (
-            t,
-            j * k_blocks / self.splits,
-            (j + 1) * k_blocks / self.splits,
-        )
+    }
+    /// The unit after unit `u`, whose k-blocks are `kb0..kb1`.
+    #[inline(always)]
+    fn next(self, u: u32, kb0: u32, kb1: u32) -> u32 {
+        if self.tile.split_k {
+            u + (kb1 - kb0)
+        } else {
+            u + self.step
+        }
     }
     /// Top-left element `(row, col)` of this block's tile in cluster tile `t`.
     #[inline(always)]
@@ -668,13 +685,12 @@ unsafe fn prologue_hook(hook: &StageHook, ring: Ring) -> bool {
 #[inline(always)]
 unsafe fn produce(p: &GemmParams, ring: Ring, tiles: Tiles) {
     let tile = ring.tile;
-    let k_blocks = p.k.div_ceil(BLOCK_K);
     let b_share_rows = tile.block_n / tile.cluster_m;
     let b_share_bytes = tile.b_tile_bytes() / tile.cluster_m;
     let mut slot = PipelineState::new(tile.stages);
     let mut u = tiles.first;
-    while u < tiles.total {
-        let (t, kb0, kb1) = tiles.unit(u, k_blocks);
+    while u < tiles.end {
+        let (t, kb0, kb1) = tiles.unit(u);
         let (row, col) = tiles.origin(t);
         for kb in kb0..kb1 {
             let k = (kb * BLOCK_K) as i32;
@@ -701,7 +717,7 @@ unsafe fn produce(p: &GemmParams, ring: Ring, tiles: Tiles) {
             }
             slot.advance();
         }
-        u += tiles.step;
+        u = tiles.next(u, kb0, kb1);
     }
     gdc::launch_dependents();
 }
@@ -747,7 +763,6 @@ unsafe fn load_c_chunk(p: &GemmParams, ring: Ring, half: u32, g: u32, row: u32, 
 /// unit) of this block.
 #[inline(always)]
 unsafe fn consume<T: InputType, C: Config>(p: &GemmParams, ring: Ring, tiles: Tiles, half: u32) {
-    let k_blocks = p.k.div_ceil(BLOCK_K);
     let staged = p.map_d != 0 && (p.beta == 0.0 || p.map_c != 0);
     // Chunks this warpgroup has staged so far (which buffer is next, and its use count).
     let mut chunks_staged = 0;
@@ -759,8 +774,8 @@ unsafe fn consume<T: InputType, C: Config>(p: &GemmParams, ring: Ring, tiles: Ti
     // (`HOOK_WAIT_BEFORE_C`), until this warpgroup's first epilogue acquires it.
     let mut c_ready = p.hook.flags & HOOK_WAIT_BEFORE_C == 0 || p.hook.wait_flag == 0;
     let mut u = tiles.first;
-    while u < tiles.total {
-        let (t, kb0, kb1) = tiles.unit(u, k_blocks);
+    while u < tiles.end {
+        let (t, kb0, kb1) = tiles.unit(u);
         let (row, col) = tiles.origin(t);
         // This warpgroup's share of the tile.
         let (row, col) = (row + wg_row, col + wg_col);
@@ -817,9 +832,9 @@ unsafe fn consume<T: InputType, C: Config>(p: &GemmParams, ring: Ring, tiles: Ti
         if kb1 > kb0 {
             unsafe { release(ring, previous) };
         }
-        if C::TILE.split_k && !unsafe { finish_split::<C>(p, ring, tiles, &mut acc, u, half, row) }
+        if C::TILE.split_k && !unsafe { finish_split::<C>(p, ring, tiles, &mut acc, t, half, row) }
         {
-            u += tiles.step;
+            u = tiles.next(u, kb0, kb1);
             continue;
         }
         if !c_ready {
@@ -836,7 +851,7 @@ unsafe fn consume<T: InputType, C: Config>(p: &GemmParams, ring: Ring, tiles: Ti
         } else {
             unsafe { C::epilogue::<T>(p, &acc, row, col) };
         }
-        u += tiles.step;
+        u = tiles.next(u, kb0, kb1);
     }
     if staged && index::thread_in_warpgroup() == 0 {
         // The block's shared memory must outlive the reads of its last stores, and the
@@ -887,37 +902,41 @@ unsafe fn wait_for_hook_flag(hook: &StageHook) -> bool {
     timed_out
 }
 
-/// Split-K, after unit `u`'s main loop (every thread of consumer warpgroup `half`, whose share
-/// starts at row `row`): writes the warpgroup's partial sum to its slot, counts the warpgroup
-/// in on the tile's counter and, if it is the tile's last split, adds every split's partial
-/// into `acc` in split order and resets the counter (the hand-off: [`grid`]). Returns whether
-/// this warpgroup completes the tile (and runs its epilogue).
+/// Split-K, after a piece of tile `t` (every thread of consumer warpgroup `half`, whose share
+/// starts at row `row`): if other blocks compute pieces of the tile too, writes the
+/// warpgroup's partial sum to the piece's slot, counts the warpgroup in on the tile's counter
+/// and, if it is the tile's last piece, adds every piece's partial into `acc` in k order and
+/// resets the counter (the hand-off: [`grid`]). Returns whether this warpgroup completes the
+/// tile (and runs its epilogue): always where this block computes the whole tile.
 #[inline(always)]
 unsafe fn finish_split<C: Config>(
     p: &GemmParams,
     ring: Ring,
     tiles: Tiles,
     acc: &mut C::Acc,
-    u: u32,
+    t: u32,
     half: u32,
     row: u32,
 ) -> bool {
-    // Floats of one warpgroup's slot: half a tile.
+    let (g0, pieces) = Tiles::stream_k(p, C::TILE).pieces(t);
+    if pieces == 1 {
+        return true;
+    }
+    // Floats of one warpgroup's part of a slot: half a tile.
     let per_half = (C::TILE.block_m * C::TILE.block_n / 2) as usize;
     let partials = p.split.partials as *mut f32;
-    let slot_of = |unit: u32| (2 * unit as usize + half as usize) * per_half;
-    unsafe { C::store_partial(acc, partials.add(slot_of(u)), row, p.m) };
+    let slot_of = |slot: u32| (2 * slot as usize + half as usize) * per_half;
+    unsafe { C::store_partial(acc, partials.add(slot_of(t + index::block_idx())), row, p.m) };
     let barrier = 1 + half;
     sync::named_sync(barrier, 128);
-    let t = u / tiles.splits;
     if index::thread_in_warpgroup() == 0 {
         let counter = unsafe { (p.split.counters as *mut u32).add(2 * t as usize + half as usize) };
         // Release: every partial store of the warpgroup (ordered before this thread by the
         // barrier) before the count.
         fence::acq_rel_gpu();
-        let last = unsafe { grid::fetch_add_relaxed_gpu(counter, 1) } + 1 == tiles.splits;
+        let last = unsafe { grid::fetch_add_relaxed_gpu(counter, 1) } + 1 == pieces;
         if last {
-            // Acquire: the other splits' partials, released with their counts.
+            // Acquire: the other pieces' partials, released with their counts.
             fence::acq_rel_gpu();
             unsafe { grid::store_relaxed_gpu(counter, 0) };
         }
@@ -926,8 +945,8 @@ unsafe fn finish_split<C: Config>(
     sync::named_sync(barrier, 128);
     let last = unsafe { smem::load_u32(ring.split_word(half)) } != 0;
     if last {
-        let first = unsafe { partials.add(slot_of(t * tiles.splits)) };
-        unsafe { C::sum_partials(acc, first, 2 * per_half, tiles.splits, row, p.m) };
+        let first = unsafe { partials.add(slot_of(t + g0)) };
+        unsafe { C::sum_partials(acc, first, 2 * per_half, pieces, row, p.m) };
     }
     last
 }

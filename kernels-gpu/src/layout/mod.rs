@@ -3,4 +3,5 @@
 //! Nothing here touches hardware, so every function has host unit tests.
 pub mod descriptor;
 pub mod raster;
+pub mod stream_k;
 pub mod swizzle;
