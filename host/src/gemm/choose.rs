@@ -61,8 +61,7 @@ pub fn estimated_cost(variant: &GemmVariant, m: u64, n: u64, k: u64, sm_count: u
         return tiles.div_ceil(slots) as f64 * tile;
     }
     let k_blocks = k.div_ceil(u64::from(BLOCK_K)).max(1);
-    let grid = split_grid(variant, m, n, k, sm_count)
-        .map_or_else(|| tiles.min(slots), u64::from);
+    let grid = split_grid(variant, m, n, k, sm_count).map_or_else(|| tiles.min(slots), u64::from);
     tile * split_k_blocks(variant, m, tiles, k_blocks, grid) / k_blocks as f64
 }
 
@@ -75,11 +74,18 @@ fn tile_count(variant: &GemmVariant, m: u64, n: u64) -> u64 {
 }
 
 /// A split-K grid of `grid` blocks' longest run, in k-blocks of the main loop: its share of
-/// the k-blocks and, where a tile is cut, the hand-off of the most-cut tile.
+/// the k-blocks, the hand-off of the most-cut tile where a tile is cut, and
+/// [`STREAM_K_K_BLOCKS`] where the blocks' ranges do not follow the tiles (`grid` not a
+/// multiple of `tiles`).
 fn split_k_blocks(variant: &GemmVariant, m: u64, tiles: u64, k_blocks: u64, grid: u64) -> f64 {
     let partition = StreamK::new(tiles as u32, k_blocks as u32, grid as u32);
     let pieces = partition.max_pieces();
-    (tiles * k_blocks).div_ceil(grid) as f64 + split_hand_off(variant, m, pieces)
+    let stream = if grid.is_multiple_of(tiles.max(1)) {
+        0.0
+    } else {
+        STREAM_K_K_BLOCKS
+    };
+    (tiles * k_blocks).div_ceil(grid) as f64 + split_hand_off(variant, m, pieces) + stream
 }
 
 /// What cutting a tile into `pieces` costs its last piece, in k-blocks of the main loop
@@ -190,12 +196,22 @@ pub const MIN_SPLIT_K_BLOCKS: u64 = 8;
 /// unsplit kernel already streams ~3.8 TB/s on half the SMs, and the partials are 64 rows.
 pub const TWO_SPLIT_MAX_ROWS: u64 = 16;
 
-/// The largest A (M × K, in bytes) for which a grid of one block per SM takes stream-K ranges
-/// that are not whole splits of every tile. A block's range is contiguous in the tile order,
-/// so at any moment the grid works on tiles spread over the whole output and every A panel
-/// is in use at once: they must all stay in L2 (50 MiB on H100/H200) beside the streamed
-/// weights. Plain split-K (every tile in `s` pieces, all tiles at once) has no such limit.
-pub const STREAM_K_MAX_A_BYTES: u64 = 16 << 20;
+/// The most rows for which a grid of one block per SM takes stream-K ranges that are not
+/// whole splits of every tile. Measured (kernels-gpu/NOTES.md step 39): with 64 rows every
+/// such grid ran 5–20 % slower than the best unsplit or plainly split one; with more than one
+/// row of tiles, the tiles that share a B panel run at different k-offsets in different
+/// blocks, so B comes from DRAM once per tile row (405B fc1 at TP 8 with 512 rows: 1.8× the
+/// time).
+pub const STREAM_K_MAX_ROWS: u64 = 16;
+
+/// What a stream-K grid (one block per SM, ranges that do not follow the tiles) costs beyond
+/// its share of the k-blocks and the hand-off of its most-cut tile, in k-blocks of the main
+/// loop. Fitted to the grid run of step 39 (one H200, 1–16 rows, 64×128 tiles, ~0.5 µs per
+/// k-block with every SM on the weight stream): it gained where it saved 39 and 54 k-blocks a
+/// block (70B fc1 at TP 2: 136 → 124 µs; 405B fc1 at TP 8: 135 → 116 µs) and lost where it
+/// saved 19 (8B fc1: 70 → 77 µs) and against plain splits of 32–64 tiles; 24 puts the
+/// break-even between. What the time is spent on is not yet measured.
+const STREAM_K_K_BLOCKS: f64 = 24.0;
 
 /// The grid of a split-K configuration ([`SplitParams`](kernels_gpu::gemm_abi::SplitParams)):
 /// how many blocks share the tiles' k-blocks out (stream-K,
@@ -203,17 +219,19 @@ pub const STREAM_K_MAX_A_BYTES: u64 = 16 << 20;
 /// `None` where no split pays by the estimate (`split_k_blocks` against a wave of whole
 /// tiles) and for configurations without split-K.
 ///
-/// Candidates: plain split-K, `G = tiles · s` for `s = 2 … ⌊SMs / tiles⌋` (at most
-/// [`MAX_SPLITS`], two only for at most [`TWO_SPLIT_MAX_ROWS`] rows); and one block per SM
-/// (fewer if that left a block under [`MIN_SPLIT_K_BLOCKS`]), where A is at most
-/// [`STREAM_K_MAX_A_BYTES`] — the stream-K grid, which evens out a last wave of few tiles
-/// (224 tiles on 132 SMs: 1.7 tiles' worth each instead of 2 waves) and a tile count that
-/// does not divide the SMs (48 tiles: 132 blocks of 23–24 k-blocks instead of 96 of 32).
-/// Every block keeps at least [`MIN_SPLIT_K_BLOCKS`] k-blocks.
+/// Candidates: plain split-K, `G = tiles · s` with `s = ⌊SMs / tiles⌋` (at most
+/// [`MAX_SPLITS`], at least [`MIN_SPLIT_K_BLOCKS`] k-blocks a split; two only for at most
+/// [`TWO_SPLIT_MAX_ROWS`] rows): one wave of units, since every split adds to the finishing
+/// warpgroup's sum (NOTES steps 34 and 37); and, for at most [`STREAM_K_MAX_ROWS`] rows, one
+/// block per SM (fewer if that left a block under [`MIN_SPLIT_K_BLOCKS`]) at an extra
+/// [`STREAM_K_K_BLOCKS`] — the stream-K grid, which evens out a last wave of few tiles (224
+/// tiles on 132 SMs: 1.7 tiles' worth each instead of 2 waves) and a tile count far from a
+/// divisor of the SMs (104 tiles: 1.3 tiles' worth instead of 1 wave with 28 SMs idle).
 ///
 /// Examples on 132 SMs: 1 × 2304 × 16384 (405B QKV at TP 8) in 64×128 tiles: 18 tiles,
 /// 7 splits of 36–37 k-blocks (126 blocks); 16 × 8192 × 14336 in 128×256 tiles: 32 tiles, 4
-/// splits.
+/// splits; 1 × 28672 × 8192 (70B fc1 at TP 2) in 64×128 tiles: 224 tiles on 132 blocks of
+/// 217–218 k-blocks.
 #[must_use]
 pub fn split_grid(variant: &GemmVariant, m: u64, n: u64, k: u64, sm_count: u32) -> Option<u32> {
     let c = variant.config;
@@ -225,18 +243,23 @@ pub fn split_grid(variant: &GemmVariant, m: u64, n: u64, k: u64, sm_count: u32) 
     let k_blocks = k.div_ceil(u64::from(BLOCK_K)).max(1);
     let work = tiles * k_blocks;
     let max_grid = work / MIN_SPLIT_K_BLOCKS;
-    let most_splits = (slots / tiles.max(1)).min(u64::from(MAX_SPLITS));
-    let plain = (2..=most_splits)
-        .filter(|&s| s > 2 || m <= TWO_SPLIT_MAX_ROWS)
-        .map(|s| tiles * s);
-    let stream = (m * k * 2 <= STREAM_K_MAX_A_BYTES).then_some(slots);
-    let cost = |grid: u64| split_k_blocks(variant, m, tiles, k_blocks, grid);
+    let splits = (slots / tiles.max(1))
+        .min(k_blocks / MIN_SPLIT_K_BLOCKS)
+        .min(u64::from(MAX_SPLITS));
+    let plain = (splits >= 2 && (splits > 2 || m <= TWO_SPLIT_MAX_ROWS)).then(|| {
+        (
+            tiles * splits,
+            split_k_blocks(variant, m, tiles, k_blocks, tiles * splits),
+        )
+    });
+    let stream = slots.min(max_grid);
+    let stream = (m <= STREAM_K_MAX_ROWS && !stream.is_multiple_of(tiles.max(1)))
+        .then(|| (stream, split_k_blocks(variant, m, tiles, k_blocks, stream)));
     let whole_tiles = tiles.div_ceil(slots) as f64 * k_blocks as f64;
     plain
+        .into_iter()
         .chain(stream)
-        .filter(|&grid| grid <= max_grid && grid != tiles && stream_k::fits(tiles, k_blocks, grid))
-        .map(|grid| (grid, cost(grid)))
-        .filter(|&(_, c)| c < whole_tiles)
+        .filter(|&(grid, cost)| cost < whole_tiles && stream_k::fits(tiles, k_blocks, grid))
         .min_by(|x, y| x.1.total_cmp(&y.1))
         .map(|(grid, _)| grid as u32)
 }
@@ -293,25 +316,31 @@ mod tests {
     #[test]
     fn split_grids_fill_the_sms() {
         let s = variant_named("128x256s").unwrap();
-        // 32 tiles: 4 splits make one full wave of 128 blocks, against 132 blocks of 108–109
-        // k-blocks cutting a tile in up to 6 pieces (two more sum round trips).
+        // 32 tiles: 4 splits make one full wave of 128 blocks.
         assert_eq!(split_grid(s, 16, 8192, 14336, 132), Some(128));
-        // 112 tiles: stream-K over 132 blocks (95 k-blocks each, tiles in up to 3 pieces).
-        assert_eq!(split_grid(s, 16, 28672, 8192, 132), Some(132));
-        // The tiles fill the SMs in whole waves, or A is too large to stream: no split.
+        // The tiles fill the SMs in whole waves, or too many rows for stream-K: no split.
         assert_eq!(split_grid(s, 8192, 8192, 8192, 132), None);
-        assert_eq!(split_grid(s, 2048, 7168, 8192, 132), None);
-        // Short K: at least 8 k-blocks a block (K = 1024: 16 k-blocks, 2 splits).
-        assert_eq!(split_grid(s, 16, 8192, 1024, 132), Some(64));
-        assert_eq!(split_grid(s, 16, 8192, 512, 132), None);
+        assert_eq!(split_grid(s, 64, 28672, 8192, 132), None);
+        // Short K: at least 8 k-blocks a split (K = 2048: 32 k-blocks, 4 splits of 8), and
+        // the split must pay: 4 splits of 32 tiles at K = 1024 would run 4 of 16 k-blocks
+        // and hand off 4 partials, one L2 round trip each (4 · 4 + 4): 24 > 16.
+        assert_eq!(split_grid(s, 16, 8192, 2048, 132), Some(128));
+        assert_eq!(split_grid(s, 16, 8192, 1024, 132), None);
         let narrow = variant_named("64x128s").unwrap();
-        // 8B QKV (48 tiles of 64×128, K = 4096): stream-K over every SM (23–24 k-blocks).
-        assert_eq!(split_grid(narrow, 16, 6144, 4096, 132), Some(132));
-        // 405B QKV at TP 8, one token, 64×128 tiles: 18 tiles, 7 splits (126 blocks), one
-        // sum round trip fewer than stream-K's 9 pieces.
+        // Two splits only for few rows: 8B QKV (48 tiles of 64×128) at 16 and 64 tokens.
+        assert_eq!(split_grid(narrow, 16, 6144, 4096, 132), Some(96));
+        assert_eq!(split_grid(narrow, 64, 6144, 4096, 132), None);
+        // 405B QKV at TP 8, one token, 64×128 tiles: 18 tiles, 7 splits (126 blocks).
         assert_eq!(split_grid(narrow, 1, 2304, 16384, 132), Some(126));
-        // One tile and a huge K: every SM, whatever MAX_SPLITS says of plain splits.
-        assert_eq!(split_grid(s, 1, 8, 1 << 24, 132), Some(132));
+        // Stream-K where a last wave or idle SMs waste more than its extra cost: 70B fc1 at
+        // TP 2 (224 tiles: 2 waves of 128 k-blocks, against 218 + 4 + 24 = 246) and 405B
+        // fc1 at TP 8 (104 tiles, 28 SMs idle: 256 against 202 + 4 + 24); not 8B fc1 (224
+        // tiles of 64 k-blocks: 128 against 109 + 4 + 24 = 137).
+        assert_eq!(split_grid(narrow, 1, 28672, 8192, 132), Some(132));
+        assert_eq!(split_grid(narrow, 16, 13312, 16384, 132), Some(132));
+        assert_eq!(split_grid(narrow, 1, 28672, 4096, 132), None);
+        // One tile and a huge K: never more than MAX_SPLITS plain splits.
+        assert_eq!(split_grid(s, 1, 8, 1 << 24, 132), Some(MAX_SPLITS));
         // Other configurations never split.
         assert_eq!(
             split_grid(variant_named("128x256").unwrap(), 16, 8192, 14336, 132),
@@ -330,17 +359,17 @@ mod tests {
         }
         // 128 rows: 70B QKV at TP 2 runs 80 tiles of 64×128 unsplit (one wave: 11 469) rather
         // than 40 of 128×128 split 3 ways (hand-off 3 · 4 + 6 · 3 · 2 = 48 k-blocks:
-        // 16 384 · 1.06 · (42.7 + 48) / 128 = 12 306); 8B fc2 (4096 × 14336) splits 32 tiles of
+        // 16 384 · 1.06 · (43 + 48) / 128 = 12 347); 8B fc2 (4096 × 14336) splits 32 tiles of
         // 128×128 4 ways (16 384 · 1.06 · (56 + 64) / 224 = 9 304 against 11 469); 405B QKV at
-        // 512 rows splits 36 tiles of 128×256 3 ways (32 768 · (85.3 + 48) / 256 = 17 062
+        // 512 rows splits 36 tiles of 128×256 3 ways (32 768 · (86 + 48) / 256 = 17 152
         // against 72 unsplit 128×128 tiles' 17 367). All three as measured (NOTES step 37).
         assert_eq!(choose_variant(128, 5120, 8192, 132).name, "64x128");
         assert_eq!(choose_variant(512, 2304, 16384, 132).name, "128x256s");
         assert_eq!(choose_variant(128, 4096, 14336, 132).name, "128x128s");
-        // The tiles fill more than half the SMs (70B fc1 at TP 2, 16 tokens: 224 tiles of
-        // 64×128, 112 of 128×256), K too short to split (8 k-blocks), or prefill: no split.
+        // The 64-row tiles take two waves and K is too short for stream-K to pay (8B fc1, 16
+        // tokens), K too short to split (8 k-blocks), or prefill: no split.
         for (m, n, k) in [
-            (16, 28672, 8192),
+            (16, 28672, 4096),
             (1, 2304, 512),
             (2048, 7168, 8192),
             (8192, 8192, 8192),

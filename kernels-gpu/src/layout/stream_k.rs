@@ -149,7 +149,10 @@ mod tests {
                     x += kb1 - kb0;
                 }
             }
-            assert!(covered.iter().flatten().all(|&c| c), "{tiles}x{k_blocks}/{grid}");
+            assert!(
+                covered.iter().flatten().all(|&c| c),
+                "{tiles}x{k_blocks}/{grid}"
+            );
             for (t, blocks) in pieces_of.iter().enumerate() {
                 let (g0, n) = sk.pieces(t as u32);
                 let expected: Vec<u32> = (g0..g0 + n).collect();
