@@ -61,7 +61,9 @@ pub fn estimated_cost(variant: &GemmVariant, m: u64, n: u64, k: u64, sm_count: u
         return tiles.div_ceil(slots) as f64 * tile;
     }
     let k_blocks = k.div_ceil(u64::from(BLOCK_K)).max(1);
-    let grid = split_grid(variant, m, n, k, sm_count).map_or_else(|| tiles.min(slots), u64::from);
+    let grid = split_grid(variant, m, n, k, sm_count)
+        .map_or_else(|| tiles.min(slots), u64::from)
+        .max(1);
     tile * split_k_blocks(variant, m, tiles, k_blocks, grid) / k_blocks as f64
 }
 
@@ -239,6 +241,9 @@ pub fn split_grid(variant: &GemmVariant, m: u64, n: u64, k: u64, sm_count: u32) 
         return None;
     }
     let tiles = tile_count(variant, m, n);
+    if tiles == 0 {
+        return None;
+    }
     let slots = u64::from(sm_count.max(1));
     let k_blocks = k.div_ceil(u64::from(BLOCK_K)).max(1);
     let work = tiles * k_blocks;
@@ -346,6 +351,24 @@ mod tests {
             split_grid(variant_named("128x256").unwrap(), 16, 8192, 14336, 132),
             None
         );
+    }
+
+    #[test]
+    fn empty_problems_and_no_sms_have_a_choice() {
+        // The rule is public: degenerate sizes get an answer, not a panic (launching them is
+        // refused by `gemm::check`).
+        for (m, n, k, sms) in [
+            (0, 8, 8, 132),
+            (8, 0, 8, 132),
+            (8, 8, 0, 132),
+            (1, 8, 64, 0),
+        ] {
+            let _ = choose_variant(m, n, k, sms);
+            let _ = choose_fp8_variant(m, n, k, sms);
+            for v in &VARIANTS {
+                let _ = (estimated_cost(v, m, n, k, sms), split_grid(v, m, n, k, sms));
+            }
+        }
     }
 
     #[test]
