@@ -222,11 +222,11 @@ const STREAM_K_K_BLOCKS: f64 = 24.0;
 /// tiles) and for configurations without split-K.
 ///
 /// Candidates: plain split-K, `G = tiles · s` with `s = ⌊SMs / tiles⌋` (at most
-/// [`MAX_SPLITS`], at least [`MIN_SPLIT_K_BLOCKS`] k-blocks a split; two only for at most
-/// [`TWO_SPLIT_MAX_ROWS`] rows): one wave of units, since every split adds to the finishing
-/// warpgroup's sum (NOTES steps 34 and 37); and, for at most [`STREAM_K_MAX_ROWS`] rows, one
-/// block per SM (fewer if that left a block under [`MIN_SPLIT_K_BLOCKS`]) at an extra
-/// [`STREAM_K_K_BLOCKS`] — the stream-K grid, which evens out a last wave of few tiles (224
+/// `MAX_SPLITS`, at least `MIN_SPLIT_K_BLOCKS` k-blocks a split; two only for at most
+/// `TWO_SPLIT_MAX_ROWS` rows): one wave of units, since every split adds to the finishing
+/// warpgroup's sum (NOTES steps 34 and 37); and, for at most `STREAM_K_MAX_ROWS` rows, one
+/// block per SM (fewer if that left a block under `MIN_SPLIT_K_BLOCKS`) at an extra
+/// `STREAM_K_K_BLOCKS` — the stream-K grid, which evens out a last wave of few tiles (224
 /// tiles on 132 SMs: 1.7 tiles' worth each instead of 2 waves) and a tile count far from a
 /// divisor of the SMs (104 tiles: 1.3 tiles' worth instead of 1 wave with 28 SMs idle).
 ///
