@@ -832,8 +832,7 @@ unsafe fn consume<T: InputType, C: Config>(p: &GemmParams, ring: Ring, tiles: Ti
         if kb1 > kb0 {
             unsafe { release(ring, previous) };
         }
-        if C::TILE.split_k && !unsafe { finish_split::<C>(p, ring, tiles, &mut acc, t, half, row) }
-        {
+        if C::TILE.split_k && !unsafe { finish_split::<C>(p, ring, &mut acc, t, half, row) } {
             u = tiles.next(u, kb0, kb1);
             continue;
         }
@@ -908,11 +907,15 @@ unsafe fn wait_for_hook_flag(hook: &StageHook) -> bool {
 /// and, if it is the tile's last piece, adds every piece's partial into `acc` in k order and
 /// resets the counter (the hand-off: [`grid`]). Returns whether this warpgroup completes the
 /// tile (and runs its epilogue): always where this block computes the whole tile.
+///
+/// # Safety
+/// `p.split` must hold the workspace the host sized for this grid (`tiles + grid` slots of
+/// `block_m · block_n` f32 and `2 · tiles` zeroed counters, [`SplitParams`]); every thread of
+/// the warpgroup must call it (it contains warpgroup barriers).
 #[inline(always)]
 unsafe fn finish_split<C: Config>(
     p: &GemmParams,
     ring: Ring,
-    tiles: Tiles,
     acc: &mut C::Acc,
     t: u32,
     half: u32,
