@@ -418,9 +418,10 @@ def overlaps(a: tuple[int, int], b: tuple[int, int]) -> bool:
 
 
 def check_partials(partials):
-    """``partials`` is ``"read"`` or ``"push"`` (``ValueError`` otherwise)."""
-    if partials not in ("read", "push"):
+    """``partials`` is ``None``, ``"read"`` or ``"push"`` (``ValueError`` otherwise)."""
+    if partials not in (None, "read", "push"):
         raise ValueError(
             f"partials={partials!r}: use 'read' (the epilogue reads the neighbour's partial "
-            "sum) or 'push' (the neighbour pushes it first)"
+            "sum), 'push' (the neighbour pushes it first) or None (a tuning table's choice "
+            "under schedule='auto', else 'read')"
         )

@@ -158,7 +158,7 @@ def _instance(
     dtype: str,
     alpha: float,
     expect: dict,
-    partials: str = "read",
+    partials: str | None = None,
     fp8=None,
 ):
     """The cached instance for this call's key, built (collectively) on a miss; checks that its
@@ -400,7 +400,7 @@ def _linear_reduce_scatter(
     out,
     alpha,
     names,
-    partials="read",
+    partials=None,
     scale_a=None,
     scale_b=None,
     out_dtype=None,
@@ -511,7 +511,7 @@ def linear_reduce_scatter(
     group=None,
     schedule="auto",
     out=None,
-    partials="read",
+    partials=None,
     *,
     scale_a=None,
     scale_b=None,
@@ -530,9 +530,11 @@ def linear_reduce_scatter(
         schedule: ``"auto"``, ``"rs-a"`` (pipelined) or ``"rs-a-single"``.
         out: optional output ``(T/TP, ..., N)``; a new tensor otherwise.
         partials: how a pipelined stage gets its neighbour's partial sum: ``"read"`` (its
-            epilogue reads the neighbour's memory; the default) or ``"push"`` (the
-            neighbour's copy engine pushes it into this rank's memory first; more workspace,
-            not yet measured faster). Ignored by the single-stage schedule.
+            epilogue reads the neighbour's memory) or ``"push"`` (the neighbour's copy engine
+            pushes it into this rank's memory first; more workspace). ``None`` (the default):
+            with ``schedule="auto"``, what a tuning table (``DISTGEMM_TUNING``, written by
+            ``distgemm tune``) measured faster for this problem, else ``"read"``. Ignored by
+            the single-stage schedule.
         scale_a, scale_b: with ``torch.float8_e4m3fn`` operands (both e4m3, then both
             required) the dequantisation factors, both tensor-wise or both row-wise.
             Tensor-wise, the result is ``(scale_a·x) @ (scale_b·weight).T``; each a Python
@@ -754,7 +756,7 @@ def fused_scaled_matmul_reduce_scatter(
         None,
         alpha,
         ("A", "B"),
-        "read",
+        None,
         A_scale,
         B_scale,
         out_dtype,

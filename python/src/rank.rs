@@ -145,7 +145,7 @@ impl PyRankGemm {
     /// `D[i, j] = alpha·sa[i]·sb[j]·(A·Bᵀ)[i, j] + beta·C[i, j]`. Collective; the GIL is
     /// released except while the rendezvous runs.
     #[new]
-    #[pyo3(signature = (rendezvous, device, schedule, auto, m, n, k, dtype, alpha=1.0, beta=0.0, timeout_s=None, allow_shared_gpu=false, rs_partials="read", fp8_scales=None, scale_mode=None))]
+    #[pyo3(signature = (rendezvous, device, schedule, auto, m, n, k, dtype, alpha=1.0, beta=0.0, timeout_s=None, allow_shared_gpu=false, rs_partials=None, fp8_scales=None, scale_mode=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -161,13 +161,13 @@ impl PyRankGemm {
         beta: f32,
         timeout_s: Option<f64>,
         allow_shared_gpu: bool,
-        rs_partials: &str,
+        rs_partials: Option<&str>,
         fp8_scales: Option<(f32, f32)>,
         scale_mode: Option<&str>,
     ) -> PyResult<Self> {
         guard("build", || {
             let kind = parse_schedule(schedule)?;
-            let partials = parse_partials(rs_partials)?;
+            let partials = rs_partials.map(parse_partials).transpose()?;
             let (dtype, fp8) = parse_dtype(dtype)?;
             let scale_mode = parse_scale_mode(fp8, scale_mode)?;
             let timeout = timeout_s
@@ -189,7 +189,11 @@ impl PyRankGemm {
                 problem = problem.with_fp8(mode);
             }
             let built = py.detach(move || {
-                let mut builder = RankGemm::builder().problem(problem).rs_partials(partials);
+                let mut builder = RankGemm::builder().problem(problem);
+                // Unset: an Auto schedule runs a tuning table's measured choice, else read.
+                if let Some(partials) = partials {
+                    builder = builder.rs_partials(partials);
+                }
                 // Checked by the builder: required for tensor-wise e4m3, refused for row-wise
                 // e4m3 and bf16/f16, in range.
                 if let Some((sa, sb)) = fp8_scales {

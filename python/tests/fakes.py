@@ -153,7 +153,7 @@ class FakeRankGemm:
         beta=0.0,
         timeout_s=None,
         allow_shared_gpu=False,
-        rs_partials="read",
+        rs_partials=None,
         fp8_scales=None,
         scale_mode=None,
     ):

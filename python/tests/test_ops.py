@@ -28,7 +28,7 @@ def test_all_gather_linear_builds_the_global_problem_and_launches_on_the_current
         "beta": 0.0,
         "timeout_s": None,
         "allow_shared_gpu": False,
-        "rs_partials": "read",
+        "rs_partials": None,
         "scale_mode": None,
     }
     assert inst.launches == [(0xABC, x.data_ptr(), w.data_ptr(), None, out.data_ptr())]
@@ -95,11 +95,13 @@ def test_reduce_scatter_partials_reach_the_build_and_key_the_cache(env):
     distgemm.linear_reduce_scatter(x, w, schedule="rs-a")
     distgemm.linear_reduce_scatter(x, w, schedule="rs-a", partials="push")
     distgemm.linear_reduce_scatter(x, w, schedule="rs-a", partials="push")
-    assert [i.args["rs_partials"] for i in FakeRankGemm.built] == ["read", "push"]
-    assert [len(i.launches) for i in FakeRankGemm.built] == [1, 2]
+    distgemm.linear_reduce_scatter(x, w, schedule="rs-a", partials="read")
+    # Unset reaches the build as None (the tuning table's choice under Auto, else read).
+    assert [i.args["rs_partials"] for i in FakeRankGemm.built] == [None, "push", "read"]
+    assert [len(i.launches) for i in FakeRankGemm.built] == [1, 2, 1]
     with pytest.raises(ValueError, match="partials='pull'"):
         distgemm.linear_reduce_scatter(x, w, partials="pull")
-    assert len(FakeRankGemm.built) == 2
+    assert len(FakeRankGemm.built) == 3
 
 
 def test_bad_arguments_name_the_problem(env):
