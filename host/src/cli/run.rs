@@ -14,7 +14,7 @@ use super::{CliError, check_ptx_file, cuda_devices};
 use crate::cpu::CpuExecutor;
 use crate::cuda::{DeviceArgs, DistGemm, Fp8RowScales};
 use crate::dtype::{Dtype, Element};
-use crate::plan::{Fp8Inputs, GlobalInputs, Plan};
+use crate::plan::{Fp8Inputs, GlobalInputs, Plan, SizeError};
 use crate::problem::Problem;
 use crate::reference::{
     CheckInputs, CheckReport, ScaledCheckInputs, check, check_sampled, check_scaled,
@@ -261,28 +261,40 @@ fn check_fp8<T: Element>(
     inputs: &Fp8Inputs<T>,
     d: &[T],
 ) -> Result<(Option<CheckReport>, Option<Coverage>), CliError> {
-    let problem = plan.problem;
-    let coverage = coverage(args, &problem);
     let check_inputs = ScaledCheckInputs {
         a: &inputs.a,
         b: &inputs.b,
         scales: &inputs.scales,
         c: inputs.c.as_deref(),
     };
+    checked(
+        args,
+        plan,
+        |p, roundings, tp| check_scaled(p, roundings, tp, check_inputs, d),
+        |p, roundings, tp, indices| {
+            check_scaled_sampled(p, roundings, tp, check_inputs, d, indices)
+        },
+    )
+}
+
+/// `--check` of a run's gathered D: `full` (every element) up to [`CPU_FLOP_CAP`], else
+/// `sampled` on the sample of `cli::sample`; each gets the problem, the schedule's output
+/// roundings and TP. Nothing without `--check`.
+fn checked(
+    args: &RunArgs,
+    plan: &Plan,
+    full: impl FnOnce(&Problem, usize, usize) -> Result<CheckReport, SizeError>,
+    sampled: impl FnOnce(&Problem, usize, usize, &[usize]) -> Result<CheckReport, SizeError>,
+) -> Result<(Option<CheckReport>, Option<Coverage>), CliError> {
+    let problem = plan.problem;
+    let coverage = coverage(args, &problem);
     let roundings = plan.schedule.roundings(plan.tp);
     let report = match coverage {
         None => None,
-        Some(Coverage::Full) => Some(check_scaled(&problem, roundings, plan.tp, check_inputs, d)?),
+        Some(Coverage::Full) => Some(full(&problem, roundings, plan.tp)?),
         Some(Coverage::Sampled) => {
             let indices = sample_indices(plan, RANDOM_SAMPLES, args.seed);
-            Some(check_scaled_sampled(
-                &problem,
-                roundings,
-                plan.tp,
-                check_inputs,
-                d,
-                &indices,
-            )?)
+            Some(sampled(&problem, roundings, plan.tp, &indices)?)
         }
     };
     Ok((report, coverage))
@@ -539,37 +551,18 @@ fn report<T: Element>(
     seconds_per_iter: f64,
     out: &mut dyn Write,
 ) -> Result<(), CliError> {
-    let problem = plan.problem;
-    let coverage = coverage(args, &problem);
     let check_inputs = CheckInputs {
         a: &inputs.a,
         b: &inputs.b,
         c: inputs.c.as_deref(),
     };
-    let roundings = plan.schedule.roundings(plan.tp);
-    let report = match coverage {
-        None => None,
-        Some(Coverage::Full) => Some(check(&problem, roundings, plan.tp, check_inputs, d)?),
-        Some(Coverage::Sampled) => {
-            let indices = sample_indices(plan, RANDOM_SAMPLES, args.seed);
-            Some(check_sampled(
-                &problem,
-                roundings,
-                plan.tp,
-                check_inputs,
-                d,
-                &indices,
-            )?)
-        }
-    };
-    print_report(
+    let checked = checked(
         args,
         plan,
-        backend,
-        (report, coverage),
-        seconds_per_iter,
-        out,
-    )
+        |p, roundings, tp| check(p, roundings, tp, check_inputs, d),
+        |p, roundings, tp, indices| check_sampled(p, roundings, tp, check_inputs, d, indices),
+    )?;
+    print_report(args, plan, backend, checked, seconds_per_iter, out)
 }
 
 /// Prints the run's summary and its check (the bound's magnitude term names the scales of
