@@ -125,6 +125,9 @@ struct Record {
     cublas_mj: Option<f64>,
     /// With `--variants` / `--raster`: TFLOP/s of every extra configuration.
     variant_tflops: BTreeMap<String, f64>,
+    /// ... and its median time, ms (the table prints µs: decode shapes run at a few TFLOP/s,
+    /// where whole TFLOP/s hide the differences).
+    variant_ms: BTreeMap<String, f64>,
     /// ... and its energy per launch (mJ), when available.
     variant_mj: BTreeMap<String, f64>,
 }
@@ -558,7 +561,7 @@ fn run() -> Result<(), BenchError> {
         println!("{line}");
         report.push(line);
     };
-    emit("| shape | M | N | K | dtype | tile | ours ms | cuBLAS ms | ours TFLOP/s | cuBLAS TFLOP/s | ours/cuBLAS | % of peak (989, e4m3 1979) | weights GB/s ours / cuBLAS | ours mJ | cuBLAS mJ | TFLOP/s (mJ) per extra configuration |".to_owned());
+    emit("| shape | M | N | K | dtype | tile | ours ms | cuBLAS ms | ours TFLOP/s | cuBLAS TFLOP/s | ours/cuBLAS | % of peak (989, e4m3 1979) | weights GB/s ours / cuBLAS | ours mJ | cuBLAS mJ | µs (mJ) per extra configuration |".to_owned());
     emit(
         "|---|---:|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|".to_owned(),
     );
@@ -609,6 +612,10 @@ fn run() -> Result<(), BenchError> {
                 .iter()
                 .map(|v| (v.name.clone(), gemm_tflops(m, n, k, v.timing.median_ms)))
                 .collect();
+            let variant_ms: BTreeMap<String, f64> = ours[1..]
+                .iter()
+                .map(|v| (v.name.clone(), v.timing.median_ms))
+                .collect();
             let variant_mj: BTreeMap<String, f64> = ours[1..]
                 .iter()
                 .filter_map(|v| Some((v.name.clone(), v.mj_per_gemm?)))
@@ -640,14 +647,18 @@ fn run() -> Result<(), BenchError> {
                 commit: provenance.commit.clone(),
                 date: provenance.date.clone(),
                 variant_tflops: per_variant,
+                variant_ms,
                 variant_mj,
             };
             let variants_cell: Vec<String> = r
-                .variant_tflops
+                .variant_ms
                 .iter()
-                .map(|(v, t)| match r.variant_mj.get(v) {
-                    Some(mj) => format!("{v} {t:.0} ({mj:.0})"),
-                    None => format!("{v} {t:.0}"),
+                .map(|(v, ms)| {
+                    let us = ms * 1e3;
+                    match r.variant_mj.get(v) {
+                        Some(mj) => format!("{v} {us:.1} ({mj:.0})"),
+                        None => format!("{v} {us:.1}"),
+                    }
                 })
                 .collect();
             let mj = |v: Option<f64>| v.map_or("—".to_owned(), |v| format!("{v:.0}"));
