@@ -192,7 +192,7 @@ def main():
 
     def rs_case(
         tag, dtype_name, m, n, k, calls, op="linear", reduce_op="sum", schedule="auto",
-        partials="read",
+        partials=None,
     ):
         dtype = dtypes[dtype_name]
         kl, ml = k // world, m // world
