@@ -544,20 +544,25 @@ def main():
         )
         distgemm.synchronize()
 
-    def fp8_row_checks():
-        """Row-wise FP8 through every schedule the ops expose and both scaled drop-ins."""
+    def fp8_schedule_cases(ag_case, rs_case):
+        """Both FP8 shapes (one ragged) through every schedule the ops expose, with the
+        pipelined reduce-scatter's partials read and pushed."""
         shapes = [(world * 37, world * 8 * 13, 16 * world * 29), (256, world * 256, 2048)]
         for m, n, k in shapes:
             tag = f"fp8 M={m} N={n} K={k}"
             for schedule in ("auto", "ag-a", "ag-a-single"):
-                fp8_row_ag_case(tag, m, n, k, schedule)
+                ag_case(tag, m, n, k, schedule)
             for schedule, partials in (
                 ("auto", "read"),
                 ("rs-a", "read"),
                 ("rs-a", "push"),
                 ("rs-a-single", "read"),
             ):
-                fp8_row_rs_case(tag, m, n, k, schedule, partials)
+                rs_case(tag, m, n, k, schedule, partials)
+
+    def fp8_row_checks():
+        """Row-wise FP8 through every schedule the ops expose and both scaled drop-ins."""
+        fp8_schedule_cases(fp8_row_ag_case, fp8_row_rs_case)
         # The all-gather drop-in with torch's sharded row-wise A_scale (T/TP, 1) and B_scale
         # (1, N/TP): all_gather_linear's GEMM bit for bit.
         m, n, k = world * 20, world * 64, 256
@@ -636,18 +641,7 @@ def main():
     def fp8_checks():
         """FP8 (tensor-wise) through every schedule the ops expose, the scaled drop-in, and
         FP8 arguments that must be refused."""
-        shapes = [(world * 37, world * 8 * 13, 16 * world * 29), (256, world * 256, 2048)]
-        for m, n, k in shapes:
-            tag = f"fp8 M={m} N={n} K={k}"
-            for schedule in ("auto", "ag-a", "ag-a-single"):
-                fp8_ag_case(tag, m, n, k, schedule)
-            for schedule, partials in (
-                ("auto", "read"),
-                ("rs-a", "read"),
-                ("rs-a", "push"),
-                ("rs-a-single", "read"),
-            ):
-                fp8_rs_case(tag, m, n, k, schedule, partials)
+        fp8_schedule_cases(fp8_ag_case, fp8_rs_case)
         # The drop-in: the same GEMM as all_gather_linear with the same scales, and A.
         m, n, k = world * 20, world * 64, 256
         a_full = rand_e4m3((m, k), seed_of("fp8 drop-in"))
