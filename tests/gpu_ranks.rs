@@ -249,11 +249,15 @@ fn upload<T: Element + DeviceCopy>(r: &Rank, plan: &Plan, seed: u64) -> Shards<T
     }
 }
 
-/// distgemm's single-GPU kernel on the rows of A and B that make this rank's D block: each
-/// element is the same dot product in the same order as in the distributed run. Where this
-/// rank's own shard of A or B already holds those rows (the all-gather schedules keep one
-/// operand whole: its D block needs exactly the local shard), it is read in place instead of
-/// generated and uploaded again — a 405B weight shard is 1.7 GB.
+/// distgemm's single-GPU kernel on the rows of A and B that make this rank's D block, launched
+/// as the rank's stage GEMMs are: one launch per stage, on the stage's rows and columns, with
+/// the grid capped as for two ranks on one GPU (`(SMs − 1) / 2` blocks). Each element is then
+/// the same dot product in the same order as in the distributed run — a split-K
+/// configuration's k-ranges depend on the launch's shape (the rule) and grid (the stream-K
+/// partition), so one launch over the whole block would sum some elements in another order.
+/// Where this rank's own shard of A or B already holds a stage's rows (the all-gather
+/// schedules keep one operand whole), they are read in place instead of generated and
+/// uploaded again — a 405B weight shard is 1.7 GB.
 fn single_gpu_block<T: Element + DeviceCopy>(
     r: &Rank,
     plan: &Plan,
@@ -261,46 +265,74 @@ fn single_gpu_block<T: Element + DeviceCopy>(
     shards: &Shards<T>,
 ) -> Vec<T> {
     let p = &plan.problem;
-    let own = &plan.devices[r.rank].shards;
+    let device = &plan.devices[r.rank];
+    let own = &device.shards;
     let d = own.d;
-    let rows_of = |which: u64, block: Block, shard: Block, buffer: &DeviceBuffer<T>| {
-        if block == shard {
-            (buffer.device_ptr(), None)
+    let size = std::mem::size_of::<T>() as u64;
+    // Rows `row0..row0 + rows` (global) of operand `which`, whole K: in place when the shard
+    // holds them, else a fresh upload kept alive by the returned buffer.
+    let rows_of = |which: u64, row0: usize, rows: usize, shard: Block, buffer: &DeviceBuffer<T>| {
+        if shard.cols == p.k && shard.row0 <= row0 && row0 + rows <= shard.row0 + shard.rows {
+            let skip = ((row0 - shard.row0) * p.k) as u64;
+            (buffer.device_ptr() + skip * size, None)
         } else {
+            let block = Block {
+                row0,
+                col0: 0,
+                rows,
+                cols: p.k,
+            };
             let copy =
                 DeviceBuffer::from_host(&r.gpu, &r.stream, &block_of::<T>(seed, which, block))
                     .expect("reference rows");
             (copy.device_ptr(), Some(copy))
         }
     };
-    let whole_k = |row0: usize, rows: usize| Block {
-        row0,
-        col0: 0,
-        rows,
-        cols: p.k,
-    };
-    let (a_ptr, _a_copy) = rows_of(0, whole_k(d.row0, d.rows), own.a, &shards.a);
-    let (b_ptr, _b_copy) = rows_of(1, whole_k(d.col0, d.cols), own.b, &shards.b);
-    let c = plan.devices[r.rank].shards.c.map(|c| {
-        DeviceBuffer::from_host(&r.gpu, &r.stream, &block_of::<T>(seed, 2, c)).expect("C")
-    });
     let mut out = DeviceBuffer::<T>::alloc(&r.gpu, d.elements()).expect("D");
     out.fill_bytes(&r.stream, 0xFF).expect("poison");
-    let (m, n, k) = (d.rows as u64, d.cols as u64, p.k as u64);
-    let args = GemmArgs {
-        dtype: p.dtype,
-        a: MatrixView::dense(a_ptr, m, k),
-        b: MatrixView::dense(b_ptr, n, k),
-        c: c.as_ref().map(|c| MatrixView::dense(c.device_ptr(), m, n)),
-        d: MatrixView::dense(out.device_ptr(), m, n),
-        alpha: p.alpha,
-        beta: p.beta,
-    };
     let kernel = GemmKernel::new(&r.module).expect("GEMM kernels");
-    let prepared = kernel.prepare(&r.stream, &args).expect("prepare");
-    // SAFETY: A, B (the shards or the copies held above), C and D are live buffers of the
-    // viewed sizes; we download after.
-    unsafe { prepared.launch(&r.stream, false) }.expect("launch");
+    let blocks = (r.gpu.sm_count() - 1) / TP as u32;
+    let mut covered = 0;
+    for stage in device.gemms() {
+        assert_eq!(stage.d.buffer, BufferKind::D, "an all-gather stage writes D");
+        let (m, n) = (stage.shape.m, stage.shape.n);
+        // The stage's block of D, in D's coordinates.
+        let (i0, j0) = (stage.d.offset / d.cols, stage.d.offset % d.cols);
+        let (a_ptr, _a_copy) = rows_of(0, d.row0 + i0, m, own.a, &shards.a);
+        let (b_ptr, _b_copy) = rows_of(1, d.col0 + j0, n, own.b, &shards.b);
+        let c = own.c.map(|c| {
+            let block = Block {
+                row0: c.row0 + i0,
+                col0: c.col0 + j0,
+                rows: m,
+                cols: n,
+            };
+            DeviceBuffer::from_host(&r.gpu, &r.stream, &block_of::<T>(seed, 2, block)).expect("C")
+        });
+        let (m, n, k) = (m as u64, n as u64, p.k as u64);
+        let args = GemmArgs {
+            dtype: p.dtype,
+            a: MatrixView::dense(a_ptr, m, k),
+            b: MatrixView::dense(b_ptr, n, k),
+            c: c.as_ref().map(|c| MatrixView::dense(c.device_ptr(), m, n)),
+            d: MatrixView {
+                ptr: out.device_ptr() + stage.d.offset as u64 * size,
+                rows: m,
+                cols: n,
+                ld: d.cols as u64,
+            },
+            alpha: p.alpha,
+            beta: p.beta,
+        };
+        let mut prepared = kernel.prepare(&r.stream, &args).expect("prepare");
+        prepared.cap_grid(blocks);
+        // SAFETY: A, B (the shards or the copies held above), C and D are live buffers of the
+        // viewed sizes; the stream is synchronised by the download before they are dropped.
+        unsafe { prepared.launch(&r.stream, false) }.expect("launch");
+        distgemm::runtime::stream::synchronize(&r.stream).expect("reference stage");
+        covered += m * n;
+    }
+    assert_eq!(covered, d.elements() as u64, "the stages cover the D block");
     out.download(&r.stream).expect("download")
 }
 
