@@ -13,7 +13,7 @@
 //! by ~8 (64 products), far outside it.
 use distgemm::baseline::{CublasLtElement, CublasLtGemm, TnGemmShape};
 use distgemm::dtype::{Dtype, Element};
-use distgemm::gemm::{GemmArgs, GemmKernel, GemmVariant, MatrixView, VARIANTS};
+use distgemm::gemm::{GemmArgs, GemmKernel, GemmLaunchError, GemmVariant, MatrixView, VARIANTS};
 use distgemm::runtime::{CudaStream, DeviceBuffer, DeviceCopy, Gpu, enable_peer_access_between};
 use distgemm_tests::gpu::{self, visible_line};
 use rand::rngs::SmallRng;
@@ -68,7 +68,7 @@ fn check_case<T: Element + CublasLtElement + DeviceCopy>(
     kernel: &GemmKernel,
     stream: &Arc<CudaStream>,
     c: Case,
-) -> f64 {
+) -> Verdict {
     let Case {
         m, n, k, pad, beta, ..
     } = c;
@@ -128,6 +128,9 @@ fn check_case<T: Element + CublasLtElement + DeviceCopy>(
         alpha: 1.0,
         beta,
     };
+    if let Some(v) = variant.filter(|v| !serves(v, m)) {
+        return refused(kernel.prepare_variant(stream, &args, v).err(), v);
+    }
     let mut prepared = match variant {
         Some(v) => kernel.prepare_variant(stream, &args, v),
         None => kernel.prepare(stream, &args),
@@ -225,7 +228,35 @@ fn check_case<T: Element + CublasLtElement + DeviceCopy>(
             name
         );
     }
-    worst
+    Verdict::Checked(worst)
+}
+
+/// What `check_case` found: every element within the bound (the worst error over the bound),
+/// or the named refusal of a short tile on more rows than it serves.
+enum Verdict {
+    Checked(f64),
+    Refused,
+}
+
+impl std::fmt::Display for Verdict {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Verdict::Checked(worst) => write!(f, "ok (worst error {worst:.2} of bound)"),
+            Verdict::Refused => write!(f, "refused as it should be (more rows than it serves)"),
+        }
+    }
+}
+
+/// Whether `variant` runs problems of `m` rows (a short tile serves at most `a_rows`).
+fn serves(variant: &GemmVariant, m: u64) -> bool {
+    m <= u64::from(variant.config.max_rows())
+}
+
+/// Checks that preparing a short tile on too many rows failed with the named error.
+fn refused(err: Option<GemmLaunchError>, variant: &GemmVariant) -> Verdict {
+    let err = err.unwrap_or_else(|| panic!("{} accepted more rows than it serves", variant.name));
+    assert!(err.to_string().contains("serves at most"), "{err}");
+    Verdict::Refused
 }
 
 /// Checks every case with the configuration the rule picks (`every_variant == false`) or with
@@ -244,12 +275,12 @@ fn run_cases(test: &str, dtype: Dtype, cases: &[Case], every_variant: bool) {
     };
     for &c in cases {
         for &v in &variants {
-            let worst = match dtype {
+            let verdict = match dtype {
                 Dtype::Bf16 => check_case::<half::bf16>(v, None, &session.gpu, &kernel, &stream, c),
                 Dtype::F16 => check_case::<half::f16>(v, None, &session.gpu, &kernel, &stream, c),
             };
             visible_line(&format!(
-                "{test}: {} {}x{}x{} pad {} beta {} {dtype} [{}]: ok (worst error {:.2} of bound)",
+                "{test}: {} {}x{}x{} pad {} beta {} {dtype} [{}]: {}",
                 c.name,
                 c.m,
                 c.n,
@@ -257,7 +288,7 @@ fn run_cases(test: &str, dtype: Dtype, cases: &[Case], every_variant: bool) {
                 c.pad,
                 c.beta,
                 v.map_or("chosen", |v| v.name),
-                worst
+                verdict
             ));
         }
     }
@@ -442,13 +473,10 @@ fn c_from_the_other_gpu() {
     ];
     for c in cases {
         for v in &VARIANTS {
-            let worst =
+            let verdict =
                 check_case::<half::bf16>(Some(v), Some(&peer), &session.gpu, &kernel, &stream, c);
             session.gpu.bind().expect("bind GPU 0");
-            visible_line(&format!(
-                "{test}: {} [{}]: ok (worst error {worst:.2} of bound)",
-                c.name, v.name
-            ));
+            visible_line(&format!("{test}: {} [{}]: {verdict}", c.name, v.name));
         }
     }
 }
@@ -538,6 +566,11 @@ fn fp8_every_configuration_and_scale_mode() {
                     scales: *scales,
                 };
                 let what = format!("{name} {m}x{n}x{k} beta {beta} {mode} [{}]", v.name);
+                if !serves(v, m) {
+                    let verdict = refused(kernel.prepare_fp8_variant(&stream, &args, v).err(), v);
+                    visible_line(&format!("{test}: {what}: {verdict}"));
+                    continue;
+                }
                 let prepared = kernel
                     .prepare_fp8_variant(&stream, &args, v)
                     .unwrap_or_else(|e| panic!("{what}: prepare: {e}"));

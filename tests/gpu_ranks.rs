@@ -294,7 +294,11 @@ fn single_gpu_block<T: Element + DeviceCopy>(
     let blocks = (r.gpu.sm_count() - 1) / TP as u32;
     let mut covered = 0;
     for stage in device.gemms() {
-        assert_eq!(stage.d.buffer, BufferKind::D, "an all-gather stage writes D");
+        assert_eq!(
+            stage.d.buffer,
+            BufferKind::D,
+            "an all-gather stage writes D"
+        );
         let (m, n) = (stage.shape.m, stage.shape.n);
         // The stage's block of D, in D's coordinates.
         let (i0, j0) = (stage.d.offset / d.cols, stage.d.offset % d.cols);

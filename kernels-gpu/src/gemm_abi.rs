@@ -38,9 +38,10 @@ pub enum ConsumerSplit {
 /// A tile configuration of the GEMM kernel. Each one is compiled into its own pair of entry
 /// points (bf16, f16); the host picks one per problem (`distgemm::gemm::choose_variant`).
 ///
-/// Shared memory: `stages` slots of (A tile `block_m × 64`, B tile `block_n × 64`), each
-/// 1024-byte aligned (128-byte swizzle), then the epilogue's staging buffers (two output
-/// chunks per consumer warpgroup, see [`TileConfig::epilogue_cols`]), then the mbarriers
+/// Shared memory: the `stages` A tiles (`a_rows × 64`), then the `stages` B tiles
+/// (`block_n × 64`), each 1024-byte aligned (128-byte swizzle), then, where the configuration
+/// stages its epilogue, the staging buffers (two output chunks per consumer warpgroup, see
+/// [`TileConfig::epilogue_cols`]), then the mbarriers
 /// (`full[stages]`, `empty[stages]`, one per staging buffer) and a 16-byte word for the prologue
 /// hook's abort decision.
 ///
@@ -67,6 +68,15 @@ pub struct TileConfig {
     /// leave SMs idle (decode; a last wave of few tiles). A separate compiled configuration,
     /// so the other configurations' code is untouched by it. Never with clusters.
     pub split_k: bool,
+    /// Rows of A each stage loads: `block_m`, or fewer for a *short* tile (decode, at most
+    /// `a_rows` rows in the whole problem), whose stage is mostly B. Its `wgmma`s still
+    /// compute 64 rows: rows `a_rows..64` of a slab read the bytes after the A slot (the
+    /// next slots' rows, or B) and are never stored, since they are rows past M.
+    pub a_rows: u32,
+    /// Whether the epilogue may stage output chunks in shared memory for TMA stores
+    /// ([`STAGING_BYTES`] reserved). Without, every tile is stored from registers and the
+    /// bytes go to the ring.
+    pub staged: bool,
 }
 
 impl TileConfig {
@@ -114,7 +124,7 @@ impl TileConfig {
     }
     /// Bytes of one stage's A tile.
     pub const fn a_tile_bytes(&self) -> u32 {
-        self.block_m * BLOCK_K * 2
+        self.a_rows * BLOCK_K * 2
     }
     /// Bytes of one stage's B tile.
     pub const fn b_tile_bytes(&self) -> u32 {
@@ -128,9 +138,9 @@ impl TileConfig {
     pub const fn staging_offset(&self) -> u32 {
         self.stages * self.stage_bytes()
     }
-    /// Offset of the mbarriers after the staging buffers.
+    /// Offset of the mbarriers after the staging buffers (if any).
     pub const fn barrier_offset(&self) -> u32 {
-        self.staging_offset() + STAGING_BYTES
+        self.staging_offset() + if self.staged { STAGING_BYTES } else { 0 }
     }
     /// Offset of the abort word after the mbarriers: `full[stages]`, `empty[stages]`, then one
     /// per staging buffer for loads of C into it.
@@ -141,9 +151,18 @@ impl TileConfig {
     pub const fn smem_bytes(&self) -> u32 {
         self.abort_flag_offset() + 16
     }
-    /// Box of the A tensor map: `{64 columns, block_m rows}`.
+    /// Box of the A tensor map: `{64 columns, a_rows rows}`.
     pub const fn a_box(&self) -> (u32, u32) {
-        (BLOCK_K, self.block_m)
+        (BLOCK_K, self.a_rows)
+    }
+    /// The most rows (M) a problem may have on this configuration: `a_rows` for a short
+    /// tile, else no bound (`u32::MAX`; more rows are more tiles).
+    pub const fn max_rows(&self) -> u32 {
+        if self.a_rows < self.block_m {
+            self.a_rows
+        } else {
+            u32::MAX
+        }
     }
     /// Box of the B tensor map: `{64 columns, block_n / cluster_m rows}` (each block of a
     /// cluster loads its share of the B tile).
@@ -196,7 +215,14 @@ impl TileConfig {
                     || (self.block_m == 64 && self.block_n == 128)
             }
         };
+        // A short tile: one 64-row slab whose A rows are whole 8-row swizzle atoms.
+        let rows = self.a_rows == self.block_m
+            || (self.block_m == SLAB_M
+                && self.a_rows > 0
+                && self.a_rows < SLAB_M
+                && self.a_rows.is_multiple_of(8));
         shape
+            && rows
             && self.smem_bytes() <= MAX_SMEM_BYTES
             && self.a_tile_bytes().is_multiple_of(1024)
             && self.b_tile_bytes().is_multiple_of(1024)
@@ -215,6 +241,8 @@ pub const TILE_128X256: TileConfig = TileConfig {
     stages: 4,
     cluster_m: 1,
     split_k: false,
+    a_rows: 128,
+    staged: true,
 };
 /// 128×256 tiles in 2-block clusters sharing B through TMA multicast.
 pub const TILE_128X256_CLUSTER2: TileConfig = TileConfig {
@@ -232,6 +260,8 @@ pub const TILE_192X192: TileConfig = TileConfig {
     stages: 4,
     cluster_m: 1,
     split_k: false,
+    a_rows: 192,
+    staged: true,
 };
 /// 128×224 tiles, 4 stages: for widths that 224 divides into a tile count just under whole
 /// waves where 256 leaves a badly filled last wave (7168 = 32 · 224: 512 tiles of a 2048-row
@@ -278,6 +308,8 @@ pub const TILE_64X128: TileConfig = TileConfig {
     stages: 8,
     cluster_m: 1,
     split_k: false,
+    a_rows: 64,
+    staged: true,
 };
 /// 64×128 tiles with split-K: decode shapes whose 64-row tiles are still fewer than the SMs
 /// (few, wide-K weight matrices: a QKV projection at high TP), where only splitting K puts
@@ -285,6 +317,24 @@ pub const TILE_64X128: TileConfig = TileConfig {
 pub const TILE_64X128_SPLITK: TileConfig = TileConfig {
     split_k: true,
     ..TILE_64X128
+};
+
+/// 16×128 output tiles for problems of at most 16 rows (decode): a 64×128 tile whose stages
+/// load 16 rows of A (2 KiB instead of 8) and whose epilogue stores from registers, so that the
+/// 32 KiB of staging buffers and 6 KiB a stage of A rows past M go to the ring: 12 stages of
+/// B (192 KiB in flight per SM) instead of 8 (128 KiB). cuBLAS streams these shapes with 12–16
+/// stages of 64- or 128-row weight tiles and reads DRAM at 4.3 TB/s where the 8-stage ring
+/// reads 4.0 (kernels-gpu/NOTES.md step 40).
+pub const TILE_16X128: TileConfig = TileConfig {
+    stages: 12,
+    a_rows: 16,
+    staged: false,
+    ..TILE_64X128
+};
+/// 16×128 tiles with split-K (as [`TILE_64X128_SPLITK`] for at most 16 rows).
+pub const TILE_16X128_SPLITK: TileConfig = TileConfig {
+    split_k: true,
+    ..TILE_16X128
 };
 
 /// The largest [`TileConfig::sum_group`] (the kernel unrolls its group loop to this bound).
@@ -328,6 +378,8 @@ macro_rules! gemm_variants {
             "128x128s" => gemm_bf16_128x128s, gemm_f16_128x128s, TILE_128X128_SPLITK, Tile128x128S;
             "64x128" => gemm_bf16_64x128, gemm_f16_64x128, TILE_64X128, Tile64x128, e4m3 gemm_e4m3_64x128;
             "64x128s" => gemm_bf16_64x128s, gemm_f16_64x128s, TILE_64X128_SPLITK, Tile64x128S, e4m3 gemm_e4m3_64x128s;
+            "16x128" => gemm_bf16_16x128, gemm_f16_16x128, TILE_16X128, Tile16x128, e4m3 gemm_e4m3_16x128;
+            "16x128s" => gemm_bf16_16x128s, gemm_f16_16x128s, TILE_16X128_SPLITK, Tile16x128S, e4m3 gemm_e4m3_16x128s;
         }
     };
 }

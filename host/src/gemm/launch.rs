@@ -6,7 +6,9 @@ use crate::runtime::{
     CudaStream, DeviceBuffer, Gpu, Kernel, KernelArgs, LaunchConfig, Module, RawStream,
     RuntimeError, Swizzle, TensorMap2d, TensorMapDtype, TensorMapSpec, launch, max_active_clusters,
 };
-use kernels_gpu::gemm_abi::{self, GemmParams, GemmVariant, RowScales, SplitParams, StageHook};
+use kernels_gpu::gemm_abi::{
+    self, GemmParams, GemmVariant, RowScales, SplitParams, StageHook, TileConfig,
+};
 use kernels_gpu::layout::stream_k;
 use std::sync::Arc;
 
@@ -195,6 +197,14 @@ impl GemmKernel {
         };
         let config = variant.config;
         let (m, n, k) = args.shape();
+        if m > u64::from(config.max_rows()) {
+            return Err(GemmError::Shape(format!(
+                "tile configuration {} serves at most {} rows (M = {m})",
+                variant.name,
+                config.max_rows()
+            ))
+            .into());
+        }
         let dtype = match args.dtype {
             Dtype::Bf16 => TensorMapDtype::Bf16,
             Dtype::F16 => TensorMapDtype::F16,
@@ -214,7 +224,7 @@ impl GemmKernel {
         let chunk_swizzle = Swizzle::with_span_bytes(config.epilogue_row_bytes())
             .expect("epilogue rows are 64 or 128 bytes");
         let chunk_map = |v: &MatrixView| map(v, config.d_box(), chunk_swizzle);
-        let (map_d, map_c) = match Epilogue::for_args(args) {
+        let (map_d, map_c) = match Epilogue::for_args(args, &config) {
             Epilogue::Registers => (None, None),
             Epilogue::Staged => (Some(chunk_map(&args.d)?), None),
             Epilogue::StagedWithC(c) => (Some(chunk_map(&args.d)?), Some(chunk_map(&c)?)),
@@ -360,11 +370,12 @@ enum Epilogue {
 impl Epilogue {
     /// TMA stores write whole 16-byte units: with a ragged N (not a multiple of 8 elements)
     /// they would write into the padding after the last column, so those problems keep the
-    /// register path. C goes through TMA too when it is read at all (`beta != 0`); it may live
-    /// on a peer GPU (the reduce-scatter schedules' partial sums).
-    fn for_args(args: &GemmArgs) -> Self {
+    /// register path, as do configurations without staging buffers. C goes through TMA too
+    /// when it is read at all (`beta != 0`); it may live on a peer GPU (the reduce-scatter
+    /// schedules' partial sums).
+    fn for_args(args: &GemmArgs, config: &TileConfig) -> Self {
         let (_, n, _) = args.shape();
-        match (n.is_multiple_of(8), args.c) {
+        match (n.is_multiple_of(8) && config.staged, args.c) {
             (false, _) => Epilogue::Registers,
             (true, Some(c)) if args.beta != 0.0 => Epilogue::StagedWithC(c),
             (true, _) => Epilogue::Staged,
@@ -543,13 +554,30 @@ mod tests {
     }
 
     #[test]
-    fn the_staged_epilogue_needs_whole_16_byte_rows() {
-        assert_eq!(Epilogue::for_args(&args(256, 0.0)), Epilogue::Staged);
-        assert_eq!(Epilogue::for_args(&args(257, 0.0)), Epilogue::Registers);
+    fn the_staged_epilogue_needs_whole_16_byte_rows_and_staging_buffers() {
+        let tile = &gemm_abi::TILE_128X256;
+        assert_eq!(Epilogue::for_args(&args(256, 0.0), tile), Epilogue::Staged);
         assert_eq!(
-            Epilogue::for_args(&args(264, 1.0)),
+            Epilogue::for_args(&args(257, 0.0), tile),
+            Epilogue::Registers
+        );
+        assert_eq!(
+            Epilogue::for_args(&args(264, 1.0), tile),
             Epilogue::StagedWithC(MatrixView::dense(0x4000, 64, 264))
         );
-        assert_eq!(Epilogue::for_args(&args(263, 1.0)), Epilogue::Registers);
+        assert_eq!(
+            Epilogue::for_args(&args(263, 1.0), tile),
+            Epilogue::Registers
+        );
+        // A configuration without staging buffers stores from registers.
+        let short = &gemm_abi::TILE_16X128;
+        assert_eq!(
+            Epilogue::for_args(&args(256, 0.0), short),
+            Epilogue::Registers
+        );
+        assert_eq!(
+            Epilogue::for_args(&args(264, 1.0), short),
+            Epilogue::Registers
+        );
     }
 }

@@ -505,6 +505,26 @@ config!(Tile64x128S {
     mma: mma_n64,
     fence: fence_operands_32,
 });
+config!(Tile16x128S {
+    tile: TILE_16X128_SPLITK,
+    slabs: 1,
+    regs: 32,
+    blocks: 8,
+    chunks: 1,
+    pairs: 4,
+    mma: mma_n64,
+    fence: fence_operands_32,
+});
+config!(Tile16x128 {
+    tile: TILE_16X128,
+    slabs: 1,
+    regs: 32,
+    blocks: 8,
+    chunks: 1,
+    pairs: 4,
+    mma: mma_n64,
+    fence: fence_operands_32,
+});
 
 /// Shared-memory addresses of the ring.
 #[derive(Clone, Copy)]
@@ -763,7 +783,8 @@ unsafe fn load_c_chunk(p: &GemmParams, ring: Ring, half: u32, g: u32, row: u32, 
 /// unit) of this block.
 #[inline(always)]
 unsafe fn consume<T: InputType, C: Config>(p: &GemmParams, ring: Ring, tiles: Tiles, half: u32) {
-    let staged = p.map_d != 0 && (p.beta == 0.0 || p.map_c != 0);
+    // (A configuration without staging buffers never stages: the host passes no D map.)
+    let staged = C::TILE.staged && p.map_d != 0 && (p.beta == 0.0 || p.map_c != 0);
     // Chunks this warpgroup has staged so far (which buffer is next, and its use count).
     let mut chunks_staged = 0;
     let mut slot = PipelineState::new(C::TILE.stages);
