@@ -322,16 +322,17 @@ pub const TILE_64X128_SPLITK: TileConfig = TileConfig {
 /// 16×128 output tiles for problems of at most 16 rows (decode): a 64×128 tile whose stages
 /// load 16 rows of A (2 KiB instead of 8) and whose epilogue stores from registers, so that the
 /// 32 KiB of staging buffers and 6 KiB a stage of A rows past M go to the ring: 12 stages of
-/// B (192 KiB in flight per SM) instead of 8 (128 KiB). cuBLAS streams these shapes with 12–16
-/// stages of 64- or 128-row weight tiles and reads DRAM at 4.3 TB/s where the 8-stage ring
-/// reads 4.0 (kernels-gpu/NOTES.md step 40).
+/// B (192 KiB in flight per SM) instead of 8 (128 KiB), cuBLAS's depth on these shapes.
+/// Unsplit, measured up to 9 % faster than `64x128` at one token (8B fc1: 68.6 → 62.7 µs)
+/// and within −3…+2 % at 16 (kernels-gpu/NOTES.md step 40b).
 pub const TILE_16X128: TileConfig = TileConfig {
     stages: 12,
     a_rows: 16,
     staged: false,
     ..TILE_64X128
 };
-/// 16×128 tiles with split-K (as [`TILE_64X128_SPLITK`] for at most 16 rows).
+/// 16×128 tiles with split-K. Measured no faster than [`TILE_64X128_SPLITK`] at one token
+/// and 3–6 % slower at 16 (NOTES step 40b), so the rule does not pick it; it runs by name.
 pub const TILE_16X128_SPLITK: TileConfig = TileConfig {
     split_k: true,
     ..TILE_16X128
@@ -376,9 +377,9 @@ macro_rules! gemm_variants {
             "128x128c2" => gemm_bf16_128x128c2, gemm_f16_128x128c2, TILE_128X128_CLUSTER2, Tile128x128C2;
             "128x256s" => gemm_bf16_128x256s, gemm_f16_128x256s, TILE_128X256_SPLITK, Tile128x256S, e4m3 gemm_e4m3_128x256s;
             "128x128s" => gemm_bf16_128x128s, gemm_f16_128x128s, TILE_128X128_SPLITK, Tile128x128S;
+            "16x128" => gemm_bf16_16x128, gemm_f16_16x128, TILE_16X128, Tile16x128, e4m3 gemm_e4m3_16x128;
             "64x128" => gemm_bf16_64x128, gemm_f16_64x128, TILE_64X128, Tile64x128, e4m3 gemm_e4m3_64x128;
             "64x128s" => gemm_bf16_64x128s, gemm_f16_64x128s, TILE_64X128_SPLITK, Tile64x128S, e4m3 gemm_e4m3_64x128s;
-            "16x128" => gemm_bf16_16x128, gemm_f16_16x128, TILE_16X128, Tile16x128, e4m3 gemm_e4m3_16x128;
             "16x128s" => gemm_bf16_16x128s, gemm_f16_16x128s, TILE_16X128_SPLITK, Tile16x128S, e4m3 gemm_e4m3_16x128s;
         }
     };
