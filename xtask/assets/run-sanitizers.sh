@@ -72,5 +72,10 @@ for tool in memcheck synccheck racecheck; do
   run "$tool gpu_collective" "$cs" --tool "$tool" --error-exitcode 9 \
     "$HERE/tests/gpu_collective" --test-threads=1
 done
+# The GEMM kernel alone on the decode cases with every configuration (split-K hand-offs,
+# the 16-row tiles whose wgmmas read past their A slot): out-of-bounds and misaligned
+# accesses, global and shared.
+run "memcheck gpu_gemm decode shapes, every configuration" "$cs" --tool memcheck \
+  --error-exitcode 9 "$HERE/tests/gpu_gemm" --test-threads=1 decode_shapes_bf16
 echo "== sanitizers: $runs runs, $failed failed (log: $log)"
 [ $failed -eq 0 ]
