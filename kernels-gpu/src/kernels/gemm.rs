@@ -105,7 +105,8 @@ fn add_split(acc: &mut f32, x: f32, first: bool) {
 /// Bytes between the A rows of consecutive 64-row slabs in a stage's A tile (128-byte rows).
 const SLAB_A_BYTES: u32 = SLAB_M * BLOCK_K * 2;
 
-/// Implements [`Config`] as type `$name` for the tile configuration `tile`, whose consumer
+/// Implements [`Config`] as type `$name` for each tile configuration `$name: TILE` listed
+/// (configurations of one tile shape share the counts below), whose consumer
 /// warpgroup share is `slabs` slabs of 64 × `WN` outputs (`WN = TileConfig::wg_cols()`):
 /// `regs = WN / 2` accumulators per slab and thread, `blocks = WN / 8` column blocks, and an
 /// epilogue of `chunks = WN / W` staged chunks per slab of `W = TileConfig::epilogue_cols()`
@@ -115,8 +116,7 @@ const SLAB_A_BYTES: u32 = SLAB_M * BLOCK_K * 2;
 /// checks each against the tile.
 macro_rules! config {
     (
-        $name:ident {
-            tile: $tile:expr,
+        $($name:ident: $tile:ident),+ {
             slabs: $slabs:literal,
             regs: $regs:literal,
             blocks: $blocks:literal,
@@ -125,7 +125,7 @@ macro_rules! config {
             mma: $mma:ident,
             fence: $fence:ident $(,)?
         }
-    ) => {
+    ) => {$(
         struct $name;
         // The literal counts `seq!` needs, checked against the tile they are derived from.
         const _: () = {
@@ -402,31 +402,23 @@ macro_rules! config {
                 });
             }
         }
-    };
+    )+};
 }
 
-config!(Tile128x256 {
-    tile: TILE_128X256,
-    slabs: 1,
-    regs: 128,
-    blocks: 32,
-    chunks: 4,
-    pairs: 4,
-    mma: mma_n256,
-    fence: fence_operands_128,
-});
-config!(Tile128x256C2 {
-    tile: TILE_128X256_CLUSTER2,
-    slabs: 1,
-    regs: 128,
-    blocks: 32,
-    chunks: 4,
-    pairs: 4,
-    mma: mma_n256,
-    fence: fence_operands_128,
-});
-config!(Tile192x192 {
-    tile: TILE_192X192,
+config!(
+    Tile128x256: TILE_128X256,
+    Tile128x256C2: TILE_128X256_CLUSTER2,
+    Tile128x256S: TILE_128X256_SPLITK {
+        slabs: 1,
+        regs: 128,
+        blocks: 32,
+        chunks: 4,
+        pairs: 4,
+        mma: mma_n256,
+        fence: fence_operands_128,
+    }
+);
+config!(Tile192x192: TILE_192X192 {
     slabs: 3,
     regs: 48,
     blocks: 12,
@@ -435,8 +427,7 @@ config!(Tile192x192 {
     mma: mma_n96,
     fence: fence_operands_48,
 });
-config!(Tile128x224 {
-    tile: TILE_128X224,
+config!(Tile128x224: TILE_128X224 {
     slabs: 1,
     regs: 112,
     blocks: 28,
@@ -445,86 +436,33 @@ config!(Tile128x224 {
     mma: mma_n224,
     fence: fence_operands_112,
 });
-config!(Tile128x128 {
-    tile: TILE_128X128,
-    slabs: 1,
-    regs: 64,
-    blocks: 16,
-    chunks: 2,
-    pairs: 4,
-    mma: mma_n128,
-    fence: fence_operands_64,
-});
-config!(Tile128x128C2 {
-    tile: TILE_128X128_CLUSTER2,
-    slabs: 1,
-    regs: 64,
-    blocks: 16,
-    chunks: 2,
-    pairs: 4,
-    mma: mma_n128,
-    fence: fence_operands_64,
-});
-config!(Tile128x256S {
-    tile: TILE_128X256_SPLITK,
-    slabs: 1,
-    regs: 128,
-    blocks: 32,
-    chunks: 4,
-    pairs: 4,
-    mma: mma_n256,
-    fence: fence_operands_128,
-});
-config!(Tile128x128S {
-    tile: TILE_128X128_SPLITK,
-    slabs: 1,
-    regs: 64,
-    blocks: 16,
-    chunks: 2,
-    pairs: 4,
-    mma: mma_n128,
-    fence: fence_operands_64,
-});
-config!(Tile64x128 {
-    tile: TILE_64X128,
-    slabs: 1,
-    regs: 32,
-    blocks: 8,
-    chunks: 1,
-    pairs: 4,
-    mma: mma_n64,
-    fence: fence_operands_32,
-});
-config!(Tile64x128S {
-    tile: TILE_64X128_SPLITK,
-    slabs: 1,
-    regs: 32,
-    blocks: 8,
-    chunks: 1,
-    pairs: 4,
-    mma: mma_n64,
-    fence: fence_operands_32,
-});
-config!(Tile16x128S {
-    tile: TILE_16X128_SPLITK,
-    slabs: 1,
-    regs: 32,
-    blocks: 8,
-    chunks: 1,
-    pairs: 4,
-    mma: mma_n64,
-    fence: fence_operands_32,
-});
-config!(Tile16x128 {
-    tile: TILE_16X128,
-    slabs: 1,
-    regs: 32,
-    blocks: 8,
-    chunks: 1,
-    pairs: 4,
-    mma: mma_n64,
-    fence: fence_operands_32,
-});
+config!(
+    Tile128x128: TILE_128X128,
+    Tile128x128C2: TILE_128X128_CLUSTER2,
+    Tile128x128S: TILE_128X128_SPLITK {
+        slabs: 1,
+        regs: 64,
+        blocks: 16,
+        chunks: 2,
+        pairs: 4,
+        mma: mma_n128,
+        fence: fence_operands_64,
+    }
+);
+config!(
+    Tile64x128: TILE_64X128,
+    Tile64x128S: TILE_64X128_SPLITK,
+    Tile16x128: TILE_16X128,
+    Tile16x128S: TILE_16X128_SPLITK {
+        slabs: 1,
+        regs: 32,
+        blocks: 8,
+        chunks: 1,
+        pairs: 4,
+        mma: mma_n64,
+        fence: fence_operands_32,
+    }
+);
 
 /// Shared-memory addresses of the ring.
 #[derive(Clone, Copy)]
