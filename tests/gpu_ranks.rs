@@ -9,11 +9,13 @@
 //! each child joins a [`LocalRendezvous`] and runs the section. Inputs are hash-generated per
 //! element (values in ±[0.25, 1), never zero), so a rank makes exactly its shards and the
 //! reference needs no global copy; every D is poisoned (NaN) before every run. Checks:
-//! - `schedules`: every schedule, bf16 and f16, ragged shapes (one with beta = 1 for the
-//!   all-gathers, alpha = 0.5 for the reduce-scatters) and the four Llama-3 presets at 2·64
-//!   tokens (the all-gather-A and reduce-scatter-A families the PyTorch package runs): all-gather D bit-identical to distgemm's single-GPU kernel on the
-//!   gathered operand; reduce-scatter within the f64 bound of `distgemm::reference`
-//!   (every element of ragged shapes, edges + 4,096 samples of presets);
+//! - `schedules`: every schedule, bf16 and f16, ragged shapes (beta = 1 for the all-gathers
+//!   and alpha = 0.5 for the reduce-scatters in two of them; one of 14 rows, decode) and the
+//!   four Llama-3 presets at 2·64 tokens (the all-gather-A and reduce-scatter-A families the
+//!   PyTorch package runs): all-gather D bit-identical to distgemm's single-GPU kernel run as
+//!   the rank's stage GEMMs are (same shapes, same grid); reduce-scatter within the f64 bound
+//!   of `distgemm::reference` (every element of ragged shapes, edges + 4,096 samples of
+//!   presets);
 //! - `repeat` (all-gather A; reduce-scatter A with read and with pushed partials): 1,000
 //!   runs alternating two input sets at new addresses, D checked after each; 64 runs queued
 //!   with no host synchronisation, each into its own D, all checked; then the caller's shard
@@ -494,6 +496,9 @@ fn schedules(r: &Rank) {
     let ragged = [
         Problem::new(200, 336, 272),
         Problem::new(72, 1040, 528).with_scalars(1.0, 1.0),
+        // Decode: at most 16 rows a stage GEMM, K too short to split, so the stages run the
+        // 16-row tile with its register epilogue (C from the neighbour for reduce-scatter).
+        Problem::new(14, 1040, 528).with_scalars(1.0, 1.0),
     ];
     for kind in ScheduleKind::ALL {
         for problem in ragged {

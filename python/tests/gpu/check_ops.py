@@ -22,7 +22,8 @@ small token counts and ragged shapes, it checks:
   row-wise scales (bitwise equal to the linear-style ops);
 
 - all-gather: bitwise equal to distgemm's own single-GPU GEMM (a one-rank group) on the gathered
-  input, and within the float64 bound of the unsharded product;
+  input (except at decode sizes, where split-K's k-ranges follow each launch's grid), and
+  within the float64 bound of the unsharded product;
 - reduce-scatter: within the float64 bound (r roundings: max(TP, 2));
 - new input tensors on every call (new addresses: the graph-update path), the inputs
   overwritten on the stream right after the call (as PyTorch's allocator reuses memory), a
@@ -157,7 +158,10 @@ def main():
             f"max err {err.max().item():.3g}, max bound {bound.max().item():.3g}, {bad} outside",
         )
 
-    def ag_case(tag, dtype_name, m, n, k, calls, shape3=None, schedule="auto"):
+    def ag_case(tag, dtype_name, m, n, k, calls, shape3=None, schedule="auto", bitwise=True):
+        """bitwise=False where the stage GEMMs may split K (decode): a split's k-ranges follow
+        the launch's shape and grid, which differ between the stages (and two ranks sharing a
+        GPU cap theirs) and the one-rank group's GEMM, so only the f64 bound holds there."""
         dtype = dtypes[dtype_name]
         ml, nl = m // world, n // world
         for call in range(calls):
@@ -175,10 +179,11 @@ def main():
             single = distgemm.all_gather_linear(a_full, w_full_d, group=solo)
             torch.cuda.synchronize()
             out2 = out.reshape(m, nl)
-            check.ok(
-                f"{tag} {dtype_name} ag call {call}: bitwise = single-GPU GEMM",
-                torch.equal(out2, single),
-            )
+            if bitwise:
+                check.ok(
+                    f"{tag} {dtype_name} ag call {call}: bitwise = single-GPU GEMM",
+                    torch.equal(out2, single),
+                )
             within_bound(
                 f"{tag} {dtype_name} ag call {call}: f64 bound",
                 out2,
@@ -833,13 +838,15 @@ def main():
         check.failures.append(f"rank {rank}: row-wise FP8 checks: {traceback.format_exc()}")
         print(check.failures[-1], file=sys.stderr, flush=True)
     try:
-        tokens = [256] if args.quick else [256, 37 * world]  # 37 * TP: ragged per rank
+        # 37 * TP: ragged per rank; 7 * TP: decode (at most 16 rows a stage GEMM, which may
+        # split K: compared with the f64 bound only, see ag_case).
+        tokens = [256] if args.quick else [256, 37 * world, 7 * world]
         for preset, (n, k) in PRESETS.items():
             for dtype_name in ["bf16"] if args.quick else ["bf16", "f16"]:
                 for m in tokens:
                     tag = f"{preset} M={m}"
                     if preset.endswith("fc1"):
-                        ag_case(tag, dtype_name, m, n, k, args.calls)
+                        ag_case(tag, dtype_name, m, n, k, args.calls, bitwise=m > 16 * world)
                     else:
                         rs_case(tag, dtype_name, m, n, k, args.calls)
         repeat_case("bf16", world * 37, world * 8 * 13, 8 * world * 29, args.repeat)
