@@ -266,15 +266,27 @@ struct Harness {
     extras: Vec<Extra>,
 }
 
-/// Our GEMMs on `args` for the rule's configuration and each of `h.extras`, prepared by
+impl Harness {
+    /// The extra contenders of a shape of `m` rows: every one but the configurations that
+    /// serve fewer rows (`16x128` on a prefill shape).
+    fn extras_for(&self, m: u64) -> Vec<Extra> {
+        self.extras
+            .iter()
+            .copied()
+            .filter(|e| !matches!(e, Extra::Variant(v) if m > u64::from(v.config.max_rows())))
+            .collect()
+    }
+}
+
+/// Our GEMMs on `args` for the rule's configuration and each of `extras`, prepared by
 /// `prepare` (the configuration given, or the rule's for `None`).
 fn prepare_all(
-    h: &Harness,
+    extras: &[Extra],
     prepare: impl Fn(Option<Extra>) -> Result<PreparedGemm, GemmLaunchError>,
 ) -> Result<Vec<PreparedGemm>, BenchError> {
     let config = |e: GemmLaunchError| BenchError::Config(e.to_string());
     let mut ours = vec![prepare(None).map_err(config)?];
-    for &e in &h.extras {
+    for &e in extras {
         ours.push(
             match e {
                 Extra::Raster(g) => prepare(None).map(|mut p| {
@@ -301,7 +313,7 @@ fn bench_shape<T: Element + CublasLtElement + DeviceCopy>(
         let seeds = (2 * i as u32 + 1, 2 * i as u32 + 2);
         let ops = DenseOperands::<T>::new(module, stream, (m, n, k), seeds)?;
         let args = ops.args();
-        let ours = prepare_all(h, |e| match e {
+        let ours = prepare_all(&h.extras_for(m), |e| match e {
             Some(Extra::Variant(v)) => kernel.prepare_variant(stream, &args, v),
             _ => kernel.prepare(stream, &args),
         })?;
@@ -315,7 +327,7 @@ fn bench_shape<T: Element + CublasLtElement + DeviceCopy>(
     };
     let shape = TnGemmShape::packed(m, n, k);
     let lt = |stream| CublasLtGemm::<T>::new(&h.gpu, stream, shape);
-    bench_sets(h, bytes, timing, make, lt)
+    bench_sets(h, m, bytes, timing, make, lt)
 }
 
 /// An FP8 GEMM: A and B random e4m3 codes (no NaN) made on the host, tensor-wise scales 1
@@ -348,7 +360,7 @@ fn bench_fp8_shape(
             a: sa.device_ptr(),
             b: sb.device_ptr(),
         });
-        let ours = prepare_all(h, |e| match e {
+        let ours = prepare_all(&h.extras_for(m), |e| match e {
             Some(Extra::Variant(v)) => kernel.prepare_fp8_variant(stream, &tensorwise, v),
             Some(Extra::RowScales) => kernel.prepare_fp8(stream, &rowwise),
             _ => kernel.prepare_fp8(stream, &tensorwise),
@@ -363,7 +375,7 @@ fn bench_fp8_shape(
     };
     let shape = TnGemmShape::packed(m, n, k);
     let lt = |stream| CublasLtGemm::<half::bf16>::new_e4m3(&h.gpu, stream, shape);
-    bench_sets(h, bytes, timing, make, lt)
+    bench_sets(h, m, bytes, timing, make, lt)
 }
 
 /// `len` random e4m3 codes, every code but the two NaNs (a SplitMix64 stream from `seed`).
@@ -382,15 +394,16 @@ fn e4m3_codes(len: u64, seed: u64) -> Vec<u8> {
 }
 
 /// Times our GEMMs and cuBLASLt on rotating input sets made by `make` (set index, stream),
-/// `bytes_per_set` each, in interleaved rounds.
+/// `bytes_per_set` each, in interleaved rounds; `m` rows (which extras run).
 fn bench_sets<A: DeviceCopy, O: CublasLtElement + DeviceCopy>(
     h: &Harness,
+    m: u64,
     bytes_per_set: u64,
     timing: TimingConfig,
     mut make: impl FnMut(usize, &Arc<CudaStream>) -> Result<Operands<A, O>, BenchError>,
     lt: impl FnOnce(Arc<CudaStream>) -> Result<CublasLtGemm<O>, BaselineError>,
 ) -> Result<ShapeTimings, BenchError> {
-    let (gpu, extras) = (&h.gpu, &h.extras);
+    let (gpu, extras) = (&h.gpu, &h.extras_for(m));
     let meter = h.meter.as_ref();
     let stream = gpu.new_stream()?;
     let sets = RotatingInputs::new(gpu, bytes_per_set, |i| make(i, &stream))?;
@@ -475,7 +488,8 @@ struct Args {
     /// bf16 and f16; `--variants` then means the configurations compiled for e4m3.
     #[arg(long)]
     fp8: bool,
-    /// Also time every compiled tile configuration (the data behind the rule).
+    /// Also time every compiled tile configuration (the data behind the rule); one that serves
+    /// fewer rows than a shape has (`16x128`) sits that shape out, as with `--variant`.
     #[arg(long, conflicts_with = "variant")]
     variants: bool,
     /// Also time these configurations (e.g. `128x256s,128x128s`, the split-K ones).
