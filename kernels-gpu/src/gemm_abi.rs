@@ -331,8 +331,9 @@ pub const TILE_16X128: TileConfig = TileConfig {
     staged: false,
     ..TILE_64X128
 };
-/// 16×128 tiles with split-K. Measured no faster than [`TILE_64X128_SPLITK`] at one token
-/// and 3–6 % slower at 16 (NOTES step 40b), so the rule does not pick it; it runs by name.
+/// 16×128 tiles with split-K. Measured 3–5 % slower than [`TILE_64X128_SPLITK`] at 16 rows
+/// and no faster at one (−6…+4 %; NOTES step 40b), so the rule does not pick it; it runs by
+/// name.
 pub const TILE_16X128_SPLITK: TileConfig = TileConfig {
     split_k: true,
     ..TILE_16X128
