@@ -47,7 +47,16 @@ fn cost_per_element(variant: &GemmVariant) -> f64 {
         // 40b). Its split form `16x128s` is listed after `64x128s`, so the split decode
         // shapes keep `64x128s` (the short split measured 0–6 % slower at 16 tokens, even at
         // one).
-        "64x128" | "16x128" => 1.4,
+        //
+        // `16x64`, the same per-element work at half the width, is costed the same: per byte
+        // of B streamed its main loop is `16x128`'s. Listed after `16x128` and `64x128`, a
+        // tie (twice the waves of half-size tiles) keeps the wider tile (measured 2–8 % faster
+        // at 8B fc1 and 405B o-proj/fc2); listed before `64x128s`, it takes the one-wave
+        // shapes where the split would only match it. Measured at one token (NOTES step 41):
+        // 8B QKV 20.1 against `64x128s`' 24.9 µs, 70B o-proj 24.3 against 27.5, 70B fc2 63.3
+        // against 71.7; the model still prefers the split at 8B o-proj and 70B QKV, where
+        // `16x64` measured 5–8 % faster (the split's hand-off is costed low at one token).
+        "64x128" | "16x128" | "16x64" => 1.4,
         _ => 1.2,
     }
 }

@@ -463,6 +463,17 @@ config!(
         fence: fence_operands_32,
     }
 );
+config!(
+    Tile16x64: TILE_16X64 {
+        slabs: 1,
+        regs: 16,
+        blocks: 4,
+        chunks: 1,
+        pairs: 2,
+        mma: mma_n32,
+        fence: fence_operands_16,
+    }
+);
 
 /// Shared-memory addresses of the ring.
 #[derive(Clone, Copy)]
