@@ -110,7 +110,8 @@ fn split_k_blocks(variant: &GemmVariant, m: u64, tiles: u64, k_blocks: u64, grid
 /// (nothing for an uncut tile): [`SPLIT_ROUND_TRIP_K_BLOCKS`] per L2 round trip of the
 /// finishing warpgroup's sum (`⌈pieces / sum_group⌉` of them: `TileConfig::sum_group`) and
 /// [`SPLIT_PARTIAL_K_BLOCKS`] per piece and 64 real rows of partial sums (each piece stores
-/// them, the finisher reads them all back).
+/// them, the finisher reads them all back), plus [`SPLIT_DECODE_K_BLOCKS`] at most
+/// [`DECODE_ROWS`] rows.
 fn split_hand_off(variant: &GemmVariant, m: u64, pieces: u32) -> f64 {
     if pieces <= 1 {
         return 0.0;
@@ -118,8 +119,31 @@ fn split_hand_off(variant: &GemmVariant, m: u64, pieces: u32) -> f64 {
     let c = variant.config;
     let round_trips = pieces.div_ceil(c.sum_group()) as f64;
     let rows = m.min(u64::from(c.block_m)) as f64 / 64.0;
-    SPLIT_ROUND_TRIP_K_BLOCKS * round_trips + SPLIT_PARTIAL_K_BLOCKS * f64::from(pieces) * rows
+    let decode = if m <= DECODE_ROWS {
+        SPLIT_DECODE_K_BLOCKS
+    } else {
+        0.0
+    };
+    SPLIT_ROUND_TRIP_K_BLOCKS * round_trips
+        + SPLIT_PARTIAL_K_BLOCKS * f64::from(pieces) * rows
+        + decode
 }
+
+/// Rows up to which a k-block of the main loop is a pure stream of weights (8–16 KiB of B,
+/// ~0.23 µs at decode), the rows the 16-row tiles serve.
+const DECODE_ROWS: u64 = 16;
+
+/// What the rest of a split's hand-off costs where k-blocks are that short, in k-blocks: the
+/// chain after the main loop (partials stored, a fence and the counted arrival, the finisher's
+/// read-back, only then the epilogue) measured ~5 µs at one token, not the ~1 µs that
+/// [`SPLIT_ROUND_TRIP_K_BLOCKS`] alone stands for. Fitted to the decode rows of
+/// `gemm-grid-2026-12-01-16a62a3-m1` (each shape's split and unsplit tiles timed in the same
+/// rounds; kernels-gpu/NOTES.md step 41): at 17–48 it runs `16x64` unsplit at 8B o-proj and 70B
+/// QKV (5–8 % faster at one token than `64x128s`, 2–3 % at 16) and `16x128` at 70B fc1 (4 %
+/// faster at one token), and keeps the split at 8B fc2 and 405B QKV (16–42 % faster there).
+/// At more rows a k-block's tensor work makes the same latency a smaller share (the other two
+/// constants' fits at 128 and 512 rows stand alone).
+const SPLIT_DECODE_K_BLOCKS: f64 = 20.0;
 
 /// What one L2 round trip of split-K's sum costs, in k-blocks of the unit's main loop: at
 /// decode a 64-deep k-block of a weight-streaming `64x128` tile takes ~0.23 µs (405B QKV at
@@ -251,8 +275,8 @@ const STREAM_K_K_BLOCKS: f64 = 24.0;
 ///
 /// Examples on 132 SMs: 1 × 2304 × 16384 (405B QKV at TP 8) in 64×128 tiles: 18 tiles,
 /// 7 splits of 36–37 k-blocks (126 blocks); 16 × 8192 × 14336 in 128×256 tiles: 32 tiles, 4
-/// splits; 1 × 28672 × 8192 (70B fc1 at TP 2) in 64×128 tiles: 224 tiles on 132 blocks of
-/// 217–218 k-blocks.
+/// splits; 16 × 13312 × 16384 (405B fc1 at TP 8) in 64×128 tiles: 104 tiles on 132 blocks of
+/// 201–202 k-blocks.
 #[must_use]
 pub fn split_grid(variant: &GemmVariant, m: u64, n: u64, k: u64, sm_count: u32) -> Option<u32> {
     let c = variant.config;
@@ -346,23 +370,27 @@ mod tests {
         // The tiles fill the SMs in whole waves, or too many rows for stream-K: no split.
         assert_eq!(split_grid(s, 8192, 8192, 8192, 132), None);
         assert_eq!(split_grid(s, 64, 28672, 8192, 132), None);
-        // Short K: at least 8 k-blocks a split (K = 2048: 32 k-blocks, 4 splits of 8), and
-        // the split must pay: 4 splits of 32 tiles at K = 1024 would run 4 of 16 k-blocks
-        // and hand off 4 partials, one L2 round trip each (4 · 4 + 4): 24 > 16.
-        assert_eq!(split_grid(s, 16, 8192, 2048, 132), Some(128));
-        assert_eq!(split_grid(s, 16, 8192, 1024, 132), None);
+        // Short K, 17 rows (one past the decode rows): at least 8 k-blocks a split (K = 2048:
+        // 32 k-blocks, 4 splits of 8), and the split must pay: at K = 1024, 4 splits would
+        // run 4 of 16 k-blocks and hand off 4 partials, one L2 round trip each (4 · 4 + 4):
+        // 24 > 16. At 16 rows the decode hand-off (20 more) makes even K = 2048 not pay.
+        assert_eq!(split_grid(s, 17, 8192, 2048, 132), Some(128));
+        assert_eq!(split_grid(s, 17, 8192, 1024, 132), None);
+        assert_eq!(split_grid(s, 16, 8192, 2048, 132), None);
         let narrow = variant_named("64x128s").unwrap();
         // Two splits only for few rows: 8B QKV (48 tiles of 64×128) at 16 and 64 tokens.
         assert_eq!(split_grid(narrow, 16, 6144, 4096, 132), Some(96));
         assert_eq!(split_grid(narrow, 64, 6144, 4096, 132), None);
         // 405B QKV at TP 8, one token, 64×128 tiles: 18 tiles, 7 splits (126 blocks).
         assert_eq!(split_grid(narrow, 1, 2304, 16384, 132), Some(126));
-        // Stream-K where a last wave or idle SMs waste more than its extra cost: 70B fc1 at
-        // TP 2 (224 tiles: 2 waves of 128 k-blocks, against 218 + 4 + 24 = 246) and 405B
-        // fc1 at TP 8 (104 tiles, 28 SMs idle: 256 against 202 + 4 + 24); not 8B fc1 (224
-        // tiles of 64 k-blocks: 128 against 109 + 4 + 24 = 137).
-        assert_eq!(split_grid(narrow, 1, 28672, 8192, 132), Some(132));
+        // Stream-K where a last wave or idle SMs waste more than its extra cost and the
+        // decode hand-off: 405B fc1 at TP 8 (104 tiles, 28 SMs idle: 256 against
+        // 202 + 4 + 24 + 20 = 250); not 70B fc1 at TP 2 (224 tiles: 2 waves of 128 k-blocks,
+        // against 218 + 4 + 24 + 20 = 266; its 2 waves of `16x128` measured 4 % faster than
+        // stream-K at one token) nor 8B fc1 (224 tiles of 64 k-blocks: 128 against
+        // 109 + 4 + 24 + 20).
         assert_eq!(split_grid(narrow, 16, 13312, 16384, 132), Some(132));
+        assert_eq!(split_grid(narrow, 1, 28672, 8192, 132), None);
         assert_eq!(split_grid(narrow, 1, 28672, 4096, 132), None);
         // One tile and a huge K: never more than MAX_SPLITS plain splits.
         assert_eq!(split_grid(s, 1, 8, 1 << 24, 132), Some(MAX_SPLITS));
