@@ -202,8 +202,8 @@ impl TileConfig {
     }
     /// Whether the configuration is one the kernel implements, fits, and keeps every tile
     /// 1024-byte aligned: 128-row tiles split by rows (N of 128, 224 or 256), or split by
-    /// columns 192×192 tiles (three `m64n96k16` slabs per warpgroup) and 64×128 tiles (one
-    /// `m64n64k16` slab per warpgroup).
+    /// columns 192×192 tiles (three `m64n96k16` slabs per warpgroup), 64×128 tiles (one
+    /// `m64n64k16` slab per warpgroup) and 64×64 tiles (one `m64n32k16` slab per warpgroup).
     pub const fn is_valid(&self) -> bool {
         let shape = match self.split {
             ConsumerSplit::Rows => {
