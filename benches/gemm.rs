@@ -6,7 +6,9 @@
 //! their total exceeds 3× L2. Our kernel (and with `--variants` every tile configuration) and
 //! cuBLASLt are timed in interleaved rounds (order reversed each round) of warm-up launches and
 //! ≥ `--reps` repetitions (default 30), and at least `--min-block-ms` (default 100 ms) of them,
-//! bracketed by CUDA events; we report the median over all rounds. Where
+//! bracketed by CUDA events; we report the median over all rounds. A shape's first block
+//! starts with at least `--settle-ms` (default 200 ms) of untimed launches, so that it does not
+//! run in the boost-clock burst after the idle GPU time of the shape's setup. Where
 //! NVML reports board energy, each contender's energy per launch (mJ) is its timed blocks'
 //! energy over their launches ([`distgemm_benches::energy`]): coarse, ±8 % at 0.6 s blocks, so
 //! raise `--reps` until each block lasts seconds.
@@ -23,7 +25,8 @@
 //! is cuBLASLt's FP8 GEMM; "% of peak" is then of 1979 TFLOP/s.
 //!
 //! Usage: `gemm [--quick | --grid] [--fp8] [--variants | --variant NAME[,NAME…]]
-//! [--raster G[,G…]] [--filter SUBSTRING | SUBSTRING] [--reps N] [--min-block-ms T]`. Writes
+//! [--raster G[,G…]] [--filter SUBSTRING | SUBSTRING] [--reps N] [--min-block-ms T]
+//! [--settle-ms S]`. Writes
 //! `benches/results/gemm[-grid][-fp8]-<date>-<commit>[-<filter>].{json,md}` (or under
 //! `DISTGEMM_BENCH_RESULTS`).
 use clap::Parser;
@@ -35,6 +38,7 @@ use distgemm::gemm::{
 };
 use distgemm::problem::Preset;
 use distgemm::runtime::{CudaStream, DeviceBuffer, DeviceCopy, Gpu, Module};
+use distgemm_benches::distgemm_report::non_negative_ms;
 use distgemm_benches::energy::EnergyMeter;
 use distgemm_benches::{
     BenchError, DenseOperands, Provenance, ROUNDS, RotatingInputs, RunnerFlags, Timing,
@@ -46,6 +50,9 @@ use std::sync::Arc;
 
 /// Default shortest timed block (ms), `--min-block-ms`.
 const DEFAULT_MIN_BLOCK_MS: f64 = 100.0;
+
+/// Default untimed work before a shape's first timed block (ms), `--settle-ms`.
+const DEFAULT_SETTLE_MS: f64 = 200.0;
 
 /// Rate (TFLOP/s) at which the repetitions for a block of `--min-block-ms` are estimated.
 const NOMINAL_TFLOPS: f64 = 700.0;
@@ -245,6 +252,14 @@ struct Measured {
 /// Our kernel (chosen configuration first, then each one asked for) and cuBLASLt.
 type ShapeTimings = (Vec<Measured>, Measured);
 
+/// How a shape is timed: each contender's blocks (warm-up and timed repetitions) and the
+/// untimed launches that open the shape's first block (`--settle-ms` at the estimated rate).
+#[derive(Clone, Copy)]
+struct ShapeTiming {
+    blocks: TimingConfig,
+    settle: usize,
+}
+
 /// An extra configuration of our kernel timed beside the rule's choice.
 #[derive(Debug, Clone, Copy)]
 enum Extra {
@@ -305,7 +320,7 @@ fn prepare_all(
 fn bench_shape<T: Element + CublasLtElement + DeviceCopy>(
     h: &Harness,
     (m, n, k): (u64, u64, u64),
-    timing: TimingConfig,
+    timing: ShapeTiming,
 ) -> Result<ShapeTimings, BenchError> {
     let (module, kernel) = (&h.module, &h.kernel);
     let bytes = 2 * (m * k + n * k + m * n);
@@ -336,7 +351,7 @@ fn bench_shape<T: Element + CublasLtElement + DeviceCopy>(
 fn bench_fp8_shape(
     h: &Harness,
     (m, n, k): (u64, u64, u64),
-    timing: TimingConfig,
+    timing: ShapeTiming,
 ) -> Result<ShapeTimings, BenchError> {
     let kernel = &h.kernel;
     let bytes = m * k + n * k + 2 * m * n;
@@ -399,7 +414,7 @@ fn bench_sets<A: DeviceCopy, O: CublasLtElement + DeviceCopy>(
     h: &Harness,
     m: u64,
     bytes_per_set: u64,
-    timing: TimingConfig,
+    timing: ShapeTiming,
     mut make: impl FnMut(usize, &Arc<CudaStream>) -> Result<Operands<A, O>, BenchError>,
     lt: impl FnOnce(Arc<CudaStream>) -> Result<CublasLtGemm<O>, BaselineError>,
 ) -> Result<ShapeTimings, BenchError> {
@@ -413,9 +428,15 @@ fn bench_sets<A: DeviceCopy, O: CublasLtElement + DeviceCopy>(
     // Per contender: (millijoules, launches) of its timed blocks, while NVML answers.
     let mut energy = vec![meter.map(|_| (0u64, 0usize)); contenders];
     let samples = interleaved(contenders, ROUNDS, |c, round| {
+        // The round's first block opens the shape (the GPU idled while its inputs were made).
+        let warmup = match (round, c) {
+            (0, 0) => timing.blocks.warmup.max(timing.settle),
+            (0, _) => timing.blocks.warmup,
+            _ => 2,
+        };
         let round_timing = TimingConfig {
-            warmup: if round == 0 { timing.warmup } else { 2 },
-            reps: timing.reps,
+            warmup,
+            reps: timing.blocks.reps,
         };
         let before = meter.map(EnergyMeter::read_mj);
         let t = if c == contenders - 1 {
@@ -508,8 +529,12 @@ struct Args {
     #[arg(long, default_value_t = 30, value_parser = parse_reps)]
     reps: usize,
     /// Shortest timed block, ms.
-    #[arg(long, value_name = "T", default_value_t = DEFAULT_MIN_BLOCK_MS)]
+    #[arg(long, value_name = "T", default_value_t = DEFAULT_MIN_BLOCK_MS, value_parser = non_negative_ms)]
     min_block_ms: f64,
+    /// Untimed work before each shape's first timed block, ms: the first contender's warm-up
+    /// in the first round lasts at least this long (estimated at the nominal rates).
+    #[arg(long, value_name = "S", default_value_t = DEFAULT_SETTLE_MS, value_parser = non_negative_ms)]
+    settle_ms: f64,
     #[command(flatten)]
     runner: RunnerFlags,
 }
@@ -537,7 +562,8 @@ fn run() -> Result<(), BenchError> {
     if args.runner.listed("gemm") {
         return Ok(());
     }
-    let (quick, reps, min_block_ms) = (args.quick, args.reps, args.min_block_ms);
+    let (quick, reps, min_block_ms, settle_ms) =
+        (args.quick, args.reps, args.min_block_ms, args.settle_ms);
     let filter = args.filter.or(args.filter_word);
     let mut extra: Vec<Extra> = Vec::new();
     if args.variants {
@@ -604,13 +630,16 @@ fn run() -> Result<(), BenchError> {
             let bytes = (inputs.input_bytes() * (m * k + n * k) + 2 * m * n) as f64;
             let est_ms = (flops / NOMINAL_TFLOPS / 1e9).max(bytes / NOMINAL_GBPS / 1e6);
             let block_reps = (min_block_ms / est_ms).ceil() as usize;
-            let timing = TimingConfig {
-                warmup: if flops > 2e13 { 3 } else { 10 },
-                reps: if flops > 2e13 {
-                    20
-                } else {
-                    reps.max(block_reps)
+            let timing = ShapeTiming {
+                blocks: TimingConfig {
+                    warmup: if flops > 2e13 { 3 } else { 10 },
+                    reps: if flops > 2e13 {
+                        20
+                    } else {
+                        reps.max(block_reps)
+                    },
                 },
+                settle: (settle_ms / est_ms).ceil() as usize,
             };
             let (ours, cublas) = match inputs {
                 Inputs::Native(Dtype::Bf16) => bench_shape::<half::bf16>(&h, (m, n, k), timing)?,
@@ -756,13 +785,15 @@ fn run() -> Result<(), BenchError> {
         provenance.commit
     );
     let header = format!(
-        "# `benches/gemm{}{}`: our GEMM against cuBLASLt\n\n{}, driver {}, commit {}, {}; median of {ROUNDS} interleaved rounds per contender{}.\n",
+        "# `benches/gemm{}{}`: our GEMM against cuBLASLt\n\n{}, driver {}, commit {}, {}; median of {ROUNDS} interleaved rounds per contender, blocks of at least {} ms after {} ms of untimed launches per shape{}.\n",
         if args.grid { " --grid" } else { "" },
         if args.fp8 { " --fp8" } else { "" },
         provenance.gpu,
         provenance.driver,
         provenance.commit,
         provenance.date,
+        args.min_block_ms,
+        args.settle_ms,
         filter
             .as_ref()
             .map_or(String::new(), |f| format!("; shapes containing {f:?}")),

@@ -81,7 +81,8 @@ fn parse_dtype(s: &str) -> Result<Dtype, String> {
     }
 }
 
-fn non_negative_ms(s: &str) -> Result<f64, String> {
+/// A duration in ms for a command-line option: finite and not negative.
+pub fn non_negative_ms(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {
         Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
         _ => Err(format!("'{s}': use a number ≥ 0")),

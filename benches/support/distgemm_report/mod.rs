@@ -11,7 +11,10 @@ pub mod sweep;
 pub mod table;
 pub mod torch;
 
-pub use args::{Options, SETTLE_MS, parse_args, presets, results_stem, settle_warmup, timing_for};
+pub use args::{
+    Options, SETTLE_MS, non_negative_ms, parse_args, presets, results_stem, settle_warmup,
+    timing_for,
+};
 pub use record::{ContenderPower, DeviceMedians, Diagnostic, Record};
 pub use rows::{
     TORCH_AG, TORCH_RS, all_rows, nccl_kind_of, row_family, row_id, row_name, torch_op_of,
