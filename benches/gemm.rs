@@ -779,8 +779,14 @@ fn run() -> Result<(), BenchError> {
             .collect();
         format!("-{slug}")
     });
+    // As a filter, a settle other than the default names the files (`-settle0`).
+    let settle = if args.settle_ms == DEFAULT_SETTLE_MS {
+        String::new()
+    } else {
+        format!("-settle{}", args.settle_ms)
+    };
     let stem = format!(
-        "{bench}-{}-{}{part}",
+        "{bench}-{}-{}{part}{settle}",
         &provenance.date[..10],
         provenance.commit
     );
