@@ -27,7 +27,7 @@
 //! Usage: `gemm [--quick | --grid] [--fp8] [--variants | --variant NAME[,NAME…]]
 //! [--raster G[,G…]] [--filter SUBSTRING | SUBSTRING] [--reps N] [--min-block-ms T]
 //! [--settle-ms S]`. Writes
-//! `benches/results/gemm[-grid][-fp8]-<date>-<commit>[-<filter>].{json,md}` (or under
+//! `benches/results/gemm[-grid][-fp8]-<date>-<commit>[-<filter>][-settle<ms>].{json,md}` (or under
 //! `DISTGEMM_BENCH_RESULTS`).
 use clap::Parser;
 use distgemm::baseline::{BaselineError, CublasLtElement, CublasLtGemm, TnGemmShape};
