@@ -344,7 +344,7 @@ pub const TILE_16X128_SPLITK: TileConfig = TileConfig {
 /// weight row), as cuBLAS streams 8B's QKV at one token (64 weight rows, 16 stages, 96 blocks,
 /// no split). Where N has between about 64 and 132 such tiles it keeps every block on one
 /// whole K without split-K's hand-off: measured 5–20 % faster than the split `64x128s` there
-/// (NOTES step 41). No split-K form: measured within ±2 % of `64x128s` where the rule would
+/// (NOTES step 41). No split-K form: measured within 3 % of `64x128s` where the rule would
 /// split it.
 pub const TILE_16X64: TileConfig = TileConfig {
     block_n: 64,
