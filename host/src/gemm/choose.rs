@@ -485,6 +485,34 @@ mod tests {
     }
 
     #[test]
+    fn decode_rows_run_what_measured_fastest() {
+        // At 1 and 16 tokens the rule's choice among `16x128`, `16x64` and `64x128s` is the one
+        // measured fastest in bf16 in the same rounds (gemm-grid-2026-12-01-16a62a3-m1; µs at
+        // one token): unsplit `16x64` where N gives about one wave of 64-wide tiles (8B QKV 19.5,
+        // 8B o-proj 17.7 against `64x128s` 19.2, 70B QKV 29.4 against 31.2, 70B o-proj and
+        // fc2); unsplit `16x128` in two waves (8B fc1 62.9, 70B fc1 117.4 against stream-K's
+        // 122.9, 405B fc2); the split where the unsplit tiles leave most SMs idle or run a
+        // long K on few blocks (8B fc2 38.6 against 45.8, 405B QKV 29.9 against 51.1).
+        let cases = [
+            (6144, 4096, "16x64"),
+            (4096, 4096, "16x64"),
+            (5120, 8192, "16x64"),
+            (8192, 4096, "16x64"),
+            (8192, 14336, "16x64"),
+            (28672, 4096, "16x128"),
+            (28672, 8192, "16x128"),
+            (16384, 6656, "16x128"),
+            (4096, 14336, "64x128s"),
+            (2304, 16384, "64x128s"),
+        ];
+        for m in [1, 16] {
+            for (n, k, name) in cases {
+                assert_eq!(choose_variant(m, n, k, 132).name, name, "{m}x{n}x{k}");
+            }
+        }
+    }
+
+    #[test]
     fn fp8_picks_among_its_compiled_configurations() {
         for (m, n) in [
             (1, 8192),
