@@ -54,6 +54,9 @@ const DEFAULT_MIN_BLOCK_MS: f64 = 100.0;
 /// Default untimed work before a shape's first timed block (ms), `--settle-ms`.
 const DEFAULT_SETTLE_MS: f64 = 200.0;
 
+/// The longest `--min-block-ms` or `--settle-ms` (ms): a minute of one shape's launches.
+const MAX_BLOCK_MS: f64 = 60_000.0;
+
 /// Rate (TFLOP/s) at which the repetitions for a block of `--min-block-ms` are estimated.
 const NOMINAL_TFLOPS: f64 = 700.0;
 
@@ -428,7 +431,7 @@ fn bench_sets<A: DeviceCopy, O: CublasLtElement + DeviceCopy>(
     // Per contender: (millijoules, launches) of its timed blocks, while NVML answers.
     let mut energy = vec![meter.map(|_| (0u64, 0usize)); contenders];
     let samples = interleaved(contenders, ROUNDS, |c, round| {
-        // The round's first block opens the shape (the GPU idled while its inputs were made).
+        // Round 0's first block opens the shape (the GPU idled while its inputs were made).
         let warmup = match (round, c) {
             (0, 0) => timing.blocks.warmup.max(timing.settle),
             (0, _) => timing.blocks.warmup,
@@ -529,14 +532,24 @@ struct Args {
     #[arg(long, default_value_t = 30, value_parser = parse_reps)]
     reps: usize,
     /// Shortest timed block, ms.
-    #[arg(long, value_name = "T", default_value_t = DEFAULT_MIN_BLOCK_MS, value_parser = non_negative_ms)]
+    #[arg(long, value_name = "T", default_value_t = DEFAULT_MIN_BLOCK_MS, value_parser = block_ms)]
     min_block_ms: f64,
     /// Untimed work before each shape's first timed block, ms: the first contender's warm-up
     /// in the first round lasts at least this long (estimated at the nominal rates).
-    #[arg(long, value_name = "S", default_value_t = DEFAULT_SETTLE_MS, value_parser = non_negative_ms)]
+    #[arg(long, value_name = "S", default_value_t = DEFAULT_SETTLE_MS, value_parser = block_ms)]
     settle_ms: f64,
     #[command(flatten)]
     runner: RunnerFlags,
+}
+
+/// A duration for `--min-block-ms` or `--settle-ms`: finite, not negative, at most
+/// [`MAX_BLOCK_MS`] (larger ones would ask for more launches than the run can hold).
+fn block_ms(s: &str) -> Result<f64, String> {
+    let ms = non_negative_ms(s)?;
+    if ms > MAX_BLOCK_MS {
+        return Err(format!("'{s}': use at most {MAX_BLOCK_MS} ms"));
+    }
+    Ok(ms)
 }
 
 /// A compiled configuration by name, for `--variant`.
