@@ -7,7 +7,7 @@
 //! `⌈tiles / slots⌉ · tile_cost`, with `tile_cost` proportional to the tile's area times a
 //! per-configuration efficiency factor (smaller tiles reread more operand bytes per FLOP).
 //! The rule picks the configuration with the smallest estimate; ties go to the larger tile.
-use kernels_gpu::gemm_abi::{BLOCK_K, GemmVariant, VARIANTS};
+use kernels_gpu::gemm_abi::{BLOCK_K, GemmVariant, TILE_16X128, VARIANTS};
 use kernels_gpu::layout::stream_k::{self, StreamK};
 
 /// Relative cost of one tile's main loop per output element, by configuration name
@@ -54,8 +54,8 @@ fn cost_per_element(variant: &GemmVariant) -> f64 {
         // at 8B fc1 and 405B o-proj/fc2); listed before `64x128s`, it takes the one-wave
         // shapes where the split would only match it. Measured at one token (NOTES step 41):
         // 8B QKV 20.1 against `64x128s`' 24.9 µs, 70B o-proj 24.3 against 27.5, 70B fc2 63.3
-        // against 71.7; the model still prefers the split at 8B o-proj and 70B QKV, where
-        // `16x64` measured 5–8 % faster (the split's hand-off is costed low at one token).
+        // against 71.7 (and, once the split's decode hand-off was priced,
+        // `SPLIT_DECODE_K_BLOCKS`, 8B o-proj and 70B QKV).
         "64x128" | "16x128" | "16x64" => 1.4,
         _ => 1.2,
     }
@@ -130,8 +130,8 @@ fn split_hand_off(variant: &GemmVariant, m: u64, pieces: u32) -> f64 {
 }
 
 /// Rows up to which a k-block of the main loop is a pure stream of weights (8–16 KiB of B,
-/// ~0.23 µs at decode), the rows the 16-row tiles serve.
-const DECODE_ROWS: u64 = 16;
+/// ~0.23 µs at decode): the rows the 16-row tiles serve.
+const DECODE_ROWS: u64 = TILE_16X128.max_rows() as u64;
 
 /// What the rest of a split's hand-off costs where k-blocks are that short, in k-blocks: the
 /// chain after the main loop (partials stored, a fence and the counted arrival, the finisher's
