@@ -30,6 +30,10 @@ fn cost_per_element(variant: &GemmVariant) -> f64 {
         // by the wgmmas, 14 % more pipeline handshakes and 7 epilogue chunks of 32 columns
         // instead of 4 of 64.
         "128x224" => 1.02,
+        // Not yet measured on full waves; estimated the same way: 128×160 reads 20 % more
+        // operand bytes per output element than 128×256 (1/160 + 1/128 against
+        // 1/256 + 1/128), between 128×224's 5 % (1.02) and 128×128's 33 % (1.06 measured).
+        "128x160" => 1.045,
         // Measured 0.97–1.01 (mean 0.993) of 128×256 per output element on the full-wave
         // shapes (8192³ and the TP=2 stage shapes, bf16 and f16: the measured time ratio over
         // this model's, benches/results/gemm-2026-11-30-d18f3ea-variants.md): the 12 % fewer
@@ -312,7 +316,7 @@ pub fn split_grid(variant: &GemmVariant, m: u64, n: u64, k: u64, sm_count: u32) 
         .map(|(grid, _)| grid as u32)
 }
 
-/// The configuration named `name` (`128x256`, `128x256c2`, `192x192`, `128x224`, `128x128`,
+/// The configuration named `name` (`128x256`, `128x256c2`, `192x192`, `128x224`, `128x160`, `128x128`,
 /// `128x128c2`, `64x128`, `16x128` (at most 16 rows), and the split-K `128x256s`,
 /// `128x128s`, `64x128s`, `16x128s`).
 #[must_use]
@@ -346,6 +350,16 @@ mod tests {
         // 8192×8192 in 224-wide tiles: 64 × 37 = 2368 tiles, 18 waves (17.9) against 16
         // (15.5) of 256-wide ones: 18 · 1.02 · 224 / 256 = 16.07 > 16, the wide tiles stay.
         assert_eq!(choose_variant(8192, 8192, 8192, 132).config.block_n, 256);
+    }
+
+    #[test]
+    fn widths_that_160_divides_fill_the_wave() {
+        // 70B QKV at TP 2 (5120 = 32 · 160), 512 rows: 128 tiles of 128×160 make one wave
+        // (20 480 · 1.045 = 21 402) against 92 of 128×224 (one wave, 28 672 · 1.02 = 29 245),
+        // 80 of 128×256 (32 768) and 160 of 128×128 (two waves: 34 734).
+        assert_eq!(choose_variant(512, 5120, 8192, 132).name, "128x160");
+        // 8192 columns: 52 tiles of 160 a row against 32 of 256: the wide tiles stay.
+        assert_eq!(choose_variant(8192, 8192, 8192, 132).name, "128x256");
     }
 
     #[test]

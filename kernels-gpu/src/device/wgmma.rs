@@ -124,6 +124,10 @@ seq!(I in 1..64 {
     mma_ss!(mma_m64n128k16_f32_bf16, "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16", "1, 1, 0, 0", 64, 0 #(I)*);
     mma_ss!(mma_m64n128k16_f32_f16, "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16", "1, 1, 0, 0", 64, 0 #(I)*);
 });
+seq!(I in 1..80 {
+    mma_ss!(mma_m64n160k16_f32_bf16, "wgmma.mma_async.sync.aligned.m64n160k16.f32.bf16.bf16", "1, 1, 0, 0", 80, 0 #(I)*);
+    mma_ss!(mma_m64n160k16_f32_f16, "wgmma.mma_async.sync.aligned.m64n160k16.f32.f16.f16", "1, 1, 0, 0", 80, 0 #(I)*);
+});
 seq!(I in 1..112 {
     mma_ss!(mma_m64n224k16_f32_bf16, "wgmma.mma_async.sync.aligned.m64n224k16.f32.bf16.bf16", "1, 1, 0, 0", 112, 0 #(I)*);
     mma_ss!(mma_m64n224k16_f32_f16, "wgmma.mma_async.sync.aligned.m64n224k16.f32.f16.f16", "1, 1, 0, 0", 112, 0 #(I)*);
@@ -147,6 +151,9 @@ seq!(I in 1..48 {
 seq!(I in 1..64 {
     mma_ss!(mma_m64n128k32_f32_e4m3, "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3", "1, 1", 64, 0 #(I)*);
 });
+seq!(I in 1..80 {
+    mma_ss!(mma_m64n160k32_f32_e4m3, "wgmma.mma_async.sync.aligned.m64n160k32.f32.e4m3.e4m3", "1, 1", 80, 0 #(I)*);
+});
 seq!(I in 1..112 {
     mma_ss!(mma_m64n224k32_f32_e4m3, "wgmma.mma_async.sync.aligned.m64n224k32.f32.e4m3.e4m3", "1, 1", 112, 0 #(I)*);
 });
@@ -157,6 +164,7 @@ seq!(I in 0..16 { register_fence!(fence_operands_16, 16, #(I)*); });
 seq!(I in 0..32 { register_fence!(fence_operands_32, 32, #(I)*); });
 seq!(I in 0..48 { register_fence!(fence_operands_48, 48, #(I)*); });
 seq!(I in 0..64 { register_fence!(fence_operands_64, 64, #(I)*); });
+seq!(I in 0..80 { register_fence!(fence_operands_80, 80, #(I)*); });
 seq!(I in 0..112 { register_fence!(fence_operands_112, 112, #(I)*); });
 seq!(I in 0..128 { register_fence!(fence_operands_128, 128, #(I)*); });
 
@@ -173,6 +181,8 @@ pub trait InputType {
     unsafe fn mma_n96(acc: &mut [f32; 48], desc_a: u64, desc_b: u64, scale_d: u32);
     /// `m64n128k16`: 64 accumulators per thread.
     unsafe fn mma_n128(acc: &mut [f32; 64], desc_a: u64, desc_b: u64, scale_d: u32);
+    /// `m64n160k16`: 80 accumulators per thread.
+    unsafe fn mma_n160(acc: &mut [f32; 80], desc_a: u64, desc_b: u64, scale_d: u32);
     /// `m64n224k16`: 112 accumulators per thread.
     unsafe fn mma_n224(acc: &mut [f32; 112], desc_a: u64, desc_b: u64, scale_d: u32);
     /// `m64n256k16`: 128 accumulators per thread.
@@ -204,6 +214,10 @@ impl InputType for Bf16 {
     #[inline(always)]
     unsafe fn mma_n128(acc: &mut [f32; 64], a: u64, b: u64, s: u32) {
         unsafe { mma_m64n128k16_f32_bf16(acc, a, b, s) }
+    }
+    #[inline(always)]
+    unsafe fn mma_n160(acc: &mut [f32; 80], a: u64, b: u64, s: u32) {
+        unsafe { mma_m64n160k16_f32_bf16(acc, a, b, s) }
     }
     #[inline(always)]
     unsafe fn mma_n224(acc: &mut [f32; 112], a: u64, b: u64, s: u32) {
@@ -246,6 +260,10 @@ impl InputType for F16 {
     #[inline(always)]
     unsafe fn mma_n128(acc: &mut [f32; 64], a: u64, b: u64, s: u32) {
         unsafe { mma_m64n128k16_f32_f16(acc, a, b, s) }
+    }
+    #[inline(always)]
+    unsafe fn mma_n160(acc: &mut [f32; 80], a: u64, b: u64, s: u32) {
+        unsafe { mma_m64n160k16_f32_f16(acc, a, b, s) }
     }
     #[inline(always)]
     unsafe fn mma_n224(acc: &mut [f32; 112], a: u64, b: u64, s: u32) {
@@ -303,6 +321,10 @@ impl<O: InputType> InputType for E4m3<O> {
     #[inline(always)]
     unsafe fn mma_n128(acc: &mut [f32; 64], a: u64, b: u64, s: u32) {
         unsafe { mma_m64n128k32_f32_e4m3(acc, a, b, s) }
+    }
+    #[inline(always)]
+    unsafe fn mma_n160(acc: &mut [f32; 80], a: u64, b: u64, s: u32) {
+        unsafe { mma_m64n160k32_f32_e4m3(acc, a, b, s) }
     }
     #[inline(always)]
     unsafe fn mma_n224(acc: &mut [f32; 112], a: u64, b: u64, s: u32) {
