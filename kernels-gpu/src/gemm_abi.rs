@@ -207,8 +207,7 @@ impl TileConfig {
     pub const fn is_valid(&self) -> bool {
         let shape = match self.split {
             ConsumerSplit::Rows => {
-                self.block_m == 128
-                    && matches!(self.block_n, 128 | 160 | 224 | 256)
+                self.block_m == 128 && matches!(self.block_n, 128 | 160 | 224 | 256)
             }
             ConsumerSplit::Columns => {
                 (self.block_m == 192 && self.block_n == 192)

@@ -30,9 +30,12 @@ fn cost_per_element(variant: &GemmVariant) -> f64 {
         // by the wgmmas, 14 % more pipeline handshakes and 7 epilogue chunks of 32 columns
         // instead of 4 of 64.
         "128x224" => 1.02,
-        // Not yet measured on full waves; estimated the same way: 128×160 reads 20 % more
-        // operand bytes per output element than 128×256 (1/160 + 1/128 against
-        // 1/256 + 1/128), between 128×224's 5 % (1.02) and 128×128's 33 % (1.06 measured).
+        // Estimated from operand bytes before it was measured: 128×160 reads 20 % more per
+        // output element than 128×256 (1/160 + 1/128 against 1/256 + 1/128), between
+        // 128×224's 5 % (1.02) and 128×128's 33 % (1.06). Measured 1.035–1.046 per output
+        // element of 128×256 on full waves (70B QKV at TP 2 and 8B QKV, 8192 rows, bf16 and
+        // f16: gemm-grid-2026-12-02-2c11ec7-qkv). It wins where 160 divides N into about a
+        // wave: 70B QKV with 512 rows, 128 tiles, 66.7 µs against 128×224's 79.4.
         "128x160" => 1.045,
         // Measured 0.97–1.01 (mean 0.993) of 128×256 per output element on the full-wave
         // shapes (8192³ and the TP=2 stage shapes, bf16 and f16: the measured time ratio over
@@ -316,9 +319,9 @@ pub fn split_grid(variant: &GemmVariant, m: u64, n: u64, k: u64, sm_count: u32) 
         .map(|(grid, _)| grid as u32)
 }
 
-/// The configuration named `name` (`128x256`, `128x256c2`, `192x192`, `128x224`, `128x160`, `128x128`,
-/// `128x128c2`, `64x128`, `16x128` (at most 16 rows), and the split-K `128x256s`,
-/// `128x128s`, `64x128s`, `16x128s`).
+/// The configuration named `name` (`128x256`, `128x256c2`, `192x192`, `128x224`, `128x160`,
+/// `128x128`, `128x128c2`, `64x128`, `16x128` and `16x64` (at most 16 rows), and the split-K
+/// `128x256s`, `128x128s`, `64x128s`, `16x128s`).
 #[must_use]
 pub fn variant_named(name: &str) -> Option<&'static GemmVariant> {
     VARIANTS.iter().find(|v| v.name == name)
