@@ -4,12 +4,12 @@
 //! GEMMs and the TP=2 / TP=8 stage GEMMs of the schedules (AG: (M/P)×(N/P)×K; RS: (M/P)×N×(K/P)),
 //! in bf16 and f16. Operands are filled on the GPU with N(0, 1)-like data and rotated so that
 //! their total exceeds 3× L2. Our kernel (and with `--variants` every tile configuration) and
-//! cuBLASLt are timed in interleaved rounds (order reversed each round) of warm-up launches and
-//! ≥ `--reps` repetitions (default 30), and at least `--min-block-ms` (default 100 ms) of them,
-//! bracketed by CUDA events; we report the median over all rounds. A shape's first block
-//! starts with at least `--settle-ms` (default 200 ms) of untimed launches, so that it does not
-//! run in the boost-clock burst after the idle GPU time of the shape's setup. Where
-//! NVML reports board energy, each contender's energy per launch (mJ) is its timed blocks'
+//! cuBLASLt are timed in `--rounds` interleaved rounds (default 3; order reversed each round)
+//! of warm-up launches and ≥ `--reps` repetitions (default 30), and at least `--min-block-ms`
+//! (default 100 ms) of them, bracketed by CUDA events; we report the median over all rounds.
+//! A shape's first block starts with at least `--settle-ms` (default 200 ms) of untimed
+//! launches, so that it does not run in the boost-clock burst after the idle GPU time of the
+//! shape's setup. Where NVML reports board energy, each contender's energy per launch (mJ) is its timed blocks'
 //! energy over their launches ([`distgemm_benches::energy`]): coarse, ±8 % at 0.6 s blocks, so
 //! raise `--reps` until each block lasts seconds.
 //!
@@ -26,9 +26,9 @@
 //!
 //! Usage: `gemm [--quick | --grid] [--fp8] [--variants | --variant NAME[,NAME…]]
 //! [--raster G[,G…]] [--filter SUBSTRING | SUBSTRING] [--reps N] [--min-block-ms T]
-//! [--settle-ms S]`. Writes
-//! `benches/results/gemm[-grid][-fp8]-<date>-<commit>[-<filter>][-settle<ms>].{json,md}` (or under
-//! `DISTGEMM_BENCH_RESULTS`).
+//! [--settle-ms S] [--rounds N]`. Writes
+//! `benches/results/gemm[-grid][-fp8]-<date>-<commit>[-<filter>][-settle<ms>][-rounds<N>]`
+//! `.{json,md}` (or under `DISTGEMM_BENCH_RESULTS`).
 use clap::Parser;
 use distgemm::baseline::{BaselineError, CublasLtElement, CublasLtGemm, TnGemmShape};
 use distgemm::dtype::{Dtype, Element};
@@ -56,6 +56,9 @@ const DEFAULT_SETTLE_MS: f64 = 200.0;
 
 /// The longest `--min-block-ms` or `--settle-ms` (ms): a minute of one shape's launches.
 const MAX_BLOCK_MS: f64 = 60_000.0;
+
+/// The most `--rounds`: with 100 ms blocks, 4 contenders and 50 rounds a shape takes 20 s.
+const MAX_ROUNDS: usize = 50;
 
 /// Rate (TFLOP/s) at which the repetitions for a block of `--min-block-ms` are estimated.
 const NOMINAL_TFLOPS: f64 = 700.0;
@@ -255,12 +258,14 @@ struct Measured {
 /// Our kernel (chosen configuration first, then each one asked for) and cuBLASLt.
 type ShapeTimings = (Vec<Measured>, Measured);
 
-/// How a shape is timed: each contender's blocks (warm-up and timed repetitions) and the
-/// untimed launches that open the shape's first block (`--settle-ms` at the estimated rate).
+/// How a shape is timed: each contender's blocks (warm-up and timed repetitions), the
+/// untimed launches that open the shape's first block (`--settle-ms` at the estimated rate)
+/// and the interleaved rounds of blocks (`--rounds`).
 #[derive(Clone, Copy)]
 struct ShapeTiming {
     blocks: TimingConfig,
     settle: usize,
+    rounds: usize,
 }
 
 /// An extra configuration of our kernel timed beside the rule's choice.
@@ -430,7 +435,7 @@ fn bench_sets<A: DeviceCopy, O: CublasLtElement + DeviceCopy>(
     let contenders = extras.len() + 2;
     // Per contender: (millijoules, launches) of its timed blocks, while NVML answers.
     let mut energy = vec![meter.map(|_| (0u64, 0usize)); contenders];
-    let samples = interleaved(contenders, ROUNDS, |c, round| {
+    let samples = interleaved(contenders, timing.rounds, |c, round| {
         // Round 0's first block opens the shape (the GPU idled while its inputs were made).
         let warmup = match (round, c) {
             (0, 0) => timing.blocks.warmup.max(timing.settle),
@@ -538,6 +543,10 @@ struct Args {
     /// in the first round lasts at least this long (estimated at the nominal rates).
     #[arg(long, value_name = "S", default_value_t = DEFAULT_SETTLE_MS, value_parser = block_ms)]
     settle_ms: f64,
+    /// Interleaved rounds per shape (each contender's median is over all of them): more
+    /// rounds narrow a shape's run-to-run spread at the cost of time.
+    #[arg(long, value_name = "N", default_value_t = ROUNDS, value_parser = parse_rounds)]
+    rounds: usize,
     #[command(flatten)]
     runner: RunnerFlags,
 }
@@ -550,6 +559,15 @@ fn block_ms(s: &str) -> Result<f64, String> {
         return Err(format!("'{s}': use at most {MAX_BLOCK_MS} ms"));
     }
     Ok(ms)
+}
+
+/// A count of interleaved rounds for `--rounds`: 1 to [`MAX_ROUNDS`].
+fn parse_rounds(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(r) if (1..=MAX_ROUNDS).contains(&r) => Ok(r),
+        Ok(r) => Err(format!("{r}: use 1 to {MAX_ROUNDS}")),
+        Err(_) => Err(format!("'{s}' is not a whole number")),
+    }
 }
 
 /// A compiled configuration by name, for `--variant`.
@@ -653,6 +671,7 @@ fn run() -> Result<(), BenchError> {
                     },
                 },
                 settle: (settle_ms / est_ms).ceil() as usize,
+                rounds: args.rounds,
             };
             let (ours, cublas) = match inputs {
                 Inputs::Native(Dtype::Bf16) => bench_shape::<half::bf16>(&h, (m, n, k), timing)?,
@@ -798,19 +817,26 @@ fn run() -> Result<(), BenchError> {
     } else {
         format!("-settle{}", args.settle_ms)
     };
+    // So does a count of rounds other than the default (`-rounds9`).
+    let rounds = if args.rounds == ROUNDS {
+        String::new()
+    } else {
+        format!("-rounds{}", args.rounds)
+    };
     let stem = format!(
-        "{bench}-{}-{}{part}{settle}",
+        "{bench}-{}-{}{part}{settle}{rounds}",
         &provenance.date[..10],
         provenance.commit
     );
     let header = format!(
-        "# `benches/gemm{}{}`: our GEMM against cuBLASLt\n\n{}, driver {}, commit {}, {}; median of {ROUNDS} interleaved rounds per contender, blocks of at least {} ms after {} ms of untimed launches per shape{}.\n",
+        "# `benches/gemm{}{}`: our GEMM against cuBLASLt\n\n{}, driver {}, commit {}, {}; median of {} interleaved rounds per contender, blocks of at least {} ms after {} ms of untimed launches per shape{}.\n",
         if args.grid { " --grid" } else { "" },
         if args.fp8 { " --fp8" } else { "" },
         provenance.gpu,
         provenance.driver,
         provenance.commit,
         provenance.date,
+        args.rounds,
         args.min_block_ms,
         args.settle_ms,
         filter
