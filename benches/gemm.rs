@@ -9,9 +9,9 @@
 //! (default 100 ms) of them, bracketed by CUDA events; we report the median over all rounds.
 //! A shape's first block starts with at least `--settle-ms` (default 200 ms) of untimed
 //! launches, so that it does not run in the boost-clock burst after the idle GPU time of the
-//! shape's setup. Where NVML reports board energy, each contender's energy per launch (mJ) is its timed blocks'
-//! energy over their launches ([`distgemm_benches::energy`]): coarse, ±8 % at 0.6 s blocks, so
-//! raise `--reps` until each block lasts seconds.
+//! shape's setup. Where NVML reports board energy, each contender's energy per launch (mJ) is
+//! its timed blocks' energy over their launches ([`distgemm_benches::energy`]): coarse, ±8 %
+//! at 0.6 s blocks, so raise `--reps` until each block lasts seconds.
 //!
 //! With `--grid`, the shapes are instead the grid of the shapes a model runs (issue 23):
 //! M ∈ {1, 16, 64, 128, 512, 2048, 8192} tokens × the QKV, output-projection, fused gate+up
