@@ -174,18 +174,39 @@ pub trait InputType {
     /// e4m3 inputs: the epilogue applies row-wise scales when the parameters give them.
     const FP8: bool = false;
     /// `m64n32k16`: 16 accumulators per thread.
+    ///
+    /// # Safety
+    /// The contract of the `mma_m64n32k16` (e4m3: `k32`) function it lowers to.
     unsafe fn mma_n32(acc: &mut [f32; 16], desc_a: u64, desc_b: u64, scale_d: u32);
     /// `m64n64k16`: 32 accumulators per thread.
+    ///
+    /// # Safety
+    /// The contract of the `mma_m64n64k16` (e4m3: `k32`) function it lowers to.
     unsafe fn mma_n64(acc: &mut [f32; 32], desc_a: u64, desc_b: u64, scale_d: u32);
     /// `m64n96k16`: 48 accumulators per thread.
+    ///
+    /// # Safety
+    /// The contract of the `mma_m64n96k16` (e4m3: `k32`) function it lowers to.
     unsafe fn mma_n96(acc: &mut [f32; 48], desc_a: u64, desc_b: u64, scale_d: u32);
     /// `m64n128k16`: 64 accumulators per thread.
+    ///
+    /// # Safety
+    /// The contract of the `mma_m64n128k16` (e4m3: `k32`) function it lowers to.
     unsafe fn mma_n128(acc: &mut [f32; 64], desc_a: u64, desc_b: u64, scale_d: u32);
     /// `m64n160k16`: 80 accumulators per thread.
+    ///
+    /// # Safety
+    /// The contract of the `mma_m64n160k16` (e4m3: `k32`) function it lowers to.
     unsafe fn mma_n160(acc: &mut [f32; 80], desc_a: u64, desc_b: u64, scale_d: u32);
     /// `m64n224k16`: 112 accumulators per thread.
+    ///
+    /// # Safety
+    /// The contract of the `mma_m64n224k16` (e4m3: `k32`) function it lowers to.
     unsafe fn mma_n224(acc: &mut [f32; 112], desc_a: u64, desc_b: u64, scale_d: u32);
     /// `m64n256k16`: 128 accumulators per thread.
+    ///
+    /// # Safety
+    /// The contract of the `mma_m64n256k16` (e4m3: `k32`) function it lowers to.
     unsafe fn mma_n256(acc: &mut [f32; 128], desc_a: u64, desc_b: u64, scale_d: u32);
     /// Packs two f32 into two 16-bit values, round to nearest even: `lo` in bits 0..16.
     fn pack2(lo: f32, hi: f32) -> u32;
