@@ -302,6 +302,13 @@ pub const TILE_128X128_SPLITK: TileConfig = TileConfig {
     ..TILE_128X128
 };
 
+/// 128×160 tiles with split-K: for problems of a few hundred rows whose 160-wide tiles fill
+/// at most half the SMs (405B QKV at TP 8, 512 rows: 60 tiles, two splits make 120 blocks).
+pub const TILE_128X160_SPLITK: TileConfig = TileConfig {
+    split_k: true,
+    ..TILE_128X160
+};
+
 /// 64×128 tiles, 8 stages, split by columns (each consumer warpgroup one `m64n64k16` slab):
 /// for problems of at most 64 rows (decode), where a 128-row tile spends half its tensor work
 /// on rows that do not exist. There the kernel is bound by that work, not by the weight
@@ -399,6 +406,7 @@ macro_rules! gemm_variants {
             "128x128c2" => gemm_bf16_128x128c2, gemm_f16_128x128c2, TILE_128X128_CLUSTER2, Tile128x128C2;
             "128x256s" => gemm_bf16_128x256s, gemm_f16_128x256s, TILE_128X256_SPLITK, Tile128x256S, e4m3 gemm_e4m3_128x256s;
             "128x128s" => gemm_bf16_128x128s, gemm_f16_128x128s, TILE_128X128_SPLITK, Tile128x128S;
+            "128x160s" => gemm_bf16_128x160s, gemm_f16_128x160s, TILE_128X160_SPLITK, Tile128x160S;
             "16x128" => gemm_bf16_16x128, gemm_f16_16x128, TILE_16X128, Tile16x128, e4m3 gemm_e4m3_16x128;
             "64x128" => gemm_bf16_64x128, gemm_f16_64x128, TILE_64X128, Tile64x128, e4m3 gemm_e4m3_64x128;
             "16x64" => gemm_bf16_16x64, gemm_f16_16x64, TILE_16X64, Tile16x64, e4m3 gemm_e4m3_16x64;

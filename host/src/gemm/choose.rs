@@ -248,6 +248,13 @@ pub const MIN_SPLIT_K_BLOCKS: u64 = 8;
 /// unsplit kernel already streams ~3.8 TB/s on half the SMs, and the partials are 64 rows.
 pub const TWO_SPLIT_MAX_ROWS: u64 = 16;
 
+/// Rows from which two splits pay again: the main loop is bound by its tensor work, not by
+/// the weights' stream. A GEMM does `2·M·N·K` FLOP on `2·N·K` bytes of weights, M FLOP a byte,
+/// and the H200 is compute-bound above 989 TFLOP/s / 4.8 TB/s ≈ 206 FLOP a byte: from 256
+/// rows a split's second block adds tensor throughput where at 17–255 rows the unsplit tiles
+/// already stream the weights as fast as DRAM gives them.
+pub const TWO_SPLIT_MIN_ROWS: u64 = 256;
+
 /// The most rows for which a grid of one block per SM takes stream-K ranges that are not
 /// whole splits of every tile. Measured (kernels-gpu/NOTES.md step 39): with 64 rows every
 /// such grid ran 5–20 % slower than the best unsplit or plainly split one; with more than one
@@ -301,7 +308,8 @@ pub fn split_grid(variant: &GemmVariant, m: u64, n: u64, k: u64, sm_count: u32) 
     let splits = (slots / tiles.max(1))
         .min(k_blocks / MIN_SPLIT_K_BLOCKS)
         .min(u64::from(MAX_SPLITS));
-    let plain = (splits >= 2 && (splits > 2 || m <= TWO_SPLIT_MAX_ROWS)).then(|| {
+    let two_pays = m <= TWO_SPLIT_MAX_ROWS || m >= TWO_SPLIT_MIN_ROWS;
+    let plain = (splits >= 2 && (splits > 2 || two_pays)).then(|| {
         (
             tiles * splits,
             split_k_blocks(variant, m, tiles, k_blocks, tiles * splits),
@@ -449,10 +457,12 @@ mod tests {
         // than 40 of 128×128 split 3 ways (hand-off 3 · 4 + 6 · 3 · 2 = 48 k-blocks:
         // 16 384 · 1.06 · (43 + 48) / 128 = 12 347); 8B fc2 (4096 × 14336) splits 32 tiles of
         // 128×128 4 ways (16 384 · 1.06 · (56 + 64) / 224 = 9 304 against 11 469); 405B QKV at
-        // 512 rows splits 36 tiles of 128×256 3 ways (32 768 · (86 + 48) / 256 = 17 152
-        // against 72 unsplit 128×128 tiles' 17 367). All three as measured (NOTES step 37).
+        // 512 rows splits 60 tiles of 128×160 2 ways (20 480 · 1.045 · (128 + 2 · 4 + 6 · 2 · 2)
+        // / 256 = 13 376, two splits being allowed from `TWO_SPLIT_MIN_ROWS`) against 36 tiles
+        // of 128×256 split 3 ways (32 768 · (86 + 48) / 256 = 17 152) and 72 unsplit 128×128
+        // tiles' 17 367. The first two as measured (NOTES step 37); the third predicted.
         assert_eq!(choose_variant(128, 5120, 8192, 132).name, "64x128");
-        assert_eq!(choose_variant(512, 2304, 16384, 132).name, "128x256s");
+        assert_eq!(choose_variant(512, 2304, 16384, 132).name, "128x160s");
         assert_eq!(choose_variant(128, 4096, 14336, 132).name, "128x128s");
         // The 64-row tiles take two waves and K is too short for stream-K to pay (8B fc1, 16
         // tokens), K too short to split (8 k-blocks), or prefill: no split.

@@ -436,15 +436,18 @@ config!(Tile128x224: TILE_128X224 {
     mma: mma_n224,
     fence: fence_operands_112,
 });
-config!(Tile128x160: TILE_128X160 {
-    slabs: 1,
-    regs: 80,
-    blocks: 20,
-    chunks: 5,
-    pairs: 2,
-    mma: mma_n160,
-    fence: fence_operands_80,
-});
+config!(
+    Tile128x160: TILE_128X160,
+    Tile128x160S: TILE_128X160_SPLITK {
+        slabs: 1,
+        regs: 80,
+        blocks: 20,
+        chunks: 5,
+        pairs: 2,
+        mma: mma_n160,
+        fence: fence_operands_80,
+    }
+);
 config!(
     Tile128x128: TILE_128X128,
     Tile128x128C2: TILE_128X128_CLUSTER2,
