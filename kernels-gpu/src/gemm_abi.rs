@@ -570,14 +570,25 @@ pub struct RowScales {
     pub b: u64,
 }
 
+/// The A and B tensor maps by value (128-byte `CUtensorMap` encodings), at the start of the
+/// parameter block: the producer reads them from parameter space (the build gives the block
+/// 128-byte alignment, `xtask` `patch_entry_param_0`), so they arrive with the launch instead
+/// of being fetched from device memory behind a tensormap-proxy fence.
+#[repr(C, align(16))]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct OperandMaps {
+    /// A (M rows × K cols, box `TileConfig::a_box`).
+    pub a: [u64; 16],
+    /// B (N rows × K cols, box `TileConfig::b_box`).
+    pub b: [u64; 16],
+}
+
 /// The GEMM kernels' single by-value parameter.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct GemmParams {
-    /// Device address of the A tensor map (M rows × K cols, box `TileConfig::a_box`).
-    pub map_a: u64,
-    /// Device address of the B tensor map (N rows × K cols, box `TileConfig::b_box`).
-    pub map_b: u64,
+    /// The A and B tensor maps (must stay the first field: see [`OperandMaps`]).
+    pub maps: OperandMaps,
     /// Device address of the D tensor map (M rows × N cols, box [`TileConfig::d_box`]), or 0. With it and
     /// `beta == 0` the epilogue stages output chunks in shared memory and writes them with TMA
     /// stores that overlap the next tile's main loop (with `beta != 0` only if `map_c` is given
@@ -690,8 +701,9 @@ mod tests {
         assert_eq!(core::mem::size_of::<SplitParams>(), 16);
         assert_eq!(
             core::mem::size_of::<GemmParams>(),
-            48 + 32 + 48 + 64 + 16 + 16
+            256 + 32 + 32 + 48 + 64 + 16 + 16
         );
-        assert_eq!(core::mem::align_of::<GemmParams>(), 8);
+        assert_eq!(core::mem::align_of::<GemmParams>(), 16);
+        assert_eq!(core::mem::offset_of!(GemmParams, maps), 0);
     }
 }

@@ -278,7 +278,8 @@ fn check_and_patch(text: &str, kernels: &[KernelInfo]) -> Result<(String, Vec<Pa
             })
         })
         .collect();
-    ptx::patch_launch_bounds(text, &bounds).map_err(|e| util::Error(e.0))
+    let (text, _) = ptx::patch_entry_param_0(text).map_err(|e| util::Error(e.0))?;
+    ptx::patch_launch_bounds(&text, &bounds).map_err(|e| util::Error(e.0))
 }
 
 #[cfg(test)]

@@ -1,5 +1,6 @@
-//! Pure functions over PTX text: header facts, the list of `.entry` points, and the one
-//! post-processing patch the build applies (launch bounds rustc cannot express).
+//! Pure functions over PTX text: header facts, the list of `.entry` points, and the two
+//! post-processing patches the build applies (launch bounds, and the parameter-space address
+//! of an entry's first parameter: neither can rustc express).
 
 use std::fmt;
 
@@ -206,6 +207,74 @@ pub enum PatchAction {
     /// The entry already carried exactly these directives (PTX patched before, or rustc
     /// learned to emit them); left unchanged.
     AlreadyPresent { kernel: String },
+}
+
+/// The token a kernel's inline assembly writes where it needs the symbol of its entry's first
+/// parameter (`<entry>_param_0`): `mov.b64 %rd, __ENTRY_PARAM_0__; cvta.param.u64 %rd, %rd;`
+/// gives the generic address of the parameter block, which TMA reads tensor maps from.
+pub const ENTRY_PARAM_0: &str = "__ENTRY_PARAM_0__";
+
+/// The alignment [`patch_entry_param_0`] gives a first parameter whose address is taken: 128
+/// bytes, as nvcc declares a `__grid_constant__ CUtensorMap` (TMA needs 64).
+pub const PARAM_0_ALIGN: u32 = 128;
+
+/// In every entry whose body names [`ENTRY_PARAM_0`], replaces the token with the entry's
+/// first-parameter symbol and raises that parameter's declared alignment to
+/// [`PARAM_0_ALIGN`] (rustc declares a by-value struct with `.align 16` and cannot go
+/// higher). Returns the patched text and the entries patched. Fails when the token appears
+/// outside an entry body (a non-inlined function cannot know its caller's parameters) or an
+/// entry that uses it declares no `.align` on its first parameter.
+pub fn patch_entry_param_0(ptx: &str) -> Result<(String, Vec<String>), PtxError> {
+    let found = entries(ptx)?;
+    let mut out = String::with_capacity(ptx.len());
+    let mut patched = Vec::new();
+    let mut last = 0;
+    for entry in &found {
+        let body = entry.body(ptx);
+        let before = &ptx[last..entry.body_start];
+        if before.contains(ENTRY_PARAM_0) {
+            return Err(PtxError(format!(
+                "`{ENTRY_PARAM_0}` outside an entry body (before `.entry {}`)",
+                entry.name
+            )));
+        }
+        if !body.contains(ENTRY_PARAM_0) {
+            out.push_str(&ptx[last..entry.body_end]);
+            last = entry.body_end;
+            continue;
+        }
+        let symbol = format!("{}_param_0", entry.name);
+        let header = &ptx[last..entry.body_start];
+        let decl_at = header
+            .find(&symbol)
+            .ok_or_else(|| PtxError(format!("`.entry {}` has no first parameter", entry.name)))?;
+        let decl_line_start = header[..decl_at].rfind('\n').map_or(0, |p| p + 1);
+        let decl = &header[decl_line_start..decl_at];
+        let align_at = decl.find(".align ").ok_or_else(|| {
+            PtxError(format!(
+                "`.entry {}`: its first parameter declares no `.align`",
+                entry.name
+            ))
+        })?;
+        let digits_start = decl_line_start + align_at + ".align ".len();
+        let digits_len = header[digits_start..]
+            .bytes()
+            .take_while(u8::is_ascii_digit)
+            .count();
+        out.push_str(&header[..digits_start]);
+        out.push_str(&PARAM_0_ALIGN.to_string());
+        out.push_str(&header[digits_start + digits_len..]);
+        out.push_str(&body.replace(ENTRY_PARAM_0, &symbol));
+        last = entry.body_end;
+        patched.push(entry.name.clone());
+    }
+    if ptx[last..].contains(ENTRY_PARAM_0) {
+        return Err(PtxError(format!(
+            "`{ENTRY_PARAM_0}` outside an entry body (after the last entry)"
+        )));
+    }
+    out.push_str(&ptx[last..]);
+    Ok((out, patched))
 }
 
 /// Inserts `.maxntid n, 1, 1` and `.minnctapersm m` between the parameter list and the body of
@@ -432,5 +501,31 @@ mod tests {
             missing_required("// griddepcontrol.wait\n").len(),
             REQUIRED_PTX.len()
         );
+    }
+
+    #[test]
+    fn entry_param_0_is_named_and_aligned() {
+        let ptx = ".visible .entry gemm(\n\t.param .align 16 .b8 gemm_param_0[480]\n)\n{\n\
+                   \tmov.b64 %rd1, __ENTRY_PARAM_0__;\n\tcvta.param.u64 %rd1, %rd1;\n}\n\
+                   .visible .entry add(\n\t.param .u32 add_param_0\n)\n{\nret;\n}\n";
+        let (out, patched) = patch_entry_param_0(ptx).expect("patched");
+        assert_eq!(patched, ["gemm"]);
+        assert!(out.contains(".param .align 128 .b8 gemm_param_0[480]"));
+        assert!(out.contains("mov.b64 %rd1, gemm_param_0;"));
+        assert!(!out.contains(ENTRY_PARAM_0));
+        // Entries without the token are untouched.
+        assert!(out.contains(".param .u32 add_param_0\n)\n{\nret;\n}\n"));
+        // Idempotent on its output.
+        assert_eq!(patch_entry_param_0(&out).expect("again").0, out);
+    }
+
+    #[test]
+    fn entry_param_0_outside_an_entry_is_an_error() {
+        let func = ".func f()\n{\n\tmov.b64 %rd1, __ENTRY_PARAM_0__;\n}\n\
+                    .visible .entry k(\n\t.param .u32 k_param_0\n)\n{\nret;\n}\n";
+        assert!(patch_entry_param_0(func).is_err());
+        let unaligned = ".visible .entry k(\n\t.param .u64 k_param_0\n)\n{\n\
+                         \tmov.b64 %rd1, __ENTRY_PARAM_0__;\n}\n";
+        assert!(patch_entry_param_0(unaligned).is_err());
     }
 }

@@ -7,7 +7,7 @@ use crate::runtime::{
     RuntimeError, Swizzle, TensorMap2d, TensorMapDtype, TensorMapSpec, launch, max_active_clusters,
 };
 use kernels_gpu::gemm_abi::{
-    self, GemmParams, GemmVariant, RowScales, SplitParams, StageHook, TileConfig,
+    self, GemmParams, GemmVariant, OperandMaps, RowScales, SplitParams, StageHook, TileConfig,
 };
 use kernels_gpu::layout::stream_k;
 use std::sync::Arc;
@@ -244,8 +244,10 @@ impl GemmKernel {
             })
         };
         let mut params = GemmParams {
-            map_a: map_a.device_address(),
-            map_b: map_b.device_address(),
+            maps: OperandMaps {
+                a: map_a.words(),
+                b: map_b.words(),
+            },
             map_d: map_d.as_ref().map_or(0, TensorMap2d::device_address),
             map_c: map_c.as_ref().map_or(0, TensorMap2d::device_address),
             d: args.d.ptr,
@@ -512,6 +514,13 @@ impl PreparedGemm {
                 // SAFETY: the caller's contract (launches on `stream`, operands alive).
                 unsafe { map.retarget_async(gpu, base, stream)? };
             }
+        }
+        if let [Some(a), Some(b), ..] = &self._maps {
+            // The parameter block carries A's and B's encodings by value: refresh them.
+            self.params.maps = OperandMaps {
+                a: a.words(),
+                b: b.words(),
+            };
         }
         self.params.d = args.d.ptr;
         self.params.c = args.c.map_or(0, |c| c.ptr);

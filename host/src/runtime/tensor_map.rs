@@ -257,6 +257,8 @@ fn encode(gpu: &Gpu, base: u64, spec: &TensorMapSpec) -> Result<sys::CUtensorMap
 #[derive(Debug)]
 pub struct TensorMap2d {
     spec: TensorMapSpec,
+    /// The encoding, as kernels that take maps by value in their parameters receive it.
+    words: [u64; 16],
     device: DeviceBuffer<u8>,
 }
 
@@ -283,7 +285,11 @@ impl TensorMap2d {
         let bytes: &[u8] =
             unsafe { std::slice::from_raw_parts((&raw const host).cast::<u8>(), MAP_BYTES) };
         device.upload(stream, bytes)?;
-        Ok(TensorMap2d { spec, device })
+        Ok(TensorMap2d {
+            spec,
+            words: host.opaque,
+            device,
+        })
     }
 
     /// A map of the matrix held in `buffer` (checked: element size matches `spec.dtype` and the
@@ -315,6 +321,11 @@ impl TensorMap2d {
         Self::new(gpu, stream, buffer.device_ptr(), spec)
     }
 
+    /// The 128-byte encoding, for a kernel that takes the map in its parameter block.
+    pub fn words(&self) -> [u64; 16] {
+        self.words
+    }
+
     /// Device address of the 128-byte map: the `u64` kernel parameter.
     pub fn device_address(&self) -> u64 {
         self.device.device_ptr()
@@ -336,7 +347,9 @@ impl TensorMap2d {
             unsafe { std::slice::from_raw_parts((&raw const host).cast::<u8>(), MAP_BYTES) };
         // SAFETY: our 128-byte block; ordering is the caller's contract (the driver stages
         // `bytes` before returning, so the local `host` may go).
-        unsafe { upload_async(gpu, self.device.device_ptr(), bytes, stream) }
+        unsafe { upload_async(gpu, self.device.device_ptr(), bytes, stream)? };
+        self.words = host.opaque;
+        Ok(())
     }
 
     /// What this map describes.

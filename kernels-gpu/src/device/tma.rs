@@ -6,6 +6,29 @@
 //! Out-of-bounds parts of a box read as zero and are not written by stores.
 use core::arch::asm;
 
+/// Generic address of the calling entry point's first parameter (its by-value parameter
+/// block), from which TMA may read tensor maps placed there.
+///
+/// Lowers to `mov.b64 %rd, <entry>_param_0; cvta.param.u64 %rd, %rd;` (nvcc's form for a
+/// `__grid_constant__` parameter, PTX ISA ≥ 7.7). rustc cannot name the parameter, so the
+/// assembly holds a placeholder that the build replaces with the entry's parameter symbol,
+/// also raising that parameter's alignment to 128 bytes (`xtask` `patch_entry_param_0`; the
+/// build fails if the placeholder is left outside an entry). Must therefore be inlined into
+/// the entry point (every caller is `#[inline(always)]` up to the `extern "ptx-kernel" fn`).
+#[inline(always)]
+pub fn entry_params_address() -> u64 {
+    let a: u64;
+    unsafe {
+        asm!(
+            "mov.b64 {a}, __ENTRY_PARAM_0__;",
+            "cvta.param.u64 {a}, {a};",
+            a = out(reg64) a,
+            options(pure, nomem, nostack),
+        )
+    };
+    a
+}
+
 /// Pulls a tensor-map descriptor into the descriptor cache early.
 ///
 /// Lowers to `prefetch.tensormap [map]`.

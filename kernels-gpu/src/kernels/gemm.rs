@@ -662,10 +662,22 @@ unsafe fn prologue_hook(hook: &StageHook, ring: Ring) -> bool {
     }
 }
 
+/// Generic addresses of the A and B tensor maps in this entry's parameter block
+/// ([`OperandMaps`], at its start).
+#[inline(always)]
+fn operand_maps() -> (u64, u64) {
+    let base = tma::entry_params_address() + core::mem::offset_of!(GemmParams, maps) as u64;
+    (
+        base + core::mem::offset_of!(OperandMaps, a) as u64,
+        base + core::mem::offset_of!(OperandMaps, b) as u64,
+    )
+}
+
 /// Producer: one thread streams (A, B) k-blocks of every tile of this block into the ring.
 #[inline(always)]
 unsafe fn produce(p: &GemmParams, ring: Ring, tiles: Tiles) {
     let tile = ring.tile;
+    let (map_a, map_b) = operand_maps();
     let b_share_rows = tile.block_n / tile.cluster_m;
     let b_share_bytes = tile.b_tile_bytes() / tile.cluster_m;
     let mut slot = PipelineState::new(tile.stages);
@@ -679,16 +691,16 @@ unsafe fn produce(p: &GemmParams, ring: Ring, tiles: Tiles) {
                 ring.empty(slot.stage).wait(slot.phase ^ 1);
                 let full = ring.full(slot.stage);
                 full.arrive_expect_tx(tile.stage_bytes());
-                tma::load_2d(ring.a_tile(slot.stage), p.map_a, k, row as i32, full.0);
+                tma::load_2d(ring.a_tile(slot.stage), map_a, k, row as i32, full.0);
                 if tile.cluster_m == 1 {
-                    tma::load_2d(ring.b_tile(slot.stage), p.map_b, k, col as i32, full.0);
+                    tma::load_2d(ring.b_tile(slot.stage), map_b, k, col as i32, full.0);
                 } else {
                     let share = tiles.rank;
                     let dst = ring.b_tile(slot.stage) + share * b_share_bytes;
                     let b_row = (col + share * b_share_rows) as i32;
                     tma::load_2d_multicast(
                         dst,
-                        p.map_b,
+                        map_b,
                         k,
                         b_row,
                         full.0,
@@ -1076,18 +1088,19 @@ unsafe fn gemm<T: InputType, C: Config>(p: &GemmParams) {
     let tid = index::thread_idx();
     if tid == 0 {
         unsafe {
-            // Thread 0 prefetches every map and issues the A and B loads: it acquires them
-            // first (the consumer leaders acquire the D and C maps they use themselves).
-            fence::tensormap_acquire(p.map_a);
-            fence::tensormap_acquire(p.map_b);
+            // Thread 0 prefetches every map and issues the A and B loads. A and B come with
+            // the launch, in the parameter block (no proxy fence: nothing writes them in
+            // memory); the D and C maps live in device memory, so it acquires those first (the
+            // consumer leaders acquire them again for themselves).
             if p.map_d != 0 {
                 fence::tensormap_acquire(p.map_d);
             }
             if p.map_c != 0 {
                 fence::tensormap_acquire(p.map_c);
             }
-            tma::prefetch_descriptor(p.map_a);
-            tma::prefetch_descriptor(p.map_b);
+            let (map_a, map_b) = operand_maps();
+            tma::prefetch_descriptor(map_a);
+            tma::prefetch_descriptor(map_b);
             if p.map_d != 0 {
                 tma::prefetch_descriptor(p.map_d);
             }
