@@ -21,13 +21,17 @@
 //! at which each contender streamed them (weight bytes over its median time, GB/s). A filter
 //! picks part of the grid (`--filter 405b`, `--filter fc1`) to split it over several calls.
 //!
+//! With `--shape MxNxK[,…]`, the shapes are instead the ones given (`--shape
+//! 3000x5000x4096,256x4096x14336`), named `MxNxK`: to measure a shape off both sets, e.g. where
+//! a change of the rule moves one, with the configuration it ran before as a `--variant`.
+//!
 //! With `--fp8`, A and B are e4m3 (random codes, tensor-wise scales, bf16 D) and the baseline
 //! is cuBLASLt's FP8 GEMM; "% of peak" is then of 1979 TFLOP/s.
 //!
-//! Usage: `gemm [--quick | --grid] [--fp8] [--variants | --variant NAME[,NAME…]]
+//! Usage: `gemm [--quick | --grid | --shape MxNxK[,…]] [--fp8] [--variants | --variant NAME[,NAME…]]
 //! [--raster G[,G…]] [--filter SUBSTRING | SUBSTRING] [--reps N] [--min-block-ms T]
 //! [--settle-ms S] [--rounds N]`. Writes
-//! `benches/results/gemm[-grid][-fp8]-<date>-<commit>[-<filter>][-settle<ms>][-rounds<N>]`
+//! `benches/results/gemm[-grid][-fp8]-<date>-<commit>[-<shapes>][-<filter>][-settle<ms>][-rounds<N>]`
 //! `.{json,md}` (or under `DISTGEMM_BENCH_RESULTS`).
 use clap::Parser;
 use distgemm::baseline::{BaselineError, CublasLtElement, CublasLtGemm, TnGemmShape};
@@ -513,6 +517,10 @@ struct Args {
     /// 70B (TP 2) and 405B (TP 8).
     #[arg(long)]
     grid: bool,
+    /// These shapes instead (M×N×K, e.g. `3000x5000x4096`; comma-separated).
+    #[arg(long, value_name = "MxNxK[,…]", value_delimiter = ',', value_parser = parse_shape,
+          conflicts_with_all = ["quick", "grid"])]
+    shape: Vec<(u64, u64, u64)>,
     /// A and B in e4m3 (tensor-wise scales, bf16 D) against cuBLASLt's FP8 GEMM, instead of
     /// bf16 and f16; `--variants` then means the configurations compiled for e4m3.
     #[arg(long)]
@@ -567,6 +575,23 @@ fn parse_rounds(s: &str) -> Result<usize, String> {
         Ok(r) if (1..=MAX_ROUNDS).contains(&r) => Ok(r),
         Ok(r) => Err(format!("{r}: use 1 to {MAX_ROUNDS}")),
         Err(_) => Err(format!("'{s}' is not a whole number")),
+    }
+}
+
+/// One `--shape`: `MxNxK`, three whole numbers of at least 1.
+fn parse_shape(s: &str) -> Result<(u64, u64, u64), String> {
+    let dims: Vec<u64> = s
+        .split('x')
+        .map(|d| d.trim().parse::<u64>().ok().filter(|&d| d > 0))
+        .collect::<Option<_>>()
+        .ok_or_else(|| {
+            format!("'{s}': give M, N and K as whole numbers of at least 1, e.g. 3000x5000x4096")
+        })?;
+    match dims[..] {
+        [m, n, k] => Ok((m, n, k)),
+        _ => Err(format!(
+            "'{s}': give three dimensions, MxNxK (e.g. 3000x5000x4096)"
+        )),
     }
 }
 
@@ -636,7 +661,14 @@ fn run() -> Result<(), BenchError> {
     emit(
         "|---|---:|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|".to_owned(),
     );
-    let all_shapes = if args.grid { grid_shapes() } else { shapes() };
+    let all_shapes = if !args.shape.is_empty() {
+        let name = |&(m, n, k): &(u64, u64, u64)| (format!("{m}x{n}x{k}"), m, n, k);
+        args.shape.iter().map(name).collect()
+    } else if args.grid {
+        grid_shapes()
+    } else {
+        shapes()
+    };
     for (name, m, n, k) in all_shapes {
         if quick && !(name.contains("square") || name.contains("stage")) {
             continue;
@@ -761,12 +793,14 @@ fn run() -> Result<(), BenchError> {
     }
     // The criteria: issue 5's set (8192³, TP-local and stage shapes, not the full single-GPU
     // ones) by default; with `--grid` every shape, and apart the decode rows (M ≤ 128).
-    let criterion: fn(&Record) -> bool = if args.grid {
+    // Given shapes are split like the grid's.
+    let decode_subset = args.grid || !args.shape.is_empty();
+    let criterion: fn(&Record) -> bool = if decode_subset {
         |r| r.m <= WEIGHT_BOUND_MAX_M
     } else {
         |r| !r.shape.contains("full")
     };
-    let subset = if args.grid {
+    let subset = if decode_subset {
         "decode rows (M ≤ 128)"
     } else {
         "without the full single-GPU shapes"
@@ -811,6 +845,18 @@ fn run() -> Result<(), BenchError> {
             .collect();
         format!("-{slug}")
     });
+    // Given shapes name the files: up to three of them, or the first and their count.
+    let shapes_part = match args.shape.as_slice() {
+        [] => String::new(),
+        given @ [first, ..] => {
+            let dims = |&(m, n, k): &(u64, u64, u64)| format!("{m}x{n}x{k}");
+            if given.len() <= 3 {
+                format!("-{}", given.iter().map(dims).collect::<Vec<_>>().join("-"))
+            } else {
+                format!("-{}-and-{}-more", dims(first), given.len() - 1)
+            }
+        }
+    };
     // As a filter, a settle other than the default names the files (`-settle0`).
     let settle = if args.settle_ms == DEFAULT_SETTLE_MS {
         String::new()
@@ -824,7 +870,7 @@ fn run() -> Result<(), BenchError> {
         format!("-rounds{}", args.rounds)
     };
     let stem = format!(
-        "{bench}-{}-{}{part}{settle}{rounds}",
+        "{bench}-{}-{}{shapes_part}{part}{settle}{rounds}",
         &provenance.date[..10],
         provenance.commit
     );
