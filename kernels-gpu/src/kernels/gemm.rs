@@ -1068,8 +1068,8 @@ unsafe fn local_gemm<T: InputType, C: Config>(p: &GemmParams, ring: Ring, tid: u
 }
 
 /// The kernel body shared by every entry point, in four steps:
-/// 1. block set-up (thread 0): acquire every tensor map for the tensormap proxy and prefetch
-///    it, initialise the ring's mbarriers (`full`: one arrival, the producer's, plus the TMA
+/// 1. block set-up (thread 0): acquire the D and C tensor maps (in device memory) for the
+///    tensormap proxy, prefetch every map (A's and B's from the parameter block), initialise the ring's mbarriers (`full`: one arrival, the producer's, plus the TMA
 ///    bytes; `empty`: one arrival per consumer warp of every block in the cluster; one per
 ///    staging buffer for loads of C) and publish them to the async proxy (written out here
 ///    rather than in a function: so placed, the built PTX is byte-identical to the kernel's
