@@ -595,6 +595,11 @@ fn parse_shape(s: &str) -> Result<(u64, u64, u64), String> {
     }
 }
 
+/// A `--shape`'s name in reports and file names: `MxNxK`.
+fn shape_name((m, n, k): (u64, u64, u64)) -> String {
+    format!("{m}x{n}x{k}")
+}
+
 /// A compiled configuration by name, for `--variant`.
 fn parse_variant(name: &str) -> Result<&'static GemmVariant, String> {
     variant_named(name).ok_or_else(|| {
@@ -662,8 +667,8 @@ fn run() -> Result<(), BenchError> {
         "|---|---:|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|".to_owned(),
     );
     let all_shapes = if !args.shape.is_empty() {
-        let name = |&(m, n, k): &(u64, u64, u64)| (format!("{m}x{n}x{k}"), m, n, k);
-        args.shape.iter().map(name).collect()
+        let named = |&(m, n, k): &(u64, u64, u64)| (shape_name((m, n, k)), m, n, k);
+        args.shape.iter().map(named).collect()
     } else if args.grid {
         grid_shapes()
     } else {
@@ -849,11 +854,11 @@ fn run() -> Result<(), BenchError> {
     let shapes_part = match args.shape.as_slice() {
         [] => String::new(),
         given @ [first, ..] => {
-            let dims = |&(m, n, k): &(u64, u64, u64)| format!("{m}x{n}x{k}");
             if given.len() <= 3 {
-                format!("-{}", given.iter().map(dims).collect::<Vec<_>>().join("-"))
+                let names: Vec<String> = given.iter().copied().map(shape_name).collect();
+                format!("-{}", names.join("-"))
             } else {
-                format!("-{}-and-{}-more", dims(first), given.len() - 1)
+                format!("-{}-and-{}-more", shape_name(*first), given.len() - 1)
             }
         }
     };

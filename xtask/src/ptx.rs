@@ -231,8 +231,10 @@ pub fn patch_entry_param_0(ptx: &str) -> Result<(String, Vec<String>), PtxError>
     let mut last = 0;
     for entry in &found {
         let body = entry.body(ptx);
-        let before = &ptx[last..entry.body_start];
-        if before.contains(ENTRY_PARAM_0) {
+        // From the end of the previous body to this body: the entry's header (and whatever
+        // functions lie between).
+        let header = &ptx[last..entry.body_start];
+        if header.contains(ENTRY_PARAM_0) {
             return Err(PtxError(format!(
                 "`{ENTRY_PARAM_0}` outside an entry body (before `.entry {}`)",
                 entry.name
@@ -244,7 +246,6 @@ pub fn patch_entry_param_0(ptx: &str) -> Result<(String, Vec<String>), PtxError>
             continue;
         }
         let symbol = format!("{}_param_0", entry.name);
-        let header = &ptx[last..entry.body_start];
         let decl_at = header
             .find(&symbol)
             .ok_or_else(|| PtxError(format!("`.entry {}` has no first parameter", entry.name)))?;

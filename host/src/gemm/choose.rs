@@ -329,7 +329,7 @@ pub fn split_grid(variant: &GemmVariant, m: u64, n: u64, k: u64, sm_count: u32) 
 
 /// The configuration named `name` (`128x256`, `128x256c2`, `192x192`, `128x224`, `128x160`,
 /// `128x128`, `128x128c2`, `64x128`, `16x128` and `16x64` (at most 16 rows), and the split-K
-/// `128x256s`, `128x128s`, `64x128s`, `16x128s`).
+/// `128x256s`, `128x128s`, `128x160s`, `64x128s`, `16x128s`).
 #[must_use]
 pub fn variant_named(name: &str) -> Option<&'static GemmVariant> {
     VARIANTS.iter().find(|v| v.name == name)
