@@ -4,7 +4,8 @@ use super::{Fp8GemmArgs, GemmArgs, GemmError, MatrixView, check};
 use crate::dtype::Dtype;
 use crate::runtime::{
     CudaStream, DeviceBuffer, Gpu, Kernel, KernelArgs, LaunchConfig, Module, RawStream,
-    RuntimeError, Swizzle, TensorMap2d, TensorMapDtype, TensorMapSpec, launch, max_active_clusters,
+    RuntimeError, Swizzle, TensorMap2d, TensorMapDtype, TensorMapEncoding, TensorMapSpec, launch,
+    max_active_clusters,
 };
 use kernels_gpu::gemm_abi::{
     self, GemmParams, GemmVariant, OperandMaps, RowScales, SplitParams, StageHook, TileConfig,
@@ -209,21 +210,28 @@ impl GemmKernel {
             Dtype::Bf16 => TensorMapDtype::Bf16,
             Dtype::F16 => TensorMapDtype::F16,
         };
-        let map = |v: &MatrixView, (box_cols, box_rows): (u32, u32), swizzle: Swizzle| {
+        let spec = |v: &MatrixView, (box_cols, box_rows): (u32, u32), swizzle: Swizzle| {
+            TensorMapSpec::new(dtype, v.rows, v.cols, v.ld, box_cols, box_rows)
+                .with_swizzle(swizzle)
+        };
+        // A and B travel by value in the parameter block: encoded only.
+        let operand_map = |v: &MatrixView, box_dims: (u32, u32)| {
+            TensorMapEncoding::new(&self.gpu, v.ptr, spec(v, box_dims, Swizzle::B128))
+        };
+        let map_a = operand_map(&args.a, config.a_box())?;
+        let map_b = operand_map(&args.b, config.b_box())?;
+        // D and C move in the epilogue's chunks, swizzled as the kernel stages them; the
+        // parameter block holds their maps' device addresses.
+        let chunk_swizzle = Swizzle::with_span_bytes(config.epilogue_row_bytes())
+            .expect("epilogue rows are 64 or 128 bytes");
+        let chunk_map = |v: &MatrixView| {
             TensorMap2d::new(
                 &self.gpu,
                 stream,
                 v.ptr,
-                TensorMapSpec::new(dtype, v.rows, v.cols, v.ld, box_cols, box_rows)
-                    .with_swizzle(swizzle),
+                spec(v, config.d_box(), chunk_swizzle),
             )
         };
-        let map_a = map(&args.a, config.a_box(), Swizzle::B128)?;
-        let map_b = map(&args.b, config.b_box(), Swizzle::B128)?;
-        // D and C move in the epilogue's chunks, swizzled as the kernel stages them.
-        let chunk_swizzle = Swizzle::with_span_bytes(config.epilogue_row_bytes())
-            .expect("epilogue rows are 64 or 128 bytes");
-        let chunk_map = |v: &MatrixView| map(v, config.d_box(), chunk_swizzle);
         let (map_d, map_c) = match Epilogue::for_args(args, &config) {
             Epilogue::Registers => (None, None),
             Epilogue::Staged => (Some(chunk_map(&args.d)?), None),
@@ -299,7 +307,8 @@ impl GemmKernel {
             variant: compiled.variant,
             params,
             grid,
-            _maps: [Some(map_a), Some(map_b), map_d, map_c],
+            operand_maps: [map_a, map_b],
+            chunk_maps: [map_d, map_c],
             _split: split,
         })
     }
@@ -398,14 +407,17 @@ fn launch_config(variant: &GemmVariant, grid: u32, pdl: bool) -> LaunchConfig {
     }
 }
 
-/// A GEMM ready to launch: its kernel, parameter block and grid, and the tensor maps the
-/// parameter block points to (kept alive here).
+/// A GEMM ready to launch: its kernel, parameter block and grid, and its tensor maps.
 pub struct PreparedGemm {
     kernel: Kernel,
     variant: &'static GemmVariant,
     params: GemmParams,
     grid: u32,
-    _maps: [Option<TensorMap2d>; 4],
+    /// A's and B's maps, whose encodings the parameter block carries by value.
+    operand_maps: [TensorMapEncoding; 2],
+    /// D's and C's maps where the epilogue stages them: device copies the parameter block
+    /// points to (kept alive here).
+    chunk_maps: [Option<TensorMap2d>; 2],
     /// Split-K configurations: the partial sums and counters the parameter block points to.
     _split: Option<SplitWorkspace>,
 }
@@ -464,10 +476,11 @@ impl PreparedGemm {
     /// Points this GEMM at operands at new addresses with the same shapes, leading
     /// dimensions, type and beta (`args` may differ from the prepared ones in addresses and
     /// alpha only; alpha carries an FP8 run's tensor-wise scales): re-encodes the moved tensor
-    /// maps in place, in stream order on `stream`, so the parameter block keeps its map
-    /// addresses and only its D and C pointers and alpha change (the maps travel from
-    /// pageable host memory: see [`crate::runtime::caller_stream::upload_async`]). Returns an
-    /// error, and changes nothing, if anything else differs.
+    /// maps — A's and B's into the parameter block, which carries them by value; D's and C's
+    /// device copies in place, in stream order on `stream`, so the parameter block keeps
+    /// their addresses (they travel from pageable host memory: see
+    /// [`crate::runtime::caller_stream::upload_async`]) — and updates the D and C pointers
+    /// and alpha. Returns an error, and changes nothing, if anything else differs.
     ///
     /// # Safety
     /// Every launch that uses this GEMM's tensor maps must be enqueued on `stream`, and the
@@ -500,14 +513,22 @@ impl PreparedGemm {
             .into());
         }
         check(args)?;
-        // (new base, old base) of the A, B, D and C maps; only moved ones are re-encoded.
+        // Only moved maps are re-encoded: A's and B's on the host (the parameter block
+        // carries them by value), D's and C's device copies in stream order.
+        let [map_a, map_b] = &mut self.operand_maps;
+        for (map, base, old) in [
+            (map_a, args.a.ptr, previous.a.ptr),
+            (map_b, args.b.ptr, previous.b.ptr),
+        ] {
+            if base != old {
+                map.retarget(gpu, base)?;
+            }
+        }
         let targets = [
-            Some((args.a.ptr, previous.a.ptr)),
-            Some((args.b.ptr, previous.b.ptr)),
             Some((args.d.ptr, previous.d.ptr)),
             args.c.zip(previous.c).map(|(c, p)| (c.ptr, p.ptr)),
         ];
-        for (map, target) in self._maps.iter_mut().zip(targets) {
+        for (map, target) in self.chunk_maps.iter_mut().zip(targets) {
             if let (Some(map), Some((base, old))) = (map.as_mut(), target)
                 && base != old
             {
@@ -515,13 +536,10 @@ impl PreparedGemm {
                 unsafe { map.retarget_async(gpu, base, stream)? };
             }
         }
-        if let [Some(a), Some(b), ..] = &self._maps {
-            // The parameter block carries A's and B's encodings by value: refresh them.
-            self.params.maps = OperandMaps {
-                a: a.words(),
-                b: b.words(),
-            };
-        }
+        self.params.maps = OperandMaps {
+            a: self.operand_maps[0].words(),
+            b: self.operand_maps[1].words(),
+        };
         self.params.d = args.d.ptr;
         self.params.c = args.c.map_or(0, |c| c.ptr);
         self.params.alpha = args.alpha;

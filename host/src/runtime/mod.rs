@@ -11,7 +11,7 @@
 //! | [`device`] | driver discovery (no panic without `libcuda`), [`Gpu`] (one primary context per device, CC 9.0 only), peer access |
 //! | [`module`] | PTX source (env path or embedded), `cuModuleLoadDataEx` with JIT logs, [`Kernel`] lookup |
 //! | [`memory`] | [`DeviceBuffer`]: plain `cuMemAlloc` memory that peers can access |
-//! | [`tensor_map`] | [`TensorMap2d`]: `cuTensorMapEncodeTiled`, kept in device memory (passed as `u64`) |
+//! | [`tensor_map`] | [`TensorMapEncoding`]: `cuTensorMapEncodeTiled` (passed by value); [`TensorMap2d`]: one kept in device memory (passed as `u64`) |
 //! | [`mod@launch`] | [`LaunchConfig`], [`KernelArgs`], `cuLaunchKernelEx` with cluster / programmatic serialization |
 //! | [`stream`] | timing events and CUDA-graph capture / topology on top of cudarc's stream |
 //! | [`caller_stream`] | work on a stream the caller owns: raw stream handles, completion events, stream-ordered copies, a pinned status word |
@@ -44,4 +44,4 @@ pub use ipc::{IpcHandle, IpcMapping};
 pub use launch::{KernelArgs, LaunchConfig, launch, max_active_clusters};
 pub use memory::{DeviceBuffer, DeviceCopy};
 pub use module::{Kernel, Module, PtxOrigin};
-pub use tensor_map::{Swizzle, TensorMap2d, TensorMapDtype, TensorMapSpec};
+pub use tensor_map::{Swizzle, TensorMap2d, TensorMapDtype, TensorMapEncoding, TensorMapSpec};

@@ -253,12 +253,55 @@ fn encode(gpu: &Gpu, base: u64, spec: &TensorMapSpec) -> Result<sys::CUtensorMap
     Ok(host)
 }
 
-/// A `CUtensorMap` for one matrix, encoded on the host and uploaded to a 128-byte device block.
+/// A `CUtensorMap` for one matrix, encoded on the host: the 128 bytes a kernel receives by
+/// value in its parameter block (read by TMA from parameter space, as CUDA C++ passes a
+/// `__grid_constant__` map). Holds no device memory; [`TensorMap2d`] keeps a device copy for
+/// kernels that take a map's address instead.
+#[derive(Debug, Clone)]
+pub struct TensorMapEncoding {
+    spec: TensorMapSpec,
+    words: [u64; 16],
+}
+
+impl TensorMapEncoding {
+    /// Encodes a map of the matrix at device address `base` (`cuTensorMapEncodeTiled`).
+    ///
+    /// Encoding only records the address; whether `base` really holds the matrix matters when
+    /// a kernel uses the map (launches are `unsafe`).
+    pub fn new(gpu: &Gpu, base: u64, spec: TensorMapSpec) -> Result<Self> {
+        let words = encode(gpu, base, &spec)?.opaque;
+        Ok(TensorMapEncoding { spec, words })
+    }
+
+    /// The 128-byte encoding.
+    pub fn words(&self) -> [u64; 16] {
+        self.words
+    }
+
+    /// Re-encodes the map for the same matrix shape at a new `base` (host only: a kernel
+    /// sees the new encoding in the parameter blocks built after this call).
+    pub fn retarget(&mut self, gpu: &Gpu, base: u64) -> Result<()> {
+        self.words = encode(gpu, base, &self.spec)?.opaque;
+        Ok(())
+    }
+
+    /// What this map describes.
+    pub fn spec(&self) -> &TensorMapSpec {
+        &self.spec
+    }
+
+    /// The encoding as the 128 bytes a device copy holds.
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: 16 u64 are 128 initialised bytes with no padding, borrowed from `self`.
+        unsafe { std::slice::from_raw_parts(self.words.as_ptr().cast::<u8>(), MAP_BYTES) }
+    }
+}
+
+/// A [`TensorMapEncoding`] uploaded to a 128-byte device block, for kernels that take the
+/// map's device address (a `u64` parameter).
 #[derive(Debug)]
 pub struct TensorMap2d {
-    spec: TensorMapSpec,
-    /// The encoding, as kernels that take maps by value in their parameters receive it.
-    words: [u64; 16],
+    map: TensorMapEncoding,
     device: DeviceBuffer<u8>,
 }
 
@@ -273,7 +316,7 @@ impl TensorMap2d {
     /// a kernel uses the map (launches are `unsafe`). Prefer [`TensorMap2d::for_buffer`], which
     /// checks the buffer is large enough.
     pub fn new(gpu: &Gpu, stream: &CudaStream, base: u64, spec: TensorMapSpec) -> Result<Self> {
-        let host = encode(gpu, base, &spec)?;
+        let map = TensorMapEncoding::new(gpu, base, spec)?;
         let mut device = DeviceBuffer::<u8>::alloc(gpu, MAP_BYTES)?;
         if device.device_ptr() % 128 != 0 {
             return Err(RuntimeError::InvalidTensorMap(format!(
@@ -281,15 +324,8 @@ impl TensorMap2d {
                 device.device_ptr()
             )));
         }
-        // SAFETY: CUtensorMap is 16 u64 with no padding; viewing it as 128 bytes is sound.
-        let bytes: &[u8] =
-            unsafe { std::slice::from_raw_parts((&raw const host).cast::<u8>(), MAP_BYTES) };
-        device.upload(stream, bytes)?;
-        Ok(TensorMap2d {
-            spec,
-            words: host.opaque,
-            device,
-        })
+        device.upload(stream, map.bytes())?;
+        Ok(TensorMap2d { map, device })
     }
 
     /// A map of the matrix held in `buffer` (checked: element size matches `spec.dtype` and the
@@ -321,11 +357,6 @@ impl TensorMap2d {
         Self::new(gpu, stream, buffer.device_ptr(), spec)
     }
 
-    /// The 128-byte encoding, for a kernel that takes the map in its parameter block.
-    pub fn words(&self) -> [u64; 16] {
-        self.words
-    }
-
     /// Device address of the 128-byte map: the `u64` kernel parameter.
     pub fn device_address(&self) -> u64 {
         self.device.device_ptr()
@@ -341,20 +372,15 @@ impl TensorMap2d {
     /// after the overwrite, never during it), and `base` must hold the matrix for the kernels
     /// enqueued after this call.
     pub unsafe fn retarget_async(&mut self, gpu: &Gpu, base: u64, stream: RawStream) -> Result<()> {
-        let host = encode(gpu, base, &self.spec)?;
-        // SAFETY: CUtensorMap is 16 u64 with no padding; viewing it as 128 bytes is sound.
-        let bytes: &[u8] =
-            unsafe { std::slice::from_raw_parts((&raw const host).cast::<u8>(), MAP_BYTES) };
+        self.map.retarget(gpu, base)?;
         // SAFETY: our 128-byte block; ordering is the caller's contract (the driver stages
-        // `bytes` before returning, so the local `host` may go).
-        unsafe { upload_async(gpu, self.device.device_ptr(), bytes, stream)? };
-        self.words = host.opaque;
-        Ok(())
+        // the bytes before returning).
+        unsafe { upload_async(gpu, self.device.device_ptr(), self.map.bytes(), stream) }
     }
 
     /// What this map describes.
     pub fn spec(&self) -> &TensorMapSpec {
-        &self.spec
+        self.map.spec()
     }
 }
 
