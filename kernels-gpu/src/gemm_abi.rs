@@ -147,9 +147,25 @@ impl TileConfig {
     pub const fn abort_flag_offset(&self) -> u32 {
         self.barrier_offset() + (2 * self.stages + 4) * 8
     }
+    /// Offset of the row-wise FP8 scale area after the abort word and the split words: per
+    /// consumer warpgroup, the `sb` of its share's columns then the `sa` of its rows
+    /// ([`TileConfig::row_scale_bytes`]), copied in while the tile's main loop runs so that
+    /// the staged epilogue reads them from shared memory.
+    pub const fn row_scales_offset(&self) -> u32 {
+        self.abort_flag_offset() + 16
+    }
+    /// Bytes of one consumer warpgroup's row-wise scale area: `wg_cols + wg_rows` f32 (none
+    /// without staging buffers: the register epilogue loads its scales itself).
+    pub const fn row_scale_bytes(&self) -> u32 {
+        if self.staged {
+            (self.wg_cols() + self.wg_rows()) * 4
+        } else {
+            0
+        }
+    }
     /// Dynamic shared memory the kernel needs.
     pub const fn smem_bytes(&self) -> u32 {
-        self.abort_flag_offset() + 16
+        self.row_scales_offset() + 2 * self.row_scale_bytes()
     }
     /// Box of the A tensor map: `{64 columns, a_rows rows}`.
     pub const fn a_box(&self) -> (u32, u32) {

@@ -12,6 +12,7 @@
 //!   and clobbers memory by default, which these need; none is marked `nomem`/`pure` unless it
 //!   only reads a special register or does arithmetic.
 pub mod cluster;
+pub mod cp_async;
 pub mod fence;
 pub mod flags;
 pub mod gdc;

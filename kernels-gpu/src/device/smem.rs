@@ -62,3 +62,33 @@ pub unsafe fn store_u32(addr: u32, value: u32) {
         asm!("st.shared.u32 [{a}], {v};", a = in(reg32) addr, v = in(reg32) value, options(nostack))
     };
 }
+
+/// Reads two consecutive f32 at a shared-window address.
+///
+/// Lowers to `ld.shared.v2.f32 {x, y}, [addr]`.
+///
+/// # Safety
+/// As [`load_u32`], with `addr` 8-byte aligned.
+#[inline(always)]
+pub unsafe fn load_f32x2(addr: u32) -> [f32; 2] {
+    let (x, y): (f32, f32);
+    unsafe {
+        asm!(
+            "ld.shared.v2.f32 {{{x}, {y}}}, [{a}];",
+            x = out(reg32) x,
+            y = out(reg32) y,
+            a = in(reg32) addr,
+            options(nostack),
+        )
+    };
+    [x, y]
+}
+
+/// Reads the f32 at a shared-window address ([`load_u32`]'s bits).
+///
+/// # Safety
+/// As [`load_u32`].
+#[inline(always)]
+pub unsafe fn load_f32(addr: u32) -> f32 {
+    f32::from_bits(unsafe { load_u32(addr) })
+}

@@ -20,7 +20,8 @@
 //!   32) columns staged in shared memory with `stmatrix` and written by TMA stores (with
 //!   `beta != 0`, each chunk's C arrives in its staging buffer by a TMA load issued one chunk
 //!   ahead, a tile's first before its main loop), or, when N is not a multiple of 8,
-//!   bounds-checked stores straight from registers.
+//!   bounds-checked stores straight from registers. Row-wise FP8 scales for a staged tile are
+//!   copied into shared memory with `cp.async` while its main loop runs ([`copy_row_scales`]).
 //! - **clusters** (`cluster_m == 2`): the two blocks of a cluster compute vertically adjacent
 //!   tiles of the same n-tile. Each loads its own A tile and half of the shared B tile, which
 //!   TMA multicasts into both blocks; a slot is free only when the consumers of *both* blocks
@@ -44,7 +45,7 @@
 use crate::device::flags::{self, WaitOutcome};
 use crate::device::mbarrier::{MBarrier, PipelineState};
 use crate::device::wgmma::{self, Bf16, E4m3, F16, InputType};
-use crate::device::{cluster, fence, gdc, grid, index, regs, smem, stmatrix, sync, tma};
+use crate::device::{cluster, cp_async, fence, gdc, grid, index, regs, smem, stmatrix, sync, tma};
 use crate::gemm_abi::*;
 use crate::layout::stream_k::{self, StreamK};
 use crate::layout::{descriptor, raster, swizzle};
@@ -53,6 +54,8 @@ use seq_macro::seq;
 /// Consumer warps of a block: each arrives once on a slot's `empty` barrier per block of the
 /// cluster when it is done reading the slot.
 const CONSUMER_WARPS: u32 = 8;
+/// Threads of one warpgroup.
+const WARPGROUP_THREADS: u32 = 128;
 
 /// A compiled tile configuration: its [`TileConfig`] and the code that depends on the shape of
 /// a consumer warpgroup's share (accumulator size, wgmma shape, epilogue), generated with
@@ -268,10 +271,6 @@ macro_rules! config {
             /// fragment back with `ldmatrix`, and the sum `alpha·acc + beta·C` goes back with
             /// `stmatrix`. Each warp touches only its own 16 rows, so the read and the overwrite
             /// need no barrier between them.
-            // The row-wise prefetch's `sb_next = …` in a tile's last chunk sits behind
-            // `i + 1 < CHUNKS`, false there once `seq!` has unrolled the chunks; the liveness
-            // lint runs before that is folded and calls the assignment unread.
-            #[allow(unused_assignments)]
             #[inline(always)]
             unsafe fn epilogue_staged<T: InputType>(
                 p: &GemmParams,
@@ -293,25 +292,21 @@ macro_rules! config {
                 let a = p.alpha;
                 let with_c = p.beta != 0.0;
                 let row_wise = T::FP8 && p.row_scales.a != 0;
-                // Row-wise FP8: this lane's B scales for a chunk (`PAIRS` groups of 4 columns,
-                // [`chunk_scales_b`]); a chunk's are loaded while the chunk before it is
-                // written, so one memory latency per tile is exposed, not one per chunk (each
-                // `stmatrix` orders the loads issued after it behind it).
-                // (Not in the split-K 128×256 kernel, whose registers hold no second chunk's
-                // scales beside its split hand-off: there a chunk loads its own at its start.)
-                const PREFETCH: bool = !($tile.split_k && $regs >= 128);
-                let lane_col = col + 2 * (lane % 4);
-                let mut sb_next = if row_wise && PREFETCH {
-                    unsafe { chunk_scales_b::<$pairs>(p, lane_col + $tile.chunk_offset(0).1) }
-                } else {
-                    [[1.0; 4]; $pairs]
-                };
+                // Row-wise FP8: the scales came into the warpgroup's scale area during the
+                // main loop ([`copy_row_scales`]): `sb` of the share's columns, then `sa` of
+                // its rows.
+                let scales = ring.row_scales(half);
+                if row_wise {
+                    stage_row_scales_ready(barrier);
+                }
                 seq!(S in 0..$slabs {
                     // Row-wise FP8: the scales of this lane's two rows in the slab, r0 and
-                    // r0 + 8 (the accumulator layout), loaded once for all its chunks.
-                    let r0 = row + S * SLAB_M + 16 * warp + lane / 4;
+                    // r0 + 8 of the share (the accumulator layout), read once for all its
+                    // chunks.
+                    let r0 = S * SLAB_M + 16 * warp + lane / 4;
                     let sa = if row_wise {
-                        unsafe { [scale_a(p, r0), scale_a(p, r0 + 8)] }
+                        let at = |r: u32| scales + 4 * ($tile.wg_cols() + r);
+                        unsafe { [smem::load_f32(at(r0)), smem::load_f32(at(r0 + 8))] }
                     } else {
                         [1.0; 2]
                     };
@@ -322,17 +317,10 @@ macro_rules! config {
                         let (dr, dc) = $tile.chunk_offset(i);
                         let (slab_row, chunk_col) = ((row + dr) as i32, (col + dc) as i32);
                         let buffer = ring.staging(half, g % 2);
-                        let sb_chunk = if !row_wise {
-                            [[1.0; 4]; $pairs]
-                        } else if PREFETCH {
-                            let current = sb_next;
-                            if i + 1 < CHUNKS {
-                                let next_col = lane_col + $tile.chunk_offset(i + 1).1;
-                                sb_next = unsafe { chunk_scales_b::<$pairs>(p, next_col) };
-                            }
-                            current
+                        let sb_chunk = if row_wise {
+                            unsafe { chunk_scales_b::<$pairs>(scales, dc + 2 * (lane % 4)) }
                         } else {
-                            unsafe { chunk_scales_b::<$pairs>(p, lane_col + dc) }
+                            [[1.0; 4]; $pairs]
                         };
                         if with_c {
                             if leader && i + 1 < CHUNKS {
@@ -526,6 +514,12 @@ impl Ring {
     #[inline(always)]
     fn abort_flag(self) -> u32 {
         self.base + self.tile.abort_flag_offset()
+    }
+    /// Row-wise FP8: consumer warpgroup `half`'s scale area, `sb` of its share's `wg_cols`
+    /// columns, then `sa` of its `wg_rows` rows ([`TileConfig::row_scales_offset`]).
+    #[inline(always)]
+    fn row_scales(self, half: u32) -> u32 {
+        self.base + self.tile.row_scales_offset() + half * self.tile.row_scale_bytes()
     }
     /// Split-K: the word (after the abort word) through which consumer warpgroup `half`'s
     /// leader tells the warpgroup whether it completes the tile.
@@ -795,6 +789,9 @@ unsafe fn consume<T: InputType, C: Config>(p: &GemmParams, ring: Ring, tiles: Ti
             tma::wait_group_read::<1>();
             unsafe { load_c_chunk(p, ring, half, chunks_staged, row, col, 0) };
         }
+        if staged && T::FP8 && p.row_scales.a != 0 {
+            unsafe { copy_row_scales::<C>(p, ring, half, row, col) };
+        }
         let mut previous = 0;
         for kb in kb0..kb1 {
             unsafe { ring.full(slot.stage).wait_warp(slot.phase) };
@@ -948,6 +945,66 @@ unsafe fn finish_split<C: Config>(
     last
 }
 
+/// Row-wise FP8, staged epilogue: starts copying the scales of consumer warpgroup `half`'s
+/// share of a tile, whose top-left element is `(row, col)`, into its scale area
+/// ([`Ring::row_scales`]) with `cp.async`, so that they arrive while the main loop runs and the
+/// epilogue reads them from shared memory ([`stage_row_scales_ready`]). Thread `t` of the
+/// warpgroup copies `sb[col + t + 128·j]` and `sa[row + t]` (indices clamped to N − 1 and
+/// M − 1: the rows and columns past them are computed but never stored). Its copies for an
+/// earlier unit must be complete first: a split-K unit that ran no epilogue never waited.
+///
+/// # Safety
+/// As [`row_scale`]; every thread of the warpgroup calls it, after the warpgroup's last
+/// epilogue read of the area (its chunks' barriers order those reads before this).
+#[inline(always)]
+unsafe fn copy_row_scales<C: Config>(p: &GemmParams, ring: Ring, half: u32, row: u32, col: u32) {
+    let t = index::thread_in_warpgroup();
+    let area = ring.row_scales(half);
+    let (cols, rows) = (C::TILE.wg_cols(), C::TILE.wg_rows());
+    cp_async::wait_all();
+    let sb = p.row_scales.b as *const f32;
+    let sa = p.row_scales.a as *const f32;
+    let mut c = t;
+    while c < cols {
+        let src = unsafe { sb.add((col + c).min(p.n - 1) as usize) };
+        unsafe { cp_async::copy_4(area + 4 * c, src) };
+        c += WARPGROUP_THREADS;
+    }
+    if t < rows {
+        let src = unsafe { sa.add((row + t).min(p.m - 1) as usize) };
+        unsafe { cp_async::copy_4(area + 4 * (cols + t), src) };
+    }
+    cp_async::commit_group();
+}
+
+/// Row-wise FP8, staged epilogue: waits for this thread's [`copy_row_scales`] and, with the
+/// warpgroup barrier `barrier`, for every other thread's, so the whole scale area is visible.
+#[inline(always)]
+fn stage_row_scales_ready(barrier: u32) {
+    cp_async::wait_all();
+    sync::named_sync(barrier, WARPGROUP_THREADS);
+}
+
+/// Row-wise FP8, staged epilogue: the B scales a lane applies in one chunk, `PAIRS` groups of
+/// columns `c + 16·pr + {0, 1, 8, 9}` of the warpgroup's share (`c`: the lane's first column
+/// in the chunk, even; group `pr` covers column blocks `2·pr` and `2·pr + 1` of the chunk, 8
+/// columns each, of which the lane holds two adjacent columns per block), read from the
+/// scale area `area` as pairs.
+///
+/// # Safety
+/// `area` must be the warpgroup's scale area after [`stage_row_scales_ready`].
+#[inline(always)]
+unsafe fn chunk_scales_b<const PAIRS: usize>(area: u32, c: u32) -> [[f32; 4]; PAIRS] {
+    let mut scales = [[1.0; 4]; PAIRS];
+    for (pr, group) in scales.iter_mut().enumerate() {
+        let c0 = area + 4 * (c + 16 * pr as u32);
+        let [x0, x1] = unsafe { smem::load_f32x2(c0) };
+        let [x8, x9] = unsafe { smem::load_f32x2(c0 + 32) };
+        *group = [x0, x1, x8, x9];
+    }
+    scales
+}
+
 /// Row-wise FP8 scales ([`RowScales`]): `sa[row] · sb[col]`, the row and column clamped to
 /// M − 1 and N − 1 (elements past them are computed but never stored).
 ///
@@ -956,30 +1013,6 @@ unsafe fn finish_split<C: Config>(
 #[inline(always)]
 unsafe fn row_scale(p: &GemmParams, row: u32, col: u32) -> f32 {
     unsafe { scale_a(p, row) * scale_b(p, col) }
-}
-
-/// Row-wise FP8: the B scales a lane applies in one staged epilogue chunk, `PAIRS` groups of
-/// columns `c + 16·pr + {0, 1, 8, 9}` (`c`: the lane's first column in the chunk; group `pr`
-/// covers column blocks `2·pr` and `2·pr + 1` of the chunk, 8 columns each, of which the lane
-/// holds two adjacent columns per block).
-///
-/// # Safety
-/// As [`row_scale`].
-#[inline(always)]
-unsafe fn chunk_scales_b<const PAIRS: usize>(p: &GemmParams, c: u32) -> [[f32; 4]; PAIRS] {
-    let mut scales = [[1.0; 4]; PAIRS];
-    for (pr, group) in scales.iter_mut().enumerate() {
-        let c0 = c + 16 * pr as u32;
-        *group = unsafe {
-            [
-                scale_b(p, c0),
-                scale_b(p, c0 + 1),
-                scale_b(p, c0 + 8),
-                scale_b(p, c0 + 9),
-            ]
-        };
-    }
-    scales
 }
 
 /// Row-wise FP8: `sa[row]`, the row clamped to M − 1 ([`row_scale`]'s first factor).
