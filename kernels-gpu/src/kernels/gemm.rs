@@ -669,7 +669,7 @@ fn operand_maps() -> (u64, u64) {
 
 /// Producer: one thread streams (A, B) k-blocks of every tile of this block into the ring.
 #[inline(always)]
-unsafe fn produce(p: &GemmParams, ring: Ring, tiles: Tiles) {
+unsafe fn produce(ring: Ring, tiles: Tiles) {
     let tile = ring.tile;
     let (map_a, map_b) = operand_maps();
     let b_share_rows = tile.block_n / tile.cluster_m;
@@ -1089,7 +1089,7 @@ unsafe fn local_gemm<T: InputType, C: Config>(p: &GemmParams, ring: Ring, tid: u
     if index::warpgroup_idx() == 0 {
         regs::decrease_to::<40>();
         if tid == 0 {
-            unsafe { produce(p, ring, tiles) };
+            unsafe { produce(ring, tiles) };
         }
     } else {
         regs::increase_to::<232>();
