@@ -33,6 +33,11 @@ pub enum ConsumerSplit {
     /// Warpgroup `h` owns columns `h·block_n/2..(h+1)·block_n/2` of every row: `block_m / 64`
     /// slabs each, one `wgmma` per slab and k16 step, all reading the same B rows.
     Columns,
+    /// *Ping-pong*: each warpgroup owns whole tiles, alternately (warpgroup `h` the block's
+    /// tiles `h, h + 2, …`), as `block_m / 64` slabs; their main loops take turns (an order
+    /// barrier each), so one warpgroup's epilogue runs while the other's `wgmma`s keep the
+    /// tensor cores busy. A ring slot serves one warpgroup (four warps release it).
+    Tiles,
 }
 
 /// A tile configuration of the GEMM kernel. Each one is compiled into its own pair of entry
@@ -84,13 +89,13 @@ impl TileConfig {
     pub const fn wg_rows(&self) -> u32 {
         match self.split {
             ConsumerSplit::Rows => self.block_m / 2,
-            ConsumerSplit::Columns => self.block_m,
+            ConsumerSplit::Columns | ConsumerSplit::Tiles => self.block_m,
         }
     }
     /// Columns of the tile one consumer warpgroup computes: the N of its `wgmma`s.
     pub const fn wg_cols(&self) -> u32 {
         match self.split {
-            ConsumerSplit::Rows => self.block_n,
+            ConsumerSplit::Rows | ConsumerSplit::Tiles => self.block_n,
             ConsumerSplit::Columns => self.block_n / 2,
         }
     }
@@ -120,6 +125,7 @@ impl TileConfig {
         match self.split {
             ConsumerSplit::Rows => (half * self.wg_rows(), 0),
             ConsumerSplit::Columns => (0, half * self.wg_cols()),
+            ConsumerSplit::Tiles => (0, 0),
         }
     }
     /// Bytes of one stage's A tile.
@@ -142,10 +148,22 @@ impl TileConfig {
     pub const fn barrier_offset(&self) -> u32 {
         self.staging_offset() + if self.staged { STAGING_BYTES } else { 0 }
     }
-    /// Offset of the abort word after the mbarriers: `full[stages]`, `empty[stages]`, then one
-    /// per staging buffer for loads of C into it.
+    /// Offset of the abort word after the mbarriers: `full[stages]`, `empty[stages]`, one per
+    /// staging buffer for loads of C into it, then, with ping-pong, the two order barriers.
     pub const fn abort_flag_offset(&self) -> u32 {
-        self.barrier_offset() + (2 * self.stages + 4) * 8
+        let order = match self.split {
+            ConsumerSplit::Tiles => 2,
+            ConsumerSplit::Rows | ConsumerSplit::Columns => 0,
+        };
+        self.barrier_offset() + (2 * self.stages + 4 + order) * 8
+    }
+    /// Consumer warps that use, and release, each ring slot: all eight, or with ping-pong
+    /// ([`ConsumerSplit::Tiles`]) the four of the warpgroup whose tile the slot holds.
+    pub const fn warps_per_slot(&self) -> u32 {
+        match self.split {
+            ConsumerSplit::Tiles => 4,
+            ConsumerSplit::Rows | ConsumerSplit::Columns => 8,
+        }
     }
     /// Offset of the row-wise FP8 scale area after the abort word and the split words: per
     /// consumer warpgroup, the `sb` of its share's columns then the `sa` of its rows
@@ -229,6 +247,10 @@ impl TileConfig {
                 (self.block_m == 192 && self.block_n == 192)
                     || (self.block_m == 64 && (self.block_n == 128 || self.block_n == 64))
             }
+            // Two 64×128 slabs a warpgroup: 128 accumulator registers, as 128×256's share.
+            ConsumerSplit::Tiles => {
+                self.block_m == 128 && self.block_n == 128 && !self.split_k && self.cluster_m == 1
+            }
         };
         // A short tile: one 64-row slab whose A rows are whole 8-row swizzle atoms.
         let rows = self.a_rows == self.block_m
@@ -303,6 +325,15 @@ pub const TILE_128X128: TileConfig = TileConfig {
 /// 128×128 tiles in 2-block clusters sharing B.
 pub const TILE_128X128_CLUSTER2: TileConfig = TileConfig {
     cluster_m: 2,
+    ..TILE_128X128
+};
+/// 128×128 tiles, ping-pong ([`ConsumerSplit::Tiles`]): each consumer warpgroup computes whole
+/// tiles in turn, so a tile's epilogue overlaps the next tile's main loop instead of idling
+/// the tensor cores; operands per output as 128×128. The rule picks it where the epilogue
+/// weighs most: compute-bound shapes of short K, above all in FP8, whose k-blocks hold twice
+/// the elements (`host/src/gemm/choose.rs`).
+pub const TILE_128X128_PINGPONG: TileConfig = TileConfig {
+    split: ConsumerSplit::Tiles,
     ..TILE_128X128
 };
 /// 128×256 tiles with split-K ([`SplitParams`]): for weight-streaming shapes whose 128×256
@@ -428,6 +459,7 @@ macro_rules! gemm_variants {
             "16x64" => gemm_bf16_16x64, gemm_f16_16x64, TILE_16X64, Tile16x64, e4m3 gemm_e4m3_16x64;
             "64x128s" => gemm_bf16_64x128s, gemm_f16_64x128s, TILE_64X128_SPLITK, Tile64x128S, e4m3 gemm_e4m3_64x128s;
             "16x128s" => gemm_bf16_16x128s, gemm_f16_16x128s, TILE_16X128_SPLITK, Tile16x128S, e4m3 gemm_e4m3_16x128s;
+            "128x128p" => gemm_bf16_128x128p, gemm_f16_128x128p, TILE_128X128_PINGPONG, Tile128x128P, e4m3 gemm_e4m3_128x128p;
         }
     };
 }
@@ -646,16 +678,24 @@ mod tests {
     fn consumer_shares_cover_the_tile_once() {
         for v in &VARIANTS {
             let t = v.config;
-            // Two warpgroups, each `slabs` slabs of 64 × wg_cols, side by side or stacked.
+            // Two warpgroups, each `slabs` slabs of 64 × wg_cols, side by side or stacked; or,
+            // ping-pong, each the whole tile (of alternate tiles).
+            let shares = if t.split == ConsumerSplit::Tiles {
+                1
+            } else {
+                2
+            };
             assert_eq!(
-                2 * t.slabs() * SLAB_M * t.wg_cols(),
+                shares * t.slabs() * SLAB_M * t.wg_cols(),
                 t.block_m * t.block_n,
                 "{}",
                 v.name
             );
             let (r1, c1) = t.wg_origin(1);
             assert!(
-                r1 == t.wg_rows() && c1 == 0 || r1 == 0 && c1 == t.wg_cols(),
+                r1 == t.wg_rows() && c1 == 0
+                    || r1 == 0 && c1 == t.wg_cols()
+                    || shares == 1 && (r1, c1) == (0, 0),
                 "{}",
                 v.name
             );
@@ -677,6 +717,12 @@ mod tests {
         assert_eq!(t.chunk_offset(3), (64, 0));
         assert_eq!(t.chunk_offset(8), (128, 64));
         assert_eq!(TILE_128X256.chunk_offset(3), (0, 192));
+        // Ping-pong 128×128: two slabs of two 64-column chunks, four warps a slot.
+        let p = TILE_128X128_PINGPONG;
+        assert_eq!((p.slabs(), p.wg_cols(), p.chunks_per_tile()), (2, 128, 4));
+        assert_eq!(p.chunk_offset(2), (64, 0));
+        assert_eq!((p.warps_per_slot(), TILE_128X128.warps_per_slot()), (4, 8));
+        assert!(p.smem_bytes() <= MAX_SMEM_BYTES);
     }
 
     #[test]

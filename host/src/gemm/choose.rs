@@ -3,11 +3,14 @@
 //!
 //! A persistent grid runs `tiles` output tiles on `slots` resident blocks (one per SM; with
 //! 2-block clusters, pairs of SMs). The run takes `⌈tiles / slots⌉` *waves*, each as long as
-//! one tile's main loop, so the estimated time of a configuration is
+//! one tile's main loop and its epilogue, so the estimated time of a configuration is
 //! `⌈tiles / slots⌉ · tile_cost`, with `tile_cost` proportional to the tile's area times a
-//! per-configuration efficiency factor (smaller tiles reread more operand bytes per FLOP).
-//! The rule picks the configuration with the smallest estimate; ties go to the larger tile.
-use kernels_gpu::gemm_abi::{BLOCK_K, GemmVariant, TILE_16X128, VARIANTS};
+//! per-configuration efficiency factor (smaller tiles reread more operand bytes per FLOP) and
+//! the `K/64` k-blocks of its main loop, plus the epilogue's fixed share per output element
+//! ([`EPILOGUE_K_BLOCKS`]). A ping-pong configuration overlaps each tile's epilogue with the
+//! other warpgroup's main loop, so only its last one counts. The rule picks the configuration
+//! with the smallest estimate; ties go to the larger tile.
+use kernels_gpu::gemm_abi::{BLOCK_K, ConsumerSplit, GemmVariant, TILE_16X128, VARIANTS};
 use kernels_gpu::layout::stream_k::{self, StreamK};
 
 /// Relative cost of one tile's main loop per output element, by configuration name
@@ -64,30 +67,80 @@ fn cost_per_element(variant: &GemmVariant) -> f64 {
         // against 71.7 (and, once the split's decode hand-off was priced,
         // `SPLIT_DECODE_K_BLOCKS`, 8B o-proj and 70B QKV).
         "64x128" | "16x128" | "16x64" => 1.4,
+        // Ping-pong 128×128 (one warpgroup per tile, its epilogue hidden): per output
+        // element of its main loop, 1.06–1.10 of 128×256's in bf16 (five prefill rows of the
+        // 8B, 70B and 405B grids, K = 4096–16384) and 1.07–1.08 in e4m3 (the FP8 set's
+        // full-wave shapes), each against 128×256 in the same rounds with that one's
+        // epilogue priced in (gemm-grid-2026-12-02-9251360-*, gemm-fp8-2026-12-02-cd9f2a3):
+        // two `m64n128` slabs read 20 % more shared memory per MAC than one `m64n256`.
+        "128x128p" => 1.08,
         _ => 1.2,
     }
 }
 
-/// Estimated relative run time of `variant` on an `m × n × k` problem with `sm_count` SMs.
+/// What a tile's epilogue costs per output element, in k-blocks of 128×256's main loop: the
+/// accumulators scaled, converted, staged through shared memory and stored (with C read where
+/// beta ≠ 0) while the tensor cores idle. Priced from [`COMPUTE_BOUND_ROWS`] only: below, the
+/// producer keeps the weight stream going through an epilogue (the ring has free slots), so
+/// the run is the stream's length either way. Measured 1–7 (mostly 2–4) across the 8B and 70B
+/// grids' prefill rows by skipping the epilogue in a diagnostic build (`diag/no-epilogue`,
+/// ff7eae0; 4–6 % of the run at K = 4096, 1–2 % at 8192; gemm-grid-2026-12-02-ff7eae0-*
+/// against gemm-grid-2026-12-02-5b168e3-* in the same call), and 3 from ping-pong's gain over
+/// 128×256 at the FP8 shapes of 3584 e4m3 columns (28 k-blocks of pairs).
+const EPILOGUE_K_BLOCKS: f64 = 3.0;
+
+/// [`EPILOGUE_K_BLOCKS`] with FP8 row-wise scales: each accumulator also multiplied by its
+/// row's and column's scale (read from shared memory). Row-wise over tensor-wise on 128×256
+/// measured 1.4–3.1 % at 28–52 k-blocks (gemm-fp8-2026-12-02-5b168e3-*-rounds9; NOTES step
+/// 35j), one k-block more.
+const ROW_SCALED_EPILOGUE_K_BLOCKS: f64 = 4.0;
+
+/// Estimated relative run time of `variant` on an `m × n × k` problem with `sm_count` SMs, with
+/// a 16-bit or tensor-wise-scaled epilogue ([`EPILOGUE_K_BLOCKS`]).
 ///
-/// Without split-K, `⌈tiles / slots⌉` waves of one tile's main loop each. A split-K
-/// configuration runs one wave of [`split_grid`] blocks (or, where that finds no split that
-/// pays, one block per tile up to the SMs), each its `⌈W/G⌉` of the `W = tiles · ⌈K/64⌉`
-/// k-blocks plus the hand-off of its most-cut tile (`split_hand_off`).
+/// Without split-K, `⌈tiles / slots⌉` waves of one tile's main loop and epilogue each; a
+/// ping-pong configuration ([`ConsumerSplit::Tiles`]) pays its main loops in waves and one
+/// epilogue, the last, since each other one runs beside the other warpgroup's main loop. A
+/// split-K configuration runs one wave of [`split_grid`] blocks (or, where that finds no split
+/// that pays, one block per tile up to the SMs), each its `⌈W/G⌉` of the `W = tiles · ⌈K/64⌉`
+/// k-blocks plus the hand-off of its most-cut tile (`split_hand_off`) and one epilogue.
+/// In units of output elements of 128×256's main loop over the whole K.
 #[must_use]
 pub fn estimated_cost(variant: &GemmVariant, m: u64, n: u64, k: u64, sm_count: u32) -> f64 {
+    cost_with_epilogue(variant, m, n, k, sm_count, EPILOGUE_K_BLOCKS)
+}
+
+/// [`estimated_cost`] with an epilogue of `epilogue` k-blocks per output element.
+fn cost_with_epilogue(
+    variant: &GemmVariant,
+    m: u64,
+    n: u64,
+    k: u64,
+    sm_count: u32,
+    epilogue: f64,
+) -> f64 {
     let c = variant.config;
     let slots = u64::from((sm_count / c.cluster_m) * c.cluster_m).max(1);
     let tiles = tile_count(variant, m, n);
-    let tile = f64::from(c.block_m * c.block_n) * cost_per_element(variant);
+    let area = f64::from(c.block_m * c.block_n);
+    let k_blocks = k.div_ceil(u64::from(BLOCK_K)).max(1) as f64;
+    let main_loop = area * cost_per_element(variant);
+    let epilogue = if m >= COMPUTE_BOUND_ROWS {
+        area * epilogue / k_blocks
+    } else {
+        0.0
+    };
     if !c.split_k {
-        return tiles.div_ceil(slots) as f64 * tile;
+        let waves = tiles.div_ceil(slots) as f64;
+        return match c.split {
+            ConsumerSplit::Tiles => waves * main_loop + epilogue,
+            ConsumerSplit::Rows | ConsumerSplit::Columns => waves * (main_loop + epilogue),
+        };
     }
-    let k_blocks = k.div_ceil(u64::from(BLOCK_K)).max(1);
     let grid = split_grid(variant, m, n, k, sm_count)
         .map_or_else(|| tiles.min(slots), u64::from)
         .max(1);
-    tile * split_k_blocks(variant, m, tiles, k_blocks, grid) / k_blocks as f64
+    main_loop * split_k_blocks(variant, m, tiles, k_blocks as u64, grid) / k_blocks + epilogue
 }
 
 /// Output tiles of `variant` on an `m × n` output, whole clusters.
@@ -171,7 +224,7 @@ const SPLIT_PARTIAL_K_BLOCKS: f64 = 6.0;
 /// tiles fill at most half the SMs).
 #[must_use]
 pub fn choose_variant(m: u64, n: u64, k: u64, sm_count: u32) -> &'static GemmVariant {
-    cheapest(VARIANTS.iter(), m, n, k, sm_count)
+    cheapest(VARIANTS.iter(), m, n, k, sm_count, EPILOGUE_K_BLOCKS)
 }
 
 /// The candidate with the smallest [`estimated_cost`]; within 0.1 % the earlier one (the
@@ -184,6 +237,7 @@ fn cheapest<'v>(
     n: u64,
     k: u64,
     sm_count: u32,
+    epilogue: f64,
 ) -> &'v GemmVariant {
     let mut candidates = candidates.filter(|v| {
         m <= u64::from(v.config.max_rows())
@@ -192,7 +246,7 @@ fn cheapest<'v>(
     let first = candidates
         .next()
         .expect("at least one candidate configuration");
-    let cost = |v: &GemmVariant| estimated_cost(v, m, n, k, sm_count);
+    let cost = |v: &GemmVariant| cost_with_epilogue(v, m, n, k, sm_count, epilogue);
     candidates.fold(first, |best, v| {
         if cost(v) < cost(best) * 0.999 {
             v
@@ -204,10 +258,26 @@ fn cheapest<'v>(
 
 /// The configuration the rule picks for an FP8 GEMM with an `m × n` output and `k_pairs`
 /// columns of e4m3 pairs (the kernel's view: K/2 16-bit columns): the cheapest by
-/// [`estimated_cost`] among those compiled for e4m3, as [`choose_variant`].
-pub fn choose_fp8_variant(m: u64, n: u64, k_pairs: u64, sm_count: u32) -> &'static GemmVariant {
+/// [`estimated_cost`] among those compiled for e4m3, as [`choose_variant`], with the row-wise
+/// epilogue's price ([`ROW_SCALED_EPILOGUE_K_BLOCKS`]) where `row_wise`. A k-block of pairs
+/// takes a 16-bit k-block's time (twice the elements at twice the tensor rate), so an FP8
+/// GEMM's epilogue weighs as a 16-bit one's at half its K: ping-pong wins at shorter K
+/// (70B fc2 at TP 8, 3584 columns: 737 µs against 128×256's 776).
+#[must_use]
+pub fn choose_fp8_variant(
+    m: u64,
+    n: u64,
+    k_pairs: u64,
+    sm_count: u32,
+    row_wise: bool,
+) -> &'static GemmVariant {
+    let epilogue = if row_wise {
+        ROW_SCALED_EPILOGUE_K_BLOCKS
+    } else {
+        EPILOGUE_K_BLOCKS
+    };
     let fp8 = VARIANTS.iter().filter(|v| v.kernel_e4m3.is_some());
-    cheapest(fp8, m, n, k_pairs, sm_count)
+    cheapest(fp8, m, n, k_pairs, sm_count, epilogue)
 }
 
 /// Height of the tile order's bands, in cluster tiles, for `variant` on an `m × n` output run
@@ -248,12 +318,15 @@ pub const MIN_SPLIT_K_BLOCKS: u64 = 8;
 /// unsplit kernel already streams ~3.8 TB/s on half the SMs, and the partials are 64 rows.
 pub const TWO_SPLIT_MAX_ROWS: u64 = 16;
 
-/// Rows from which two splits pay again: the main loop is bound by its tensor work, not by
-/// the weights' stream. A GEMM does `2·M·N·K` FLOP on `2·N·K` bytes of weights, M FLOP a byte,
-/// and the H200 is compute-bound above 989 TFLOP/s / 4.8 TB/s ≈ 206 FLOP a byte: from 256
-/// rows a split's second block adds tensor throughput where at 17–255 rows the unsplit tiles
-/// already stream the weights as fast as DRAM gives them.
-pub const TWO_SPLIT_MIN_ROWS: u64 = 256;
+/// Rows from which the main loop is bound by its tensor work, not by the weights' stream. A
+/// GEMM does `2·M·N·K` FLOP on `2·N·K` bytes of weights, M FLOP a byte, and the H200 is
+/// compute-bound above 989 TFLOP/s / 4.8 TB/s ≈ 206 FLOP a byte.
+pub const COMPUTE_BOUND_ROWS: u64 = 256;
+
+/// Rows from which two splits pay again: from [`COMPUTE_BOUND_ROWS`] a split's second block
+/// adds tensor throughput, where at 17–255 rows the unsplit tiles already stream the weights as
+/// fast as DRAM gives them.
+pub const TWO_SPLIT_MIN_ROWS: u64 = COMPUTE_BOUND_ROWS;
 
 /// The most rows for which a grid of one block per SM takes stream-K ranges that are not
 /// whole splits of every tile. Measured (kernels-gpu/NOTES.md step 39): with 64 rows every
@@ -328,8 +401,8 @@ pub fn split_grid(variant: &GemmVariant, m: u64, n: u64, k: u64, sm_count: u32) 
 }
 
 /// The configuration named `name` (`128x256`, `128x256c2`, `192x192`, `128x224`, `128x160`,
-/// `128x128`, `128x128c2`, `64x128`, `16x128` and `16x64` (at most 16 rows), and the split-K
-/// `128x256s`, `128x128s`, `128x160s`, `64x128s`, `16x128s`).
+/// `128x128`, `128x128c2`, `64x128`, `16x128` and `16x64` (at most 16 rows), the split-K
+/// `128x256s`, `128x128s`, `128x160s`, `64x128s`, `16x128s`, and the ping-pong `128x128p`).
 #[must_use]
 pub fn variant_named(name: &str) -> Option<&'static GemmVariant> {
     VARIANTS.iter().find(|v| v.name == name)
@@ -437,7 +510,10 @@ mod tests {
             (1, 8, 64, 0),
         ] {
             let _ = choose_variant(m, n, k, sms);
-            let _ = choose_fp8_variant(m, n, k, sms);
+            let _ = (
+                choose_fp8_variant(m, n, k, sms, false),
+                choose_fp8_variant(m, n, k, sms, true),
+            );
             for v in &VARIANTS {
                 let _ = (estimated_cost(v, m, n, k, sms), split_grid(v, m, n, k, sms));
             }
@@ -490,7 +566,7 @@ mod tests {
                 "{m}x{n}"
             );
             assert_eq!(
-                choose_fp8_variant(m, n, 4096, 132).config.block_m,
+                choose_fp8_variant(m, n, 4096, 132, false).config.block_m,
                 64,
                 "{m}x{n}"
             );
@@ -504,7 +580,7 @@ mod tests {
                 "{m}x{n}"
             );
             assert_ne!(
-                choose_fp8_variant(m, n, 4096, 132).config.block_m,
+                choose_fp8_variant(m, n, 4096, 132, false).config.block_m,
                 64,
                 "{m}x{n}"
             );
@@ -548,11 +624,57 @@ mod tests {
             (8192, 8192),
             (2048, 13312),
         ] {
-            let v = choose_fp8_variant(m, n, 8192, 132);
+            let v = choose_fp8_variant(m, n, 8192, 132, false);
             assert!(v.kernel_e4m3.is_some(), "{m}x{n}: {}", v.name);
         }
-        assert_eq!(choose_fp8_variant(8192, 8192, 4096, 132).name, "128x256");
-        assert_eq!(choose_fp8_variant(1, 2304, 8192, 132).name, "64x128s");
+        assert_eq!(
+            choose_fp8_variant(8192, 8192, 4096, 132, false).name,
+            "128x256"
+        );
+        assert_eq!(
+            choose_fp8_variant(1, 2304, 8192, 132, false).name,
+            "64x128s"
+        );
+    }
+
+    #[test]
+    fn ping_pong_takes_the_shapes_whose_epilogue_weighs_most() {
+        // 70B fc2 at TP 8 (16384 × 8192 × 3584): in e4m3 (1792 pairs, 28 k-blocks) ping-pong,
+        // measured 737 µs against 128×256's 776 (gemm-fp8-2026-12-02-cd9f2a3), in both scale
+        // modes; in bf16 (56 k-blocks) the epilogue weighs half as much and 128×256 stays.
+        for row_wise in [false, true] {
+            let v = choose_fp8_variant(16384, 8192, 1792, 132, row_wise);
+            assert_eq!(v.name, "128x128p", "row-wise {row_wise}");
+        }
+        assert_eq!(choose_variant(16384, 8192, 3584, 132).name, "128x256");
+        // Long K (8192³, 405B fc1 at TP 2): 128×256 in every mode; ping-pong's main loop
+        // costs 8 % more per output and measured 1–6 % slower there.
+        for (m, n, k) in [(8192, 8192, 8192), (8192, 53248, 16384)] {
+            assert_eq!(choose_variant(m, n, k, 132).name, "128x256");
+            for row_wise in [false, true] {
+                let v = choose_fp8_variant(m, n, k / 2, 132, row_wise);
+                assert_eq!(v.name, "128x256", "{m}x{n}x{k} row-wise {row_wise}");
+            }
+        }
+        // The row-wise epilogue costs more, so its break-even K is longer: 405B fc2 at TP 8
+        // (16384 × 16384 × 6656) runs ping-pong row-wise only.
+        assert_eq!(
+            choose_fp8_variant(16384, 16384, 3328, 132, false).name,
+            "128x256"
+        );
+        assert_eq!(
+            choose_fp8_variant(16384, 16384, 3328, 132, true).name,
+            "128x128p"
+        );
+        // Below `COMPUTE_BOUND_ROWS` the epilogue is not priced (it hides behind the weight
+        // stream), so ping-pong, whose main loop alone costs more than 128×128's, is not run.
+        for m in [1, 16, 64, 128, 255] {
+            for k in [1024, 4096] {
+                assert_ne!(choose_variant(m, 16384, k, 132).name, "128x128p", "{m}x{k}");
+                let v = choose_fp8_variant(m, 16384, k / 2, 132, true);
+                assert_ne!(v.name, "128x128p", "{m}x{k}");
+            }
+        }
     }
 
     #[test]
@@ -563,8 +685,9 @@ mod tests {
         for n in [1001, 2304, 4096, 8192, 28672] {
             for k in [512, 4096, 16384] {
                 for m in [1, 7, 16, 17, 64, 65, 128] {
-                    for pick in [choose_variant, choose_fp8_variant] {
-                        let name = pick(m, n, k, 132).name;
+                    let fp8 = |row_wise| choose_fp8_variant(m, n, k, 132, row_wise);
+                    for pick in [choose_variant(m, n, k, 132), fp8(false), fp8(true)] {
+                        let name = pick.name;
                         assert_ne!(name, "16x128s", "{m}x{n}x{k}");
                         let other = if m <= 16 { "64x128" } else { "16x128" };
                         assert_ne!(name, other, "{m}x{n}x{k}");

@@ -1,6 +1,6 @@
 //! Preparing and launching the GEMM stage kernel on one GPU.
 use super::choose::{choose_fp8_variant, choose_variant, raster_group_m, split_grid};
-use super::{Fp8GemmArgs, GemmArgs, GemmError, MatrixView, check};
+use super::{Fp8GemmArgs, Fp8Scales, GemmArgs, GemmError, MatrixView, check};
 use crate::dtype::Dtype;
 use crate::runtime::{
     CudaStream, DeviceBuffer, Gpu, Kernel, KernelArgs, LaunchConfig, Module, RawStream,
@@ -120,7 +120,8 @@ impl GemmKernel {
         args: &Fp8GemmArgs,
     ) -> Result<PreparedGemm, GemmLaunchError> {
         let (m, n, k) = (args.a.rows, args.b.rows, args.a.cols);
-        let variant = choose_fp8_variant(m, n, k.div_ceil(2), self.gpu.sm_count());
+        let row_wise = matches!(args.scales, Fp8Scales::Rowwise { .. });
+        let variant = choose_fp8_variant(m, n, k.div_ceil(2), self.gpu.sm_count(), row_wise);
         self.prepare_fp8_variant(stream, args, variant)
     }
 
@@ -154,7 +155,7 @@ impl GemmKernel {
             Some(rows) => self.prepare_inputs(
                 stream,
                 args,
-                choose_fp8_variant(m, n, k, sms),
+                choose_fp8_variant(m, n, k, sms, rows.a != 0),
                 Inputs::E4m3Pairs(rows),
             ),
         }

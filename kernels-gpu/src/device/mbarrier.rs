@@ -183,4 +183,13 @@ impl PipelineState {
             self.phase ^= 1;
         }
     }
+
+    /// Moves `n` slots on, as `n` calls of [`Self::advance`]: the parity flips once per pass
+    /// completed.
+    #[inline(always)]
+    pub fn skip(&mut self, n: u32) {
+        let position = self.stage + n;
+        self.stage = position % self.stages;
+        self.phase ^= (position / self.stages) & 1;
+    }
 }

@@ -53,7 +53,6 @@ use seq_macro::seq;
 
 /// Consumer warps of a block: each arrives once on a slot's `empty` barrier per block of the
 /// cluster when it is done reading the slot.
-const CONSUMER_WARPS: u32 = 8;
 /// Threads of one warpgroup.
 const WARPGROUP_THREADS: u32 = 128;
 
@@ -449,6 +448,15 @@ config!(
         fence: fence_operands_64,
     }
 );
+config!(Tile128x128P: TILE_128X128_PINGPONG {
+    slabs: 2,
+    regs: 64,
+    blocks: 16,
+    chunks: 2,
+    pairs: 4,
+    mma: mma_n128,
+    fence: fence_operands_64,
+});
 config!(
     Tile64x128: TILE_64X128,
     Tile64x128S: TILE_64X128_SPLITK,
@@ -514,6 +522,12 @@ impl Ring {
     #[inline(always)]
     fn abort_flag(self) -> u32 {
         self.base + self.tile.abort_flag_offset()
+    }
+    /// Ping-pong: the barrier consumer warpgroup `half` waits on before each main loop but its
+    /// first tile's (warpgroup 0's), completed once per main loop of the other warpgroup.
+    #[inline(always)]
+    fn order(self, half: u32) -> MBarrier {
+        MBarrier(self.base + self.tile.barrier_offset() + 8 * (2 * self.tile.stages + 4 + half))
     }
     /// Row-wise FP8: consumer warpgroup `half`'s scale area, `sb` of its share's `wg_cols`
     /// columns, then `sa` of its `wg_rows` rows ([`TileConfig::row_scales_offset`]).
@@ -761,13 +775,27 @@ unsafe fn consume<T: InputType, C: Config>(p: &GemmParams, ring: Ring, tiles: Ti
     // Whether C may be read yet: not before the hook's flag when it guards only C
     // (`HOOK_WAIT_BEFORE_C`), until this warpgroup's first epilogue acquires it.
     let mut c_ready = p.hook.flags & HOOK_WAIT_BEFORE_C == 0 || p.hook.wait_flag == 0;
+    // Ping-pong ([`ConsumerSplit::Tiles`]): whether the next unit is this warpgroup's (the
+    // block's tiles alternate, warpgroup 0 first), and how many main loops it has run.
+    let pingpong = C::TILE.split == ConsumerSplit::Tiles;
+    let mut mine = !pingpong || half == 0;
+    let mut own = 0;
     let mut u = tiles.first;
     while u < tiles.end {
         let (t, kb0, kb1) = tiles.unit(u);
+        if !mine {
+            // Ping-pong: the other warpgroup's tile, whose ring slots pass this one by.
+            slot.skip(kb1 - kb0);
+            mine = true;
+            u = tiles.next(u, kb0, kb1);
+            continue;
+        }
+        mine = !pingpong;
         let (row, col) = tiles.origin(t);
         // This warpgroup's share of the tile.
         let (row, col) = (row + wg_row, col + wg_col);
-        if staged && u == tiles.first && index::thread_in_warpgroup() == 0 {
+        let first = if pingpong { own == 0 } else { u == tiles.first };
+        if staged && first && index::thread_in_warpgroup() == 0 {
             // This leader issues the TMA stores of D and the TMA loads of C: it acquires their
             // tensor maps itself before its first use; and since C may be a peer's partial
             // guarded by the hook's flag (acquired by thread 0, handed over by a CTA or
@@ -791,6 +819,14 @@ unsafe fn consume<T: InputType, C: Config>(p: &GemmParams, ring: Ring, tiles: Ti
         }
         if staged && T::FP8 && p.row_scales.a != 0 {
             unsafe { copy_row_scales::<C>(p, ring, half, row, col) };
+        }
+        if pingpong && (half == 1 || own > 0) {
+            // The main loops take turns: warpgroup 0's n-th (n ≥ 1) follows warpgroup 1's
+            // (n − 1)-th, warpgroup 1's n-th follows warpgroup 0's n-th. Besides sharing the
+            // tensor cores, this keeps the slot waits below at most one phase ahead of each
+            // slot's `full` barrier (the other warpgroup has waited out every earlier fill).
+            let done = if half == 0 { own - 1 } else { own };
+            unsafe { ring.order(half).wait_warp(done & 1) };
         }
         let mut previous = 0;
         for kb in kb0..kb1 {
@@ -822,6 +858,13 @@ unsafe fn consume<T: InputType, C: Config>(p: &GemmParams, ring: Ring, tiles: Ti
         C::fence(&mut acc);
         if kb1 > kb0 {
             unsafe { release(ring, previous) };
+        }
+        if pingpong {
+            if index::lane_idx() == 0 {
+                // The other warpgroup's main loop may start.
+                unsafe { ring.order(1 - half).arrive() };
+            }
+            own += 1;
         }
         if C::TILE.split_k && !unsafe { finish_split::<C>(p, ring, &mut acc, t, half, row) } {
             u = tiles.next(u, kb0, kb1);
@@ -1142,7 +1185,13 @@ unsafe fn gemm<T: InputType, C: Config>(p: &GemmParams) {
             }
             for s in 0..C::TILE.stages {
                 ring.full(s).init(1);
-                ring.empty(s).init(CONSUMER_WARPS * C::TILE.cluster_m);
+                ring.empty(s)
+                    .init(C::TILE.warps_per_slot() * C::TILE.cluster_m);
+            }
+            if C::TILE.split == ConsumerSplit::Tiles {
+                // Ping-pong: one arrival per warp of the warpgroup whose main loop ends.
+                ring.order(0).init(4);
+                ring.order(1).init(4);
             }
             for half in 0..2 {
                 for buffer in 0..2 {
