@@ -279,7 +279,8 @@ enum Extra {
     Variant(&'static GemmVariant),
     /// `--raster G`: the rule's tile configuration with the tile order's band height forced.
     Raster(u32),
-    /// `--fp8`: the rule's configuration with row-wise scales (all 1) instead of tensor-wise.
+    /// `--fp8`: row-wise scales (all 1) instead of tensor-wise, on the rule's configuration
+    /// for row-wise scales (which may differ: their epilogue costs more).
     RowScales,
 }
 
@@ -633,7 +634,7 @@ fn run() -> Result<(), BenchError> {
     }
     extra.extend(args.variant.into_iter().map(Extra::Variant));
     if args.fp8 {
-        // Issue 24 compares row-wise scales with tensor-wise ones on the same configuration.
+        // Issue 24 compares row-wise scales with tensor-wise ones, each on its rule's pick.
         extra.push(Extra::RowScales);
     }
     extra.extend(args.raster.into_iter().map(Extra::Raster));

@@ -329,9 +329,9 @@ pub const TILE_128X128_CLUSTER2: TileConfig = TileConfig {
 };
 /// 128×128 tiles, ping-pong ([`ConsumerSplit::Tiles`]): each consumer warpgroup computes whole
 /// tiles in turn, so a tile's epilogue overlaps the next tile's main loop instead of idling
-/// the tensor cores; operands per output as 128×128. The rule picks it where the epilogue
-/// weighs most: compute-bound shapes of short K, above all in FP8, whose k-blocks hold twice
-/// the elements (`host/src/gemm/choose.rs`).
+/// the tensor cores; operands per output as 128×128. The FP8 rule picks it where the
+/// epilogue weighs most: compute-bound shapes of short K (`host/src/gemm/choose.rs`); in 16
+/// bits it runs by name only (measured slower there).
 pub const TILE_128X128_PINGPONG: TileConfig = TileConfig {
     split: ConsumerSplit::Tiles,
     ..TILE_128X128

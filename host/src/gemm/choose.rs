@@ -67,12 +67,13 @@ fn cost_per_element(variant: &GemmVariant) -> f64 {
         // against 71.7 (and, once the split's decode hand-off was priced,
         // `SPLIT_DECODE_K_BLOCKS`, 8B o-proj and 70B QKV).
         "64x128" | "16x128" | "16x64" => 1.4,
-        // Ping-pong 128×128 (one warpgroup per tile, its epilogue hidden): per output
-        // element of its main loop, 1.06–1.10 of 128×256's in bf16 (five prefill rows of the
-        // 8B, 70B and 405B grids, K = 4096–16384) and 1.07–1.08 in e4m3 (the FP8 set's
-        // full-wave shapes), each against 128×256 in the same rounds with that one's
-        // epilogue priced in (gemm-grid-2026-12-02-9251360-*, gemm-fp8-2026-12-02-cd9f2a3):
-        // two `m64n128` slabs read 20 % more shared memory per MAC than one `m64n256`.
+        // Ping-pong 128×128 (one warpgroup per tile, its epilogue hidden; FP8 only, see
+        // `choose_variant`): per output element of its main loop, 1.07–1.08 of 128×256's in
+        // e4m3 (the FP8 set's full-wave shapes) and 1.06–1.10 in bf16 (five prefill rows of
+        // the 8B, 70B and 405B grids, K = 4096–16384), each against 128×256 in the same
+        // rounds with that one's epilogue priced in (gemm-fp8-2026-12-02-cd9f2a3,
+        // gemm-grid-2026-12-02-9251360-*): two `m64n128` slabs read 20 % more shared memory
+        // per MAC than one `m64n256`.
         "128x128p" => 1.08,
         _ => 1.2,
     }
@@ -221,10 +222,18 @@ const SPLIT_PARTIAL_K_BLOCKS: f64 = 6.0;
 
 /// The configuration the rule picks for an `m × n × k` problem on a GPU with `sm_count` SMs:
 /// the cheapest by [`estimated_cost`], split-K ones only where they split (`s ≥ 2`, i.e. the
-/// tiles fill at most half the SMs).
+/// tiles fill at most half the SMs), ping-pong never (it runs by name in 16 bits).
 #[must_use]
 pub fn choose_variant(m: u64, n: u64, k: u64, sm_count: u32) -> &'static GemmVariant {
-    cheapest(VARIANTS.iter(), m, n, k, sm_count, EPILOGUE_K_BLOCKS)
+    // Ping-pong only in FP8: in 16 bits it measured 2–7 % slower than 128×256 where this
+    // model has it 1–9 % faster (8192 × 4096 × 2048, 8192 × 8192 × 1024, 405B o-proj at TP 8
+    // with 2048 and 8192 rows) and level with 128×128 at 768–2048 rows
+    // (gemm-grid-2026-12-02-9e4c1dd-*, gemm-shapes-2026-12-02-9e4c1dd; kernels-gpu/NOTES.md
+    // step 47 outcome), while in e4m3 the same model's picks measured 3–5 % faster.
+    let sixteen_bit = VARIANTS
+        .iter()
+        .filter(|v| v.config.split != ConsumerSplit::Tiles);
+    cheapest(sixteen_bit, m, n, k, sm_count, EPILOGUE_K_BLOCKS)
 }
 
 /// The candidate with the smallest [`estimated_cost`]; within 0.1 % the earlier one (the
@@ -641,12 +650,16 @@ mod tests {
     fn ping_pong_takes_the_shapes_whose_epilogue_weighs_most() {
         // 70B fc2 at TP 8 (16384 × 8192 × 3584): in e4m3 (1792 pairs, 28 k-blocks) ping-pong,
         // measured 737 µs against 128×256's 776 (gemm-fp8-2026-12-02-cd9f2a3), in both scale
-        // modes; in bf16 (56 k-blocks) the epilogue weighs half as much and 128×256 stays.
+        // modes; in bf16 128×256.
         for row_wise in [false, true] {
             let v = choose_fp8_variant(16384, 8192, 1792, 132, row_wise);
             assert_eq!(v.name, "128x128p", "row-wise {row_wise}");
         }
         assert_eq!(choose_variant(16384, 8192, 3584, 132).name, "128x256");
+        // Never in 16 bits, where it measured slower even at K = 1024–2048.
+        for (m, n, k) in [(8192, 4096, 2048), (8192, 8192, 1024), (2048, 16384, 2048)] {
+            assert_ne!(choose_variant(m, n, k, 132).name, "128x128p", "{m}x{n}x{k}");
+        }
         // Long K (8192³, 405B fc1 at TP 2): 128×256 in every mode; ping-pong's main loop
         // costs 8 % more per output and measured 1–6 % slower there.
         for (m, n, k) in [(8192, 8192, 8192), (8192, 53248, 16384)] {
