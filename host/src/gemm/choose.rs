@@ -7,7 +7,7 @@
 //! `⌈tiles / slots⌉ · tile_cost`, with `tile_cost` proportional to the tile's area times a
 //! per-configuration efficiency factor (smaller tiles reread more operand bytes per FLOP) and
 //! the `K/64` k-blocks of its main loop, plus the epilogue's fixed share per output element
-//! ([`EPILOGUE_K_BLOCKS`]). A ping-pong configuration overlaps each tile's epilogue with the
+//! (`EPILOGUE_K_BLOCKS`). A ping-pong configuration overlaps each tile's epilogue with the
 //! other warpgroup's main loop, so only its last one counts. The rule picks the configuration
 //! with the smallest estimate; ties go to the larger tile.
 use kernels_gpu::gemm_abi::{BLOCK_K, ConsumerSplit, GemmVariant, TILE_16X128, VARIANTS};
@@ -97,7 +97,7 @@ const EPILOGUE_K_BLOCKS: f64 = 3.0;
 const ROW_SCALED_EPILOGUE_K_BLOCKS: f64 = 4.0;
 
 /// Estimated relative run time of `variant` on an `m × n × k` problem with `sm_count` SMs, with
-/// a 16-bit or tensor-wise-scaled epilogue ([`EPILOGUE_K_BLOCKS`]).
+/// a 16-bit or tensor-wise-scaled epilogue (`EPILOGUE_K_BLOCKS`).
 ///
 /// Without split-K, `⌈tiles / slots⌉` waves of one tile's main loop and epilogue each; a
 /// ping-pong configuration ([`ConsumerSplit::Tiles`]) pays its main loops in waves and one
@@ -228,8 +228,9 @@ pub fn choose_variant(m: u64, n: u64, k: u64, sm_count: u32) -> &'static GemmVar
     // Ping-pong only in FP8: in 16 bits it measured 2–7 % slower than 128×256 where this
     // model has it 1–9 % faster (8192 × 4096 × 2048, 8192 × 8192 × 1024, 405B o-proj at TP 8
     // with 2048 and 8192 rows) and level with 128×128 at 768–2048 rows
-    // (gemm-grid-2026-12-02-9e4c1dd-*, gemm-shapes-2026-12-02-9e4c1dd; kernels-gpu/NOTES.md
-    // step 47 outcome), while in e4m3 the same model's picks measured 3–5 % faster.
+    // (gemm-grid-2026-12-02-9e4c1dd-405b-tp8-o-proj-*,
+    // gemm-2026-12-02-9e4c1dd-8192x8192x1024-and-5-more; kernels-gpu/NOTES.md step 47
+    // outcome), while in e4m3 the same model's picks measured 3–5 % faster.
     let sixteen_bit = VARIANTS
         .iter()
         .filter(|v| v.config.split != ConsumerSplit::Tiles);
@@ -268,7 +269,7 @@ fn cheapest<'v>(
 /// The configuration the rule picks for an FP8 GEMM with an `m × n` output and `k_pairs`
 /// columns of e4m3 pairs (the kernel's view: K/2 16-bit columns): the cheapest by
 /// [`estimated_cost`] among those compiled for e4m3, as [`choose_variant`], with the row-wise
-/// epilogue's price ([`ROW_SCALED_EPILOGUE_K_BLOCKS`]) where `row_wise`. A k-block of pairs
+/// epilogue's price (`ROW_SCALED_EPILOGUE_K_BLOCKS`) where `row_wise`. A k-block of pairs
 /// takes a 16-bit k-block's time (twice the elements at twice the tensor rate), so an FP8
 /// GEMM's epilogue weighs as a 16-bit one's at half its K: ping-pong wins at shorter K
 /// (70B fc2 at TP 8, 3584 columns: 737 µs against 128×256's 776).
