@@ -335,7 +335,7 @@ macro_rules! config {
                                 // it has.
                                 tma::wait_group_read::<1>();
                             }
-                            sync::named_sync(barrier, 128);
+                            sync::named_sync(barrier, WARPGROUP_THREADS);
                         }
                         seq!(PR in 0..$pairs {
                             let scol = 8 * (2 * PR + matrix / 2);
@@ -380,7 +380,7 @@ macro_rules! config {
                         });
                         // Generic-proxy writes, read next by the TMA (async proxy).
                         fence::proxy_async_shared();
-                        sync::named_sync(barrier, 128);
+                        sync::named_sync(barrier, WARPGROUP_THREADS);
                         if leader {
                             unsafe { tma::store_2d(p.map_d, chunk_col, slab_row, buffer) };
                             tma::commit_group();
@@ -909,7 +909,7 @@ unsafe fn await_c(p: &GemmParams, half: u32) {
         let _timed_out = unsafe { wait_for_hook_flag(&p.hook) };
         fence::proxy_async_global();
     }
-    sync::named_sync(1 + half, 128);
+    sync::named_sync(1 + half, WARPGROUP_THREADS);
 }
 
 /// One thread waits (system-scope acquire, bounded by `hook.timeout_ns`) until the hook's
@@ -965,7 +965,7 @@ unsafe fn finish_split<C: Config>(
     let slot_of = |slot: u32| (2 * slot as usize + half as usize) * per_half;
     unsafe { C::store_partial(acc, partials.add(slot_of(t + index::block_idx())), row, p.m) };
     let barrier = 1 + half;
-    sync::named_sync(barrier, 128);
+    sync::named_sync(barrier, WARPGROUP_THREADS);
     if index::thread_in_warpgroup() == 0 {
         let counter = unsafe { (p.split.counters as *mut u32).add(2 * t as usize + half as usize) };
         // Release: every partial store of the warpgroup (ordered before this thread by the
@@ -979,7 +979,7 @@ unsafe fn finish_split<C: Config>(
         }
         unsafe { smem::store_u32(ring.split_word(half), last as u32) };
     }
-    sync::named_sync(barrier, 128);
+    sync::named_sync(barrier, WARPGROUP_THREADS);
     let last = unsafe { smem::load_u32(ring.split_word(half)) } != 0;
     if last {
         let first = unsafe { partials.add(slot_of(t + g0)) };
