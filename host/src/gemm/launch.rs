@@ -481,7 +481,10 @@ impl PreparedGemm {
     /// device copies in place, in stream order on `stream`, so the parameter block keeps
     /// their addresses (they travel from pageable host memory: see
     /// [`crate::runtime::caller_stream::upload_async`]) — and updates the D and C pointers
-    /// and alpha. Returns an error, and changes nothing, if anything else differs.
+    /// and alpha. Returns an error, and changes nothing, if anything else differs. A driver
+    /// error part-way (encoding or enqueueing a map) may leave some maps moved and the
+    /// parameter block not: the call is idempotent, so repeat it with the same `previous` and
+    /// `args` before the next launch, or drop the GEMM.
     ///
     /// # Safety
     /// Every launch that uses this GEMM's tensor maps must be enqueued on `stream`, and the
