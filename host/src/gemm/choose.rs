@@ -10,6 +10,7 @@
 //! (`EPILOGUE_K_BLOCKS`). A ping-pong configuration overlaps each tile's epilogue with the
 //! other warpgroup's main loop, so only its last one counts. The rule picks the configuration
 //! with the smallest estimate; ties go to the larger tile.
+use crate::fp8::ScaleMode;
 use kernels_gpu::gemm_abi::{BLOCK_K, ConsumerSplit, GemmVariant, TILE_16X128, VARIANTS};
 use kernels_gpu::layout::stream_k::{self, StreamK};
 
@@ -269,7 +270,7 @@ fn cheapest<'v>(
 /// The configuration the rule picks for an FP8 GEMM with an `m × n` output and `k_pairs`
 /// columns of e4m3 pairs (the kernel's view: K/2 16-bit columns): the cheapest by
 /// [`estimated_cost`] among those compiled for e4m3, as [`choose_variant`], with the row-wise
-/// epilogue's price (`ROW_SCALED_EPILOGUE_K_BLOCKS`) where `row_wise`. A k-block of pairs
+/// epilogue's price (`ROW_SCALED_EPILOGUE_K_BLOCKS`) for [`ScaleMode::Rowwise`]. A k-block of pairs
 /// takes a 16-bit k-block's time (twice the elements at twice the tensor rate), so an FP8
 /// GEMM's epilogue weighs as a 16-bit one's at half its K: ping-pong wins at shorter K
 /// (70B fc2 at TP 8, 3584 columns: 737 µs against 128×256's 776).
@@ -279,12 +280,11 @@ pub fn choose_fp8_variant(
     n: u64,
     k_pairs: u64,
     sm_count: u32,
-    row_wise: bool,
+    scales: ScaleMode,
 ) -> &'static GemmVariant {
-    let epilogue = if row_wise {
-        ROW_SCALED_EPILOGUE_K_BLOCKS
-    } else {
-        EPILOGUE_K_BLOCKS
+    let epilogue = match scales {
+        ScaleMode::Tensorwise => EPILOGUE_K_BLOCKS,
+        ScaleMode::Rowwise => ROW_SCALED_EPILOGUE_K_BLOCKS,
     };
     let fp8 = VARIANTS.iter().filter(|v| v.kernel_e4m3.is_some());
     cheapest(fp8, m, n, k_pairs, sm_count, epilogue)
@@ -521,8 +521,8 @@ mod tests {
         ] {
             let _ = choose_variant(m, n, k, sms);
             let _ = (
-                choose_fp8_variant(m, n, k, sms, false),
-                choose_fp8_variant(m, n, k, sms, true),
+                choose_fp8_variant(m, n, k, sms, ScaleMode::Tensorwise),
+                choose_fp8_variant(m, n, k, sms, ScaleMode::Rowwise),
             );
             for v in &VARIANTS {
                 let _ = (estimated_cost(v, m, n, k, sms), split_grid(v, m, n, k, sms));
@@ -576,7 +576,9 @@ mod tests {
                 "{m}x{n}"
             );
             assert_eq!(
-                choose_fp8_variant(m, n, 4096, 132, false).config.block_m,
+                choose_fp8_variant(m, n, 4096, 132, ScaleMode::Tensorwise)
+                    .config
+                    .block_m,
                 64,
                 "{m}x{n}"
             );
@@ -590,7 +592,9 @@ mod tests {
                 "{m}x{n}"
             );
             assert_ne!(
-                choose_fp8_variant(m, n, 4096, 132, false).config.block_m,
+                choose_fp8_variant(m, n, 4096, 132, ScaleMode::Tensorwise)
+                    .config
+                    .block_m,
                 64,
                 "{m}x{n}"
             );
@@ -634,15 +638,15 @@ mod tests {
             (8192, 8192),
             (2048, 13312),
         ] {
-            let v = choose_fp8_variant(m, n, 8192, 132, false);
+            let v = choose_fp8_variant(m, n, 8192, 132, ScaleMode::Tensorwise);
             assert!(v.kernel_e4m3.is_some(), "{m}x{n}: {}", v.name);
         }
         assert_eq!(
-            choose_fp8_variant(8192, 8192, 4096, 132, false).name,
+            choose_fp8_variant(8192, 8192, 4096, 132, ScaleMode::Tensorwise).name,
             "128x256"
         );
         assert_eq!(
-            choose_fp8_variant(1, 2304, 8192, 132, false).name,
+            choose_fp8_variant(1, 2304, 8192, 132, ScaleMode::Tensorwise).name,
             "64x128s"
         );
     }
@@ -652,9 +656,9 @@ mod tests {
         // 70B fc2 at TP 8 (16384 × 8192 × 3584): in e4m3 (1792 pairs, 28 k-blocks) ping-pong,
         // measured 737 µs against 128×256's 776 (gemm-fp8-2026-12-02-cd9f2a3), in both scale
         // modes; in bf16 128×256.
-        for row_wise in [false, true] {
-            let v = choose_fp8_variant(16384, 8192, 1792, 132, row_wise);
-            assert_eq!(v.name, "128x128p", "row-wise {row_wise}");
+        for scales in ScaleMode::ALL {
+            let v = choose_fp8_variant(16384, 8192, 1792, 132, scales);
+            assert_eq!(v.name, "128x128p", "{scales:?}");
         }
         assert_eq!(choose_variant(16384, 8192, 3584, 132).name, "128x256");
         // Never in 16 bits, where it measured slower even at K = 1024–2048.
@@ -665,19 +669,19 @@ mod tests {
         // costs 8 % more per output and measured 1–6 % slower there.
         for (m, n, k) in [(8192, 8192, 8192), (8192, 53248, 16384)] {
             assert_eq!(choose_variant(m, n, k, 132).name, "128x256");
-            for row_wise in [false, true] {
-                let v = choose_fp8_variant(m, n, k / 2, 132, row_wise);
-                assert_eq!(v.name, "128x256", "{m}x{n}x{k} row-wise {row_wise}");
+            for scales in ScaleMode::ALL {
+                let v = choose_fp8_variant(m, n, k / 2, 132, scales);
+                assert_eq!(v.name, "128x256", "{m}x{n}x{k} {scales:?}");
             }
         }
         // The row-wise epilogue costs more, so its break-even K is longer: 405B fc2 at TP 8
         // (16384 × 16384 × 6656) runs ping-pong row-wise only.
         assert_eq!(
-            choose_fp8_variant(16384, 16384, 3328, 132, false).name,
+            choose_fp8_variant(16384, 16384, 3328, 132, ScaleMode::Tensorwise).name,
             "128x256"
         );
         assert_eq!(
-            choose_fp8_variant(16384, 16384, 3328, 132, true).name,
+            choose_fp8_variant(16384, 16384, 3328, 132, ScaleMode::Rowwise).name,
             "128x128p"
         );
         // Below `COMPUTE_BOUND_ROWS` the epilogue is not priced (it hides behind the weight
@@ -685,7 +689,7 @@ mod tests {
         for m in [1, 16, 64, 128, 255] {
             for k in [1024, 4096] {
                 assert_ne!(choose_variant(m, 16384, k, 132).name, "128x128p", "{m}x{k}");
-                let v = choose_fp8_variant(m, 16384, k / 2, 132, true);
+                let v = choose_fp8_variant(m, 16384, k / 2, 132, ScaleMode::Rowwise);
                 assert_ne!(v.name, "128x128p", "{m}x{k}");
             }
         }
@@ -699,8 +703,9 @@ mod tests {
         for n in [1001, 2304, 4096, 8192, 28672] {
             for k in [512, 4096, 16384] {
                 for m in [1, 7, 16, 17, 64, 65, 128] {
-                    let fp8 = |row_wise| choose_fp8_variant(m, n, k, 132, row_wise);
-                    for pick in [choose_variant(m, n, k, 132), fp8(false), fp8(true)] {
+                    let fp8 = |scales| choose_fp8_variant(m, n, k, 132, scales);
+                    let [tensor, row] = ScaleMode::ALL.map(fp8);
+                    for pick in [choose_variant(m, n, k, 132), tensor, row] {
                         let name = pick.name;
                         assert_ne!(name, "16x128s", "{m}x{n}x{k}");
                         let other = if m <= 16 { "64x128" } else { "16x128" };

@@ -15,7 +15,7 @@
 
 use super::{GemmArgs, GemmError, MatrixView};
 use crate::dtype::Dtype;
-use crate::fp8::Scales;
+use crate::fp8::{ScaleMode, Scales};
 use kernels_gpu::gemm_abi::RowScales;
 
 /// The scales of an FP8 GEMM's operands.
@@ -27,6 +27,17 @@ pub enum Fp8Scales {
     /// the rows of B, read by the kernel: their values are the caller's to keep in
     /// [`Scales::validate`]'s range (the host cannot check them without a copy).
     Rowwise { a: u64, b: u64 },
+}
+
+impl Fp8Scales {
+    /// Which scale mode these are.
+    #[must_use]
+    pub fn mode(&self) -> ScaleMode {
+        match self {
+            Fp8Scales::Tensorwise { .. } => ScaleMode::Tensorwise,
+            Fp8Scales::Rowwise { .. } => ScaleMode::Rowwise,
+        }
+    }
 }
 
 /// One FP8 GEMM `D = alpha · (sa ⊙ A) · (sb ⊙ B)ᵀ + beta · C`: A is M×K and B is N×K in e4m3

@@ -1,7 +1,8 @@
 //! Preparing and launching the GEMM stage kernel on one GPU.
 use super::choose::{choose_fp8_variant, choose_variant, raster_group_m, split_grid};
-use super::{Fp8GemmArgs, Fp8Scales, GemmArgs, GemmError, MatrixView, check};
+use super::{Fp8GemmArgs, GemmArgs, GemmError, MatrixView, check};
 use crate::dtype::Dtype;
+use crate::fp8::ScaleMode;
 use crate::runtime::{
     CudaStream, DeviceBuffer, Gpu, Kernel, KernelArgs, LaunchConfig, Module, RawStream,
     RuntimeError, Swizzle, TensorMap2d, TensorMapDtype, TensorMapEncoding, TensorMapSpec, launch,
@@ -120,8 +121,8 @@ impl GemmKernel {
         args: &Fp8GemmArgs,
     ) -> Result<PreparedGemm, GemmLaunchError> {
         let (m, n, k) = (args.a.rows, args.b.rows, args.a.cols);
-        let row_wise = matches!(args.scales, Fp8Scales::Rowwise { .. });
-        let variant = choose_fp8_variant(m, n, k.div_ceil(2), self.gpu.sm_count(), row_wise);
+        let scales = args.scales.mode();
+        let variant = choose_fp8_variant(m, n, k.div_ceil(2), self.gpu.sm_count(), scales);
         self.prepare_fp8_variant(stream, args, variant)
     }
 
@@ -155,7 +156,7 @@ impl GemmKernel {
             Some(rows) => self.prepare_inputs(
                 stream,
                 args,
-                choose_fp8_variant(m, n, k, sms, rows.a != 0),
+                choose_fp8_variant(m, n, k, sms, scale_mode(rows)),
                 Inputs::E4m3Pairs(rows),
             ),
         }
@@ -356,6 +357,16 @@ enum Inputs {
     /// A and B in e4m3, described as 16-bit pairs ([`Fp8GemmArgs::as_pairs`]); C and D bf16;
     /// the row-wise scales, if any.
     E4m3Pairs(RowScales),
+}
+
+/// The scale mode of a stage's FP8 inputs in pair form: row-wise where the kernel reads scale
+/// vectors (`rows.a != 0`), tensor-wise where the lowering folded the scales into alpha.
+fn scale_mode(rows: RowScales) -> ScaleMode {
+    if rows.a != 0 {
+        ScaleMode::Rowwise
+    } else {
+        ScaleMode::Tensorwise
+    }
 }
 
 /// The names of the configurations compiled for e4m3.
