@@ -854,17 +854,19 @@ unsafe fn consume<T: InputType, C: Config>(p: &GemmParams, ring: Ring, tiles: Ti
             previous = slot.stage;
             slot.advance();
         }
+        if pingpong {
+            if index::lane_idx() == 0 {
+                // The other warpgroup's main loop may start: this one has waited out its last
+                // slot and issued its last `wgmma`s, so the other's first queue behind them on
+                // the tensor cores instead of after the drain below.
+                unsafe { ring.order(1 - half).arrive() };
+            }
+            own += 1;
+        }
         wgmma::wait_group::<0>();
         C::fence(&mut acc);
         if kb1 > kb0 {
             unsafe { release(ring, previous) };
-        }
-        if pingpong {
-            if index::lane_idx() == 0 {
-                // The other warpgroup's main loop may start.
-                unsafe { ring.order(1 - half).arrive() };
-            }
-            own += 1;
         }
         if C::TILE.split_k && !unsafe { finish_split::<C>(p, ring, &mut acc, t, half, row) } {
             u = tiles.next(u, kb0, kb1);
