@@ -29,7 +29,7 @@
 //! is cuBLASLt's FP8 GEMM; "% of peak" is then of 1979 TFLOP/s.
 //!
 //! Usage: `gemm [--quick | --grid | --shape MxNxK[,…]] [--fp8] [--variants | --variant NAME[,NAME…]]
-//! [--raster G[,G…]] [--filter SUBSTRING | SUBSTRING] [--reps N] [--min-block-ms T]
+//! [--raster G[,G…]] [--pdl] [--filter SUBSTRING | SUBSTRING] [--reps N] [--min-block-ms T]
 //! [--settle-ms S] [--rounds N]`. Writes
 //! `benches/results/gemm[-grid][-fp8]-<date>-<commit>[-<shapes>][-<filter>][-settle<ms>][-rounds<N>]`
 //! `.{json,md}` (or under `DISTGEMM_BENCH_RESULTS`).
@@ -282,6 +282,17 @@ enum Extra {
     /// `--fp8`: row-wise scales (all 1) instead of tensor-wise, on the rule's configuration
     /// for row-wise scales (which may differ: their epilogue costs more).
     RowScales,
+    /// `--pdl`: the rule's configuration launched with programmatic stream serialization, so
+    /// that each launch's blocks may start while the launch before it drains (the kernel
+    /// waits with `griddepcontrol.wait` before it touches global memory).
+    Pdl,
+}
+
+impl Extra {
+    /// Whether this contender's launches carry the programmatic-serialization attribute.
+    fn pdl(self) -> bool {
+        matches!(self, Extra::Pdl)
+    }
 }
 
 /// What every shape is measured with.
@@ -438,6 +449,9 @@ fn bench_sets<A: DeviceCopy, O: CublasLtElement + DeviceCopy>(
     let lt = lt(stream.clone()).map_err(|e| BenchError::Config(e.to_string()))?;
     // Contenders 0..=variants are ours, the last is cuBLAS, timed in interleaved rounds.
     let contenders = extras.len() + 2;
+    let pdl: Vec<bool> = std::iter::once(false)
+        .chain(extras.iter().map(|e| e.pdl()))
+        .collect();
     // Per contender: (millijoules, launches) of its timed blocks, while NVML answers.
     let mut energy = vec![meter.map(|_| (0u64, 0usize)); contenders];
     let samples = interleaved(contenders, timing.rounds, |c, round| {
@@ -465,7 +479,7 @@ fn bench_sets<A: DeviceCopy, O: CublasLtElement + DeviceCopy>(
         } else {
             time_on_stream(gpu, &stream, round_timing, |rep| {
                 // SAFETY: each prepared GEMM points into its live input set `sets.get(rep)`.
-                Ok(unsafe { sets.get(rep).ours[c].launch(&stream, false) }?)
+                Ok(unsafe { sets.get(rep).ours[c].launch(&stream, pdl[c]) }?)
             })?
         };
         let after = meter.map(EnergyMeter::read_mj);
@@ -492,6 +506,7 @@ fn bench_sets<A: DeviceCopy, O: CublasLtElement + DeviceCopy>(
                 match c.checked_sub(1).map(|e| extras[e]) {
                     Some(Extra::Raster(g)) => format!("{tile} g{g}"),
                     Some(Extra::RowScales) => format!("{tile} row-wise"),
+                    Some(Extra::Pdl) => format!("{tile} pdl"),
                     _ => tile.to_owned(),
                 }
             };
@@ -536,6 +551,10 @@ struct Args {
     /// Also time the rule's configuration with these band heights of the tile order.
     #[arg(long, value_name = "G[,G…]", value_delimiter = ',')]
     raster: Vec<u32>,
+    /// Also time the rule's configuration launched with programmatic dependent launch (PDL):
+    /// what a caller gets who launches with the attribute, as a graph of stages does.
+    #[arg(long)]
+    pdl: bool,
     /// Keep only shapes whose name contains this.
     #[arg(long)]
     filter: Option<String>,
@@ -638,6 +657,9 @@ fn run() -> Result<(), BenchError> {
         extra.push(Extra::RowScales);
     }
     extra.extend(args.raster.into_iter().map(Extra::Raster));
+    if args.pdl {
+        extra.push(Extra::Pdl);
+    }
     let gpu = Gpu::open(0)?;
     let module = Module::load(&gpu)?;
     let kernel = GemmKernel::new(&module)?;
