@@ -29,7 +29,7 @@
 //! is cuBLASLt's FP8 GEMM; "% of peak" is then of 1979 TFLOP/s.
 //!
 //! Usage: `gemm [--quick | --grid | --shape MxNxK[,…]] [--fp8] [--variants | --variant NAME[,NAME…]]
-//! [--raster G[,G…]] [--pdl] [--filter SUBSTRING | SUBSTRING] [--reps N] [--min-block-ms T]
+//! [--raster G[,G…]] [--pdl] [--clocks] [--filter SUBSTRING | SUBSTRING] [--reps N] [--min-block-ms T]
 //! [--settle-ms S] [--rounds N]`. Writes
 //! `benches/results/gemm[-grid][-fp8]-<date>-<commit>[-<shapes>][-<filter>][-settle<ms>][-rounds<N>]`
 //! `.{json,md}` (or under `DISTGEMM_BENCH_RESULTS`).
@@ -43,7 +43,7 @@ use distgemm::gemm::{
 use distgemm::problem::Preset;
 use distgemm::runtime::{CudaStream, DeviceBuffer, DeviceCopy, Gpu, Module};
 use distgemm_benches::distgemm_report::non_negative_ms;
-use distgemm_benches::energy::EnergyMeter;
+use distgemm_benches::energy::{ClockPower, EnergyMeter, PowerSampler};
 use distgemm_benches::{
     BenchError, DenseOperands, Provenance, ROUNDS, RotatingInputs, RunnerFlags, Timing,
     TimingConfig, gemm_tflops, interleaved, parse_reps, results_dir, time_on_stream,
@@ -51,6 +51,7 @@ use distgemm_benches::{
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// Default shortest timed block (ms), `--min-block-ms`.
 const DEFAULT_MIN_BLOCK_MS: f64 = 100.0;
@@ -63,6 +64,9 @@ const MAX_BLOCK_MS: f64 = 60_000.0;
 
 /// The most `--rounds`: with 100 ms blocks, 4 contenders and 50 rounds a shape takes 20 s.
 const MAX_ROUNDS: usize = 50;
+
+/// How often `--clocks` reads the SM clock.
+const CLOCK_SAMPLE_PERIOD: Duration = Duration::from_millis(5);
 
 /// Rate (TFLOP/s) at which the repetitions for a block of `--min-block-ms` are estimated.
 const NOMINAL_TFLOPS: f64 = 700.0;
@@ -147,6 +151,16 @@ struct Record {
     variant_ms: BTreeMap<String, f64>,
     /// ... and its energy per launch (mJ), when available.
     variant_mj: BTreeMap<String, f64>,
+    /// With `--clocks`: the mean SM clock (MHz) NVML read while each contender's timed
+    /// blocks ran, ours (the rule's pick) ...
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ours_sm_mhz: Option<f64>,
+    /// ... cuBLASLt's ...
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cublas_sm_mhz: Option<f64>,
+    /// ... and every extra configuration's.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    variant_sm_mhz: BTreeMap<String, f64>,
 }
 
 /// The benchmark's shapes: (name, m, n, k).
@@ -257,6 +271,8 @@ struct Measured {
     name: String,
     timing: Timing,
     mj_per_gemm: Option<f64>,
+    /// With `--clocks`: the mean SM clock and board power over its blocks.
+    clock: Option<ClockPower>,
 }
 
 /// Our kernel (chosen configuration first, then each one asked for) and cuBLASLt.
@@ -303,6 +319,9 @@ struct Harness {
     /// Board energy, when NVML is there.
     meter: Option<EnergyMeter>,
     extras: Vec<Extra>,
+    /// `--clocks`: sample the SM clock while each block runs (with the settle, `--settle-ms`,
+    /// left out of a shape's first block).
+    clocks: Option<f64>,
 }
 
 impl Harness {
@@ -454,6 +473,8 @@ fn bench_sets<A: DeviceCopy, O: CublasLtElement + DeviceCopy>(
         .collect();
     // Per contender: (millijoules, launches) of its timed blocks, while NVML answers.
     let mut energy = vec![meter.map(|_| (0u64, 0usize)); contenders];
+    // Per contender: the mean SM clock and power of its blocks so far (`--clocks`).
+    let mut clocks = vec![h.clocks.map(|_| ClockPower::default()); contenders];
     let samples = interleaved(contenders, timing.rounds, |c, round| {
         // Round 0's first block opens the shape (the GPU idled while its inputs were made).
         let warmup = match (round, c) {
@@ -466,6 +487,20 @@ fn bench_sets<A: DeviceCopy, O: CublasLtElement + DeviceCopy>(
             reps: timing.blocks.reps,
         };
         let before = meter.map(EnergyMeter::read_mj);
+        // The settling launches of a shape's first block are enqueued at once: sample after
+        // them (with a margin), as `benches/distgemm --diagnose` does.
+        let sampler = h.clocks.map(|settle_ms| {
+            let skip = if (round, c) == (0, 0) {
+                settle_ms + 30.0
+            } else {
+                0.0
+            };
+            PowerSampler::start(
+                vec![gpu.pci_bus_id().to_owned()],
+                CLOCK_SAMPLE_PERIOD,
+                Duration::from_secs_f64(skip / 1e3),
+            )
+        });
         let t = if c == contenders - 1 {
             time_on_stream(gpu, &stream, round_timing, |rep| {
                 let s = sets.get(rep);
@@ -483,6 +518,13 @@ fn bench_sets<A: DeviceCopy, O: CublasLtElement + DeviceCopy>(
             })?
         };
         let after = meter.map(EnergyMeter::read_mj);
+        if let Some(sampler) = sampler {
+            // A failed sampler (NVML gone) drops the contender's clock, not the timing.
+            clocks[c] = match (clocks[c], sampler.finish()) {
+                (Some(sum), Ok(read)) => read.first().map(|&r| sum.merged(r)),
+                _ => None,
+            };
+        }
         energy[c] = match (energy[c], before, after) {
             (Some((mj, n)), Some(Ok(b)), Some(Ok(a))) => Some((
                 mj + a.saturating_sub(b),
@@ -495,6 +537,7 @@ fn bench_sets<A: DeviceCopy, O: CublasLtElement + DeviceCopy>(
     .into_iter()
     .collect::<Result<Vec<_>, _>>()?;
     let per_gemm = |c: usize| energy[c].map(|(mj, n)| mj as f64 / n.max(1) as f64);
+    let clock = |c: usize| clocks.get(c).copied().flatten();
     let mut measured = samples
         .into_iter()
         .enumerate()
@@ -514,6 +557,7 @@ fn bench_sets<A: DeviceCopy, O: CublasLtElement + DeviceCopy>(
                 name,
                 timing: Timing::from_devices(samples)?,
                 mj_per_gemm: per_gemm(c),
+                clock: clock(c),
             })
         })
         .collect::<Result<Vec<_>, BenchError>>()?;
@@ -555,6 +599,11 @@ struct Args {
     /// what a caller gets who launches with the attribute, as a graph of stages does.
     #[arg(long)]
     pdl: bool,
+    /// Also sample the SM clock (NVML, every 5 ms) while each contender's blocks run and
+    /// report its mean (MHz): whether a contender ran slower than another at the same clock or
+    /// at a lower one (the board's power cap sets the clock under load).
+    #[arg(long)]
+    clocks: bool,
     /// Keep only shapes whose name contains this.
     #[arg(long)]
     filter: Option<String>,
@@ -677,6 +726,7 @@ fn run() -> Result<(), BenchError> {
         kernel,
         meter,
         extras: extra,
+        clocks: args.clocks.then_some(settle_ms),
     };
     let mut records = Vec::new();
     // The markdown report: every line printed as it is measured, and kept for the .md file.
@@ -685,7 +735,7 @@ fn run() -> Result<(), BenchError> {
         println!("{line}");
         report.push(line);
     };
-    emit("| shape | M | N | K | dtype | tile | ours ms | cuBLAS ms | ours TFLOP/s | cuBLAS TFLOP/s | ours/cuBLAS | % of peak (989, e4m3 1979) | weights GB/s ours / cuBLAS | ours mJ | cuBLAS mJ | µs (mJ) per extra configuration |".to_owned());
+    emit("| shape | M | N | K | dtype | tile | ours ms | cuBLAS ms | ours TFLOP/s | cuBLAS TFLOP/s | ours/cuBLAS | % of peak (989, e4m3 1979) | weights GB/s ours / cuBLAS | ours mJ | cuBLAS mJ | µs (mJ) per extra configuration | SM MHz ours / cuBLAS / extras |".to_owned());
     emit(
         "|---|---:|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|".to_owned(),
     );
@@ -755,6 +805,10 @@ fn run() -> Result<(), BenchError> {
                 .iter()
                 .filter_map(|v| Some((v.name.clone(), v.mj_per_gemm?)))
                 .collect();
+            let variant_sm_mhz: BTreeMap<String, f64> = ours[1..]
+                .iter()
+                .filter_map(|v| Some((v.name.clone(), v.clock?.sm_mhz)))
+                .collect();
             // Weights: B, N × K elements of 2 bytes; GB/s = bytes / (ms · 1e6).
             let weight_gbps = |ms: f64| {
                 (m <= WEIGHT_BOUND_MAX_M)
@@ -784,6 +838,9 @@ fn run() -> Result<(), BenchError> {
                 variant_tflops: per_variant,
                 variant_ms,
                 variant_mj,
+                ours_sm_mhz: chosen.clock.map(|c| c.sm_mhz),
+                cublas_sm_mhz: cublas.clock.map(|c| c.sm_mhz),
+                variant_sm_mhz,
             };
             let variants_cell: Vec<String> = r
                 .variant_ms
@@ -797,12 +854,19 @@ fn run() -> Result<(), BenchError> {
                 })
                 .collect();
             let mj = |v: Option<f64>| v.map_or("—".to_owned(), |v| format!("{v:.0}"));
+            let mhz = match (r.ours_sm_mhz, r.cublas_sm_mhz) {
+                (Some(o), Some(c)) => std::iter::once(format!("{o:.0} / {c:.0}"))
+                    .chain(r.variant_sm_mhz.values().map(|v| format!("{v:.0}")))
+                    .collect::<Vec<_>>()
+                    .join(" / "),
+                _ => "—".to_owned(),
+            };
             let weights = match (r.ours_weight_gbps, r.cublas_weight_gbps) {
                 (Some(o), Some(c)) => format!("{o:.0} / {c:.0}"),
                 _ => "—".to_owned(),
             };
             emit(format!(
-                "| {} | {m} | {n} | {k} | {} | {} | {:.4} | {:.4} | {:.0} | {:.0} | {:.3} | {:.1} | {weights} | {} | {} | {} |",
+                "| {} | {m} | {n} | {k} | {} | {} | {:.4} | {:.4} | {:.0} | {:.0} | {:.3} | {:.1} | {weights} | {} | {} | {} | {mhz} |",
                 r.shape,
                 r.dtype,
                 r.tile,
