@@ -43,7 +43,7 @@ use distgemm::gemm::{
 use distgemm::problem::Preset;
 use distgemm::runtime::{CudaStream, DeviceBuffer, DeviceCopy, Gpu, Module};
 use distgemm_benches::distgemm_report::non_negative_ms;
-use distgemm_benches::energy::{ClockPower, EnergyMeter, PowerSampler};
+use distgemm_benches::energy::{ClockPower, EnergyMeter, PowerSampler, power_skip};
 use distgemm_benches::{
     BenchError, DenseOperands, Provenance, ROUNDS, RotatingInputs, RunnerFlags, Timing,
     TimingConfig, gemm_tflops, interleaved, parse_reps, results_dir, time_on_stream,
@@ -487,19 +487,14 @@ fn bench_sets<A: DeviceCopy, O: CublasLtElement + DeviceCopy>(
             reps: timing.blocks.reps,
         };
         let before = meter.map(EnergyMeter::read_mj);
-        // The settling launches of a shape's first block are enqueued at once: sample after
-        // them (with a margin), as `benches/distgemm --diagnose` does.
+        // Only a shape's first block settles (its settling launches enqueued at once).
         let sampler = h.clocks.map(|settle_ms| {
             let skip = if (round, c) == (0, 0) {
-                settle_ms + 30.0
+                power_skip(settle_ms)
             } else {
-                0.0
+                Duration::ZERO
             };
-            PowerSampler::start(
-                vec![gpu.pci_bus_id().to_owned()],
-                CLOCK_SAMPLE_PERIOD,
-                Duration::from_secs_f64(skip / 1e3),
-            )
+            PowerSampler::start(vec![gpu.pci_bus_id().to_owned()], CLOCK_SAMPLE_PERIOD, skip)
         });
         let t = if c == contenders - 1 {
             time_on_stream(gpu, &stream, round_timing, |rep| {
@@ -537,7 +532,6 @@ fn bench_sets<A: DeviceCopy, O: CublasLtElement + DeviceCopy>(
     .into_iter()
     .collect::<Result<Vec<_>, _>>()?;
     let per_gemm = |c: usize| energy[c].map(|(mj, n)| mj as f64 / n.max(1) as f64);
-    let clock = |c: usize| clocks.get(c).copied().flatten();
     let mut measured = samples
         .into_iter()
         .enumerate()
@@ -557,7 +551,7 @@ fn bench_sets<A: DeviceCopy, O: CublasLtElement + DeviceCopy>(
                 name,
                 timing: Timing::from_devices(samples)?,
                 mj_per_gemm: per_gemm(c),
-                clock: clock(c),
+                clock: clocks[c],
             })
         })
         .collect::<Result<Vec<_>, BenchError>>()?;

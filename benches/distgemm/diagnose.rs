@@ -190,12 +190,6 @@ pub(crate) const COPY_CAP: usize = 4096;
 /// How often `--diagnose` samples every GPU's SM clock and board power.
 pub(crate) const POWER_SAMPLE_PERIOD: Duration = Duration::from_millis(10);
 
-/// How long after a block starts `--diagnose` begins sampling: past its settling launches
-/// (`settle_ms` of estimated GPU time, enqueued at once), with a margin.
-pub(crate) fn power_skip(settle_ms: f64) -> Duration {
-    Duration::from_millis(settle_ms as u64 + 30)
-}
-
 /// A diagnostic variant of (c) or (d) (see [`DIAGNOSTICS`]).
 pub(crate) enum Variant {
     /// (c) launched as one CUDA graph per device, with an extra node.

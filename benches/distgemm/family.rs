@@ -3,13 +3,13 @@
 use crate::contenders::{
     Block, Ctx, dist_shards, distgemm_block, err, nccl_block, plan_gemms_block,
 };
-use crate::diagnose::{DIAGNOSTICS, POWER_SAMPLE_PERIOD, SCATTER_DIAGNOSTICS, Variant, power_skip};
+use crate::diagnose::{DIAGNOSTICS, POWER_SAMPLE_PERIOD, SCATTER_DIAGNOSTICS, Variant};
 use distgemm::baseline::NcclElement;
 use distgemm::cuda::{DistGemm, TimingDiagnostics};
 use distgemm::problem::Problem;
 use distgemm::schedule::{Collective, ScheduleKind};
 use distgemm_benches::distgemm_report::{ContenderPower, nccl_kind_of};
-use distgemm_benches::energy::{ClockPower, PowerSampler};
+use distgemm_benches::energy::{ClockPower, PowerSampler, power_skip};
 use distgemm_benches::{MIN_TIMED_REPS, ROUNDS, Timing, TimingConfig, interleaved};
 use std::collections::HashMap;
 

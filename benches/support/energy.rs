@@ -119,6 +119,13 @@ impl EnergyMeter {
 /// `NVML_NVLINK_MAX_LINKS`: the field query asks for links `0..MAX_LINKS`.
 const NVML_NVLINK_MAX_LINKS: usize = 18;
 
+/// How long after a timed block starts a [`PowerSampler`] should begin: past the block's
+/// settling launches (`settle_ms` of estimated GPU time, enqueued at once), with a margin.
+#[must_use]
+pub fn power_skip(settle_ms: f64) -> Duration {
+    Duration::from_millis(settle_ms as u64 + 30)
+}
+
 /// A GPU's mean SM clock and board power over a sampled stretch of time.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct ClockPower {
