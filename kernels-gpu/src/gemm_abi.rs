@@ -82,6 +82,16 @@ pub struct TileConfig {
     /// ([`STAGING_BYTES`] reserved). Without, every tile is stored from registers and the
     /// bytes go to the ring.
     pub staged: bool,
+    /// The *transposed product* of a short tile (decode): each consumer warpgroup computes
+    /// `(B·Aᵀ)ᵀ` for its share, its 64 rows of the stage's B tile as the `wgmma`'s A operand
+    /// (M = 64 weight rows) and the stage's `a_rows` rows of A as its B operand (N = `a_rows`
+    /// tokens). Both tiles are K-major with the 128-byte swizzle either way, so only the two
+    /// descriptors trade places; the accumulator is `64 × a_rows` (transposed against D) and
+    /// is stored from registers. A k16 step then costs the tensor cores `a_rows` columns
+    /// instead of the share's width: the short tile's `wgmma`s no longer compute 64 rows of A
+    /// of which at most `a_rows` exist. Only with [`ConsumerSplit::Columns`], one slab,
+    /// unstaged.
+    pub swap_ab: bool,
 }
 
 impl TileConfig {
@@ -237,7 +247,8 @@ impl TileConfig {
     /// Whether the configuration is one the kernel implements, fits, and keeps every tile
     /// 1024-byte aligned: 128-row tiles split by rows (N of 128, 160, 224 or 256), or split by
     /// columns 192×192 tiles (three `m64n96k16` slabs per warpgroup), 64×128 tiles (one
-    /// `m64n64k16` slab per warpgroup) and 64×64 tiles (one `m64n32k16` slab per warpgroup).
+    /// `m64n64k16` slab per warpgroup) and 64×64 tiles (one `m64n32k16` slab per warpgroup);
+    /// the transposed product ([`TileConfig::swap_ab`]) only on 16-row short tiles.
     pub const fn is_valid(&self) -> bool {
         let shape = match self.split {
             ConsumerSplit::Rows => {
@@ -258,8 +269,16 @@ impl TileConfig {
                 && self.a_rows > 0
                 && self.a_rows < SLAB_M
                 && self.a_rows.is_multiple_of(8));
+        // The transposed product: one 64-row slab of B rows per warpgroup times the short
+        // tile's 16 rows of A (`m64n16`), stored from registers.
+        let swapped = !self.swap_ab
+            || (matches!(self.split, ConsumerSplit::Columns)
+                && self.block_m == SLAB_M
+                && self.a_rows == 16
+                && !self.staged);
         shape
             && rows
+            && swapped
             && self.smem_bytes() <= MAX_SMEM_BYTES
             && self.a_tile_bytes().is_multiple_of(1024)
             && self.b_tile_bytes().is_multiple_of(1024)
@@ -280,6 +299,7 @@ pub const TILE_128X256: TileConfig = TileConfig {
     split_k: false,
     a_rows: 128,
     staged: true,
+    swap_ab: false,
 };
 /// 128×256 tiles in 2-block clusters sharing B through TMA multicast.
 pub const TILE_128X256_CLUSTER2: TileConfig = TileConfig {
@@ -299,6 +319,7 @@ pub const TILE_192X192: TileConfig = TileConfig {
     split_k: false,
     a_rows: 192,
     staged: true,
+    swap_ab: false,
 };
 /// 128×224 tiles, 4 stages: for widths that 224 divides into a tile count just under whole
 /// waves where 256 leaves a badly filled last wave (7168 = 32 · 224: 512 tiles of a 2048-row
@@ -371,6 +392,7 @@ pub const TILE_64X128: TileConfig = TileConfig {
     split_k: false,
     a_rows: 64,
     staged: true,
+    swap_ab: false,
 };
 /// 64×128 tiles with split-K: decode shapes whose 64-row tiles are still fewer than the SMs
 /// (few, wide-K weight matrices: a QKV projection at high TP), where only splitting K puts
@@ -411,6 +433,21 @@ pub const TILE_16X64: TileConfig = TileConfig {
     block_n: 64,
     stages: 22,
     ..TILE_16X128
+};
+
+/// [`TILE_16X128`] with the transposed product ([`TileConfig::swap_ab`]): per k16 step each
+/// consumer warpgroup issues one `m64n16k16` (its 64 weight rows by the 16 token rows)
+/// instead of `m64n64k16` (64 A rows, of which at most 16 exist, by its 64 weight rows): a
+/// quarter of the tensor work per byte of B. Same ring, boxes and grid as `16x128`.
+pub const TILE_16X128_SWAPPED: TileConfig = TileConfig {
+    swap_ab: true,
+    ..TILE_16X128
+};
+/// [`TILE_16X128_SWAPPED`] with split-K: for decode shapes whose 128-wide tiles leave SMs
+/// idle (a few thousand weight rows).
+pub const TILE_16X128_SWAPPED_SPLITK: TileConfig = TileConfig {
+    split_k: true,
+    ..TILE_16X128_SWAPPED
 };
 
 /// The largest [`TileConfig::sum_group`] (the kernel unrolls its group loop to this bound).
@@ -460,6 +497,8 @@ macro_rules! gemm_variants {
             "64x128s" => gemm_bf16_64x128s, gemm_f16_64x128s, TILE_64X128_SPLITK, Tile64x128S, e4m3 gemm_e4m3_64x128s;
             "16x128s" => gemm_bf16_16x128s, gemm_f16_16x128s, TILE_16X128_SPLITK, Tile16x128S, e4m3 gemm_e4m3_16x128s;
             "128x128p" => gemm_bf16_128x128p, gemm_f16_128x128p, TILE_128X128_PINGPONG, Tile128x128P, e4m3 gemm_e4m3_128x128p;
+            "16x128t" => gemm_bf16_16x128t, gemm_f16_16x128t, TILE_16X128_SWAPPED, Tile16x128T, e4m3 gemm_e4m3_16x128t;
+            "16x128ts" => gemm_bf16_16x128ts, gemm_f16_16x128ts, TILE_16X128_SWAPPED_SPLITK, Tile16x128TS, e4m3 gemm_e4m3_16x128ts;
         }
     };
 }

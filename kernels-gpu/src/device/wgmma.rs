@@ -108,6 +108,10 @@ macro_rules! register_fence {
     };
 }
 
+seq!(I in 1..8 {
+    mma_ss!(mma_m64n16k16_f32_bf16, "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16", "1, 1, 0, 0", 8, 0 #(I)*);
+    mma_ss!(mma_m64n16k16_f32_f16, "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16", "1, 1, 0, 0", 8, 0 #(I)*);
+});
 seq!(I in 1..16 {
     mma_ss!(mma_m64n32k16_f32_bf16, "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16", "1, 1, 0, 0", 16, 0 #(I)*);
     mma_ss!(mma_m64n32k16_f32_f16, "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16", "1, 1, 0, 0", 16, 0 #(I)*);
@@ -139,6 +143,9 @@ seq!(I in 1..128 {
 // e4m3 × e4m3 → f32, `k32`: 32 one-byte elements per row step, the same 32 bytes as a
 // 16-bit `k16` step, so the shared-memory tiles and descriptor walk are those of the 16-bit
 // kernels (a 128-byte swizzled row holds 128 e4m3 elements).
+seq!(I in 1..8 {
+    mma_ss!(mma_m64n16k32_f32_e4m3, "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3", "1, 1", 8, 0 #(I)*);
+});
 seq!(I in 1..16 {
     mma_ss!(mma_m64n32k32_f32_e4m3, "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3", "1, 1", 16, 0 #(I)*);
 });
@@ -160,6 +167,7 @@ seq!(I in 1..112 {
 seq!(I in 1..128 {
     mma_ss!(mma_m64n256k32_f32_e4m3, "wgmma.mma_async.sync.aligned.m64n256k32.f32.e4m3.e4m3", "1, 1", 128, 0 #(I)*);
 });
+seq!(I in 0..8 { register_fence!(fence_operands_8, 8, #(I)*); });
 seq!(I in 0..16 { register_fence!(fence_operands_16, 16, #(I)*); });
 seq!(I in 0..32 { register_fence!(fence_operands_32, 32, #(I)*); });
 seq!(I in 0..48 { register_fence!(fence_operands_48, 48, #(I)*); });
@@ -173,6 +181,11 @@ seq!(I in 0..128 { register_fence!(fence_operands_128, 128, #(I)*); });
 pub trait InputType {
     /// e4m3 inputs: the epilogue applies row-wise scales when the parameters give them.
     const FP8: bool = false;
+    /// `m64n16k16`: 8 accumulators per thread.
+    ///
+    /// # Safety
+    /// The contract of the `mma_m64n16k16` (e4m3: `k32`) function it lowers to.
+    unsafe fn mma_n16(acc: &mut [f32; 8], desc_a: u64, desc_b: u64, scale_d: u32);
     /// `m64n32k16`: 16 accumulators per thread.
     ///
     /// # Safety
@@ -221,6 +234,10 @@ pub struct F16;
 
 impl InputType for Bf16 {
     #[inline(always)]
+    unsafe fn mma_n16(acc: &mut [f32; 8], a: u64, b: u64, s: u32) {
+        unsafe { mma_m64n16k16_f32_bf16(acc, a, b, s) }
+    }
+    #[inline(always)]
     unsafe fn mma_n32(acc: &mut [f32; 16], a: u64, b: u64, s: u32) {
         unsafe { mma_m64n32k16_f32_bf16(acc, a, b, s) }
     }
@@ -266,6 +283,10 @@ impl InputType for Bf16 {
 }
 
 impl InputType for F16 {
+    #[inline(always)]
+    unsafe fn mma_n16(acc: &mut [f32; 8], a: u64, b: u64, s: u32) {
+        unsafe { mma_m64n16k16_f32_f16(acc, a, b, s) }
+    }
     #[inline(always)]
     unsafe fn mma_n32(acc: &mut [f32; 16], a: u64, b: u64, s: u32) {
         unsafe { mma_m64n32k16_f32_f16(acc, a, b, s) }
@@ -327,6 +348,10 @@ pub struct E4m3<O>(core::marker::PhantomData<O>);
 
 impl<O: InputType> InputType for E4m3<O> {
     const FP8: bool = true;
+    #[inline(always)]
+    unsafe fn mma_n16(acc: &mut [f32; 8], a: u64, b: u64, s: u32) {
+        unsafe { mma_m64n16k32_f32_e4m3(acc, a, b, s) }
+    }
     #[inline(always)]
     unsafe fn mma_n32(acc: &mut [f32; 16], a: u64, b: u64, s: u32) {
         unsafe { mma_m64n32k32_f32_e4m3(acc, a, b, s) }

@@ -48,7 +48,7 @@ use crate::device::wgmma::{self, Bf16, E4m3, F16, InputType};
 use crate::device::{cluster, cp_async, fence, gdc, grid, index, regs, smem, stmatrix, sync, tma};
 use crate::gemm_abi::*;
 use crate::layout::stream_k::{self, StreamK};
-use crate::layout::{descriptor, raster, swizzle};
+use crate::layout::{descriptor, fragment, raster, swizzle};
 use seq_macro::seq;
 
 /// Consumer warps of a block: each arrives once on a slot's `empty` barrier per block of the
@@ -481,6 +481,114 @@ config!(
         mma: mma_n32,
         fence: fence_operands_16,
     }
+);
+
+/// Implements [`Config`] for each transposed-product configuration listed
+/// ([`TileConfig::swap_ab`]): a consumer warpgroup's accumulator is one 64 × 16 `wgmma`
+/// fragment of the share's product with its rows and columns traded — fragment row `i` is
+/// the share's column (weight row) `i`, fragment column `j` its row (token) `j`
+/// ([`fragment::accumulator_element`]); 8 registers a thread. Stored from registers one
+/// element at a time (the decode output is a few rows; its bytes are nothing beside the
+/// weights').
+macro_rules! swapped_config {
+    ($($name:ident: $tile:ident),+) => {$(
+        struct $name;
+        const _: () = {
+            let t = $tile;
+            assert!(t.swap_ab && t.a_rows == 16 && t.wg_cols() == SLAB_M && !t.staged);
+        };
+        impl Config for $name {
+            const TILE: TileConfig = $tile;
+            type Acc = [f32; 8];
+            #[inline(always)]
+            fn new_acc() -> Self::Acc {
+                [0.0; 8]
+            }
+            #[inline(always)]
+            fn fence(acc: &mut Self::Acc) {
+                wgmma::fence_operands_8(acc);
+            }
+            /// The share's 64 B rows are the instruction's A operand (its M), the stage's 16
+            /// A rows its B operand (its N): the descriptors trade places.
+            #[inline(always)]
+            unsafe fn mma<T: InputType>(acc: &mut Self::Acc, desc_a: u64, desc_b: u64, scale_d: u32) {
+                unsafe { T::mma_n16(acc, desc_b, desc_a, scale_d) };
+            }
+            #[inline(always)]
+            unsafe fn epilogue<T: InputType>(p: &GemmParams, acc: &Self::Acc, row: u32, col: u32) {
+                let t = index::thread_in_warpgroup();
+                seq!(R in 0..8 {
+                    let (weight, token) = fragment::accumulator_element(t, R);
+                    unsafe { store_one::<T>(p, row + token, col + weight, acc[R]) };
+                });
+            }
+            /// Register `r` is float `r·128 + t` of the slot, as in the other configurations;
+            /// registers of tokens at or past `m` are skipped.
+            #[inline(always)]
+            unsafe fn store_partial(acc: &Self::Acc, slot: *mut f32, row: u32, m: u32) {
+                let t = index::thread_in_warpgroup();
+                seq!(R in 0..8 {
+                    if row + fragment::accumulator_element(t, R).1 < m {
+                        unsafe { grid::store_f32(slot.add((R * 128 + t) as usize), acc[R]) };
+                    }
+                });
+            }
+            /// Four splits' loads at a time ([`MAX_SUM_GROUP`]: 32 registers beside the 8
+            /// accumulators), added in split order.
+            #[inline(always)]
+            unsafe fn sum_partials(
+                acc: &mut Self::Acc,
+                first: *const f32,
+                stride: usize,
+                splits: u32,
+                row: u32,
+                m: u32,
+            ) {
+                let t = index::thread_in_warpgroup();
+                let keep = |r: u32| row + fragment::accumulator_element(t, r).1 < m;
+                for j0 in (0..splits).step_by(MAX_SUM_GROUP as usize) {
+                    let mut v = [[0.0f32; 8]; 4];
+                    seq!(G in 0..4 {
+                        if j0 + G < splits {
+                            let slot = unsafe { first.add((j0 + G) as usize * stride) };
+                            seq!(R in 0..8 {
+                                if keep(R) {
+                                    v[G][R] = unsafe { grid::load_f32_cg(slot.add((R * 128 + t) as usize)) };
+                                }
+                            });
+                        }
+                    });
+                    seq!(G in 0..4 {
+                        if j0 + G < splits {
+                            seq!(R in 0..8 {
+                                if keep(R) {
+                                    add_split(&mut acc[R], v[G][R], j0 + G == 0);
+                                }
+                            });
+                        }
+                    });
+                }
+            }
+            /// Never staged (checked above): the register epilogue.
+            #[inline(always)]
+            unsafe fn epilogue_staged<T: InputType>(
+                p: &GemmParams,
+                acc: &Self::Acc,
+                _ring: Ring,
+                _half: u32,
+                row: u32,
+                col: u32,
+                _chunks_before: u32,
+            ) {
+                unsafe { Self::epilogue::<T>(p, acc, row, col) };
+            }
+        }
+    )+};
+}
+
+swapped_config!(
+    Tile16x128T: TILE_16X128_SWAPPED,
+    Tile16x128TS: TILE_16X128_SWAPPED_SPLITK
 );
 
 /// Shared-memory addresses of the ring.
@@ -1081,7 +1189,11 @@ unsafe fn scale_b(p: &GemmParams, col: u32) -> f32 {
 /// Stores one pair of horizontally adjacent outputs `(row, col)`, `(row, col + 1)`.
 #[inline(always)]
 unsafe fn store_pair<T: InputType>(p: &GemmParams, row: u32, col: u32, x0: f32, x1: f32) {
-    if row >= p.m || col >= p.n {
+    if col + 1 >= p.n {
+        // The last column of an odd N (or none at all).
+        return unsafe { store_one::<T>(p, row, col, x0) };
+    }
+    if row >= p.m {
         return;
     }
     let mut v0 = p.alpha * x0;
@@ -1090,24 +1202,33 @@ unsafe fn store_pair<T: InputType>(p: &GemmParams, row: u32, col: u32, x0: f32, 
         v0 *= unsafe { row_scale(p, row, col) };
         v1 *= unsafe { row_scale(p, row, col + 1) };
     }
-    let d = p.d as *mut u16;
     let at_d = (row as usize) * (p.ldd as usize) + col as usize;
-    if col + 1 < p.n {
-        if p.beta != 0.0 {
-            let at_c = (row as usize) * (p.ldc as usize) + col as usize;
-            let (c0, c1) = T::unpack2(unsafe { *((p.c as *const u16).add(at_c) as *const u32) });
-            v0 += p.beta * c0;
-            v1 += p.beta * c1;
-        }
-        unsafe { *(d.add(at_d) as *mut u32) = T::pack2(v0, v1) };
-    } else {
-        // Last column of an odd N: a single element.
-        if p.beta != 0.0 {
-            let at_c = (row as usize) * (p.ldc as usize) + col as usize;
-            v0 += p.beta * T::unpack2(unsafe { *(p.c as *const u16).add(at_c) } as u32).0;
-        }
-        unsafe { *d.add(at_d) = T::pack2(v0, 0.0) as u16 };
+    if p.beta != 0.0 {
+        let at_c = (row as usize) * (p.ldc as usize) + col as usize;
+        let (c0, c1) = T::unpack2(unsafe { *((p.c as *const u16).add(at_c) as *const u32) });
+        v0 += p.beta * c0;
+        v1 += p.beta * c1;
     }
+    unsafe { *((p.d as *mut u16).add(at_d) as *mut u32) = T::pack2(v0, v1) };
+}
+
+/// Stores one output `(row, col)`: `alpha·x` (row-wise FP8: times the row's and column's
+/// scales) plus `beta·C`; nothing outside the M × N output.
+#[inline(always)]
+unsafe fn store_one<T: InputType>(p: &GemmParams, row: u32, col: u32, x: f32) {
+    if row >= p.m || col >= p.n {
+        return;
+    }
+    let mut v = p.alpha * x;
+    if T::FP8 && p.row_scales.a != 0 {
+        v *= unsafe { row_scale(p, row, col) };
+    }
+    if p.beta != 0.0 {
+        let at_c = (row as usize) * (p.ldc as usize) + col as usize;
+        v += p.beta * T::unpack2(unsafe { *(p.c as *const u16).add(at_c) } as u32).0;
+    }
+    let at_d = (row as usize) * (p.ldd as usize) + col as usize;
+    unsafe { *(p.d as *mut u16).add(at_d) = T::pack2(v, 0.0) as u16 };
 }
 
 /// The stage's entry into the distributed run, before it touches global memory: unless the

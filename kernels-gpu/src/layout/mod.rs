@@ -2,6 +2,7 @@
 //!
 //! Nothing here touches hardware, so every function has host unit tests.
 pub mod descriptor;
+pub mod fragment;
 pub mod raster;
 pub mod stream_k;
 pub mod swizzle;
