@@ -713,7 +713,10 @@ mod tests {
                     let [tensor, row] = ScaleMode::ALL.map(fp8);
                     for pick in [choose_variant(m, n, k, 132), tensor, row] {
                         let name = pick.name;
-                        assert!(!["16x128s", "16x128t", "16x128ts"].contains(&name), "{m}x{n}x{k}");
+                        assert!(
+                            !["16x128s", "16x128t", "16x128ts"].contains(&name),
+                            "{m}x{n}x{k}"
+                        );
                         let other = if m <= 16 { "64x128" } else { "16x128" };
                         assert_ne!(name, other, "{m}x{n}x{k}");
                     }
