@@ -38,6 +38,11 @@ pub enum ConsumerSplit {
     /// barrier each), so one warpgroup's epilogue runs while the other's `wgmma`s keep the
     /// tensor cores busy. A ring slot serves one warpgroup (four warps release it).
     Tiles,
+    /// One consumer warpgroup owns the whole tile (`block_m / 64` slabs of `block_n`
+    /// columns); the other has nothing to do. For the transposed-product decode tile 64
+    /// weight rows wide ([`TileConfig::swap_ab`]), whose tensor work is too small to share:
+    /// one `m64n16` per k16 step. Four warps release each slot.
+    Single,
 }
 
 /// A tile configuration of the GEMM kernel. Each one is compiled into its own pair of entry
@@ -99,13 +104,13 @@ impl TileConfig {
     pub const fn wg_rows(&self) -> u32 {
         match self.split {
             ConsumerSplit::Rows => self.block_m / 2,
-            ConsumerSplit::Columns | ConsumerSplit::Tiles => self.block_m,
+            ConsumerSplit::Columns | ConsumerSplit::Tiles | ConsumerSplit::Single => self.block_m,
         }
     }
     /// Columns of the tile one consumer warpgroup computes: the N of its `wgmma`s.
     pub const fn wg_cols(&self) -> u32 {
         match self.split {
-            ConsumerSplit::Rows | ConsumerSplit::Tiles => self.block_n,
+            ConsumerSplit::Rows | ConsumerSplit::Tiles | ConsumerSplit::Single => self.block_n,
             ConsumerSplit::Columns => self.block_n / 2,
         }
     }
@@ -135,7 +140,7 @@ impl TileConfig {
         match self.split {
             ConsumerSplit::Rows => (half * self.wg_rows(), 0),
             ConsumerSplit::Columns => (0, half * self.wg_cols()),
-            ConsumerSplit::Tiles => (0, 0),
+            ConsumerSplit::Tiles | ConsumerSplit::Single => (0, 0),
         }
     }
     /// Bytes of one stage's A tile.
@@ -163,15 +168,16 @@ impl TileConfig {
     pub const fn abort_flag_offset(&self) -> u32 {
         let order = match self.split {
             ConsumerSplit::Tiles => 2,
-            ConsumerSplit::Rows | ConsumerSplit::Columns => 0,
+            ConsumerSplit::Rows | ConsumerSplit::Columns | ConsumerSplit::Single => 0,
         };
         self.barrier_offset() + (2 * self.stages + 4 + order) * 8
     }
     /// Consumer warps that use, and release, each ring slot: all eight, or with ping-pong
-    /// ([`ConsumerSplit::Tiles`]) the four of the warpgroup whose tile the slot holds.
+    /// ([`ConsumerSplit::Tiles`]) the four of the warpgroup whose tile the slot holds, or the
+    /// four of the only one ([`ConsumerSplit::Single`]).
     pub const fn warps_per_slot(&self) -> u32 {
         match self.split {
-            ConsumerSplit::Tiles => 4,
+            ConsumerSplit::Tiles | ConsumerSplit::Single => 4,
             ConsumerSplit::Rows | ConsumerSplit::Columns => 8,
         }
     }
@@ -262,6 +268,10 @@ impl TileConfig {
             ConsumerSplit::Tiles => {
                 self.block_m == 128 && self.block_n == 128 && !self.split_k && self.cluster_m == 1
             }
+            // One warpgroup's `m64n16` a k16 step: only the transposed product, 64 wide.
+            ConsumerSplit::Single => {
+                self.block_m == SLAB_M && self.block_n == 64 && self.swap_ab && self.cluster_m == 1
+            }
         };
         // A short tile: one 64-row slab whose A rows are whole 8-row swizzle atoms.
         let rows = self.a_rows == self.block_m
@@ -272,7 +282,7 @@ impl TileConfig {
         // The transposed product: one 64-row slab of B rows per warpgroup times the short
         // tile's 16 rows of A (`m64n16`), stored from registers.
         let swapped = !self.swap_ab
-            || (matches!(self.split, ConsumerSplit::Columns)
+            || (matches!(self.split, ConsumerSplit::Columns | ConsumerSplit::Single)
                 && self.block_m == SLAB_M
                 && self.a_rows == 16
                 && !self.staged);
@@ -450,6 +460,15 @@ pub const TILE_16X128_SWAPPED_SPLITK: TileConfig = TileConfig {
     ..TILE_16X128_SWAPPED
 };
 
+/// [`TILE_16X64`] with the transposed product ([`TileConfig::swap_ab`]) computed by one
+/// consumer warpgroup ([`ConsumerSplit::Single`]): one `m64n16k16` per k16 step for the
+/// tile's 64 weight rows. Same ring (22 stages), boxes and grid as `16x64`.
+pub const TILE_16X64_SWAPPED: TileConfig = TileConfig {
+    split: ConsumerSplit::Single,
+    swap_ab: true,
+    ..TILE_16X64
+};
+
 /// The largest [`TileConfig::sum_group`] (the kernel unrolls its group loop to this bound).
 pub const MAX_SUM_GROUP: u32 = 4;
 
@@ -499,6 +518,7 @@ macro_rules! gemm_variants {
             "128x128p" => gemm_bf16_128x128p, gemm_f16_128x128p, TILE_128X128_PINGPONG, Tile128x128P, e4m3 gemm_e4m3_128x128p;
             "16x128t" => gemm_bf16_16x128t, gemm_f16_16x128t, TILE_16X128_SWAPPED, Tile16x128T, e4m3 gemm_e4m3_16x128t;
             "16x128ts" => gemm_bf16_16x128ts, gemm_f16_16x128ts, TILE_16X128_SWAPPED_SPLITK, Tile16x128TS, e4m3 gemm_e4m3_16x128ts;
+            "16x64t" => gemm_bf16_16x64t, gemm_f16_16x64t, TILE_16X64_SWAPPED, Tile16x64T, e4m3 gemm_e4m3_16x64t;
         }
     };
 }
@@ -719,10 +739,9 @@ mod tests {
             let t = v.config;
             // Two warpgroups, each `slabs` slabs of 64 × wg_cols, side by side or stacked; or,
             // ping-pong, each the whole tile (of alternate tiles).
-            let shares = if t.split == ConsumerSplit::Tiles {
-                1
-            } else {
-                2
+            let shares = match t.split {
+                ConsumerSplit::Tiles | ConsumerSplit::Single => 1,
+                ConsumerSplit::Rows | ConsumerSplit::Columns => 2,
             };
             assert_eq!(
                 shares * t.slabs() * SLAB_M * t.wg_cols(),

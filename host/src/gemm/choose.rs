@@ -68,11 +68,11 @@ fn cost_per_element(variant: &GemmVariant) -> f64 {
         // against 71.7 (and, once the split's decode hand-off was priced,
         // `SPLIT_DECODE_K_BLOCKS`, 8B o-proj and 70B QKV).
         //
-        // `16x128t`, `16x128` with the transposed product (a quarter of its tensor work per
-        // byte of B), is costed as `16x128` and listed after every other configuration, so
-        // the rule never picks it (nor its split form `16x128ts`): it runs by name until
-        // measured (kernels-gpu/NOTES.md step 51).
-        "64x128" | "16x128" | "16x64" | "16x128t" => 1.4,
+        // `16x128t` and `16x64t`, `16x128` and `16x64` with the transposed product (a
+        // quarter of their tensor work per byte of B), are costed as those and listed after
+        // every other configuration, so the rule never picks them (nor the split `16x128ts`):
+        // they run by name until measured (kernels-gpu/NOTES.md step 51).
+        "64x128" | "16x128" | "16x64" | "16x128t" | "16x64t" => 1.4,
         // Ping-pong 128×128 (one warpgroup per tile, its epilogue hidden; FP8 only, see
         // `choose_variant`): per output element of its main loop, 1.07–1.08 of 128×256's in
         // e4m3 (the FP8 set's full-wave shapes) and 1.06–1.10 in bf16 (five prefill rows of
@@ -141,7 +141,9 @@ fn cost_with_epilogue(
         let waves = tiles.div_ceil(slots) as f64;
         return match c.split {
             ConsumerSplit::Tiles => waves * main_loop + epilogue,
-            ConsumerSplit::Rows | ConsumerSplit::Columns => waves * (main_loop + epilogue),
+            ConsumerSplit::Rows | ConsumerSplit::Columns | ConsumerSplit::Single => {
+                waves * (main_loop + epilogue)
+            }
         };
     }
     let grid = split_grid(variant, m, n, k, sm_count)
@@ -418,7 +420,7 @@ pub fn split_grid(variant: &GemmVariant, m: u64, n: u64, k: u64, sm_count: u32) 
 /// The configuration named `name` (`128x256`, `128x256c2`, `192x192`, `128x224`, `128x160`,
 /// `128x128`, `128x128c2`, `64x128`, `16x128` and `16x64` (at most 16 rows), the split-K
 /// `128x256s`, `128x128s`, `128x160s`, `64x128s`, `16x128s`, the ping-pong `128x128p`, and
-/// the transposed-product decode tiles `16x128t` and `16x128ts`, at most 16 rows).
+/// the transposed-product decode tiles `16x128t`, `16x128ts` and `16x64t`, at most 16 rows).
 #[must_use]
 pub fn variant_named(name: &str) -> Option<&'static GemmVariant> {
     VARIANTS.iter().find(|v| v.name == name)
@@ -714,7 +716,7 @@ mod tests {
                     for pick in [choose_variant(m, n, k, 132), tensor, row] {
                         let name = pick.name;
                         assert!(
-                            !["16x128s", "16x128t", "16x128ts"].contains(&name),
+                            !["16x128s", "16x128t", "16x128ts", "16x64t"].contains(&name),
                             "{m}x{n}x{k}"
                         );
                         let other = if m <= 16 { "64x128" } else { "16x128" };

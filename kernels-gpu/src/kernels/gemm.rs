@@ -588,7 +588,8 @@ macro_rules! swapped_config {
 
 swapped_config!(
     Tile16x128T: TILE_16X128_SWAPPED,
-    Tile16x128TS: TILE_16X128_SWAPPED_SPLITK
+    Tile16x128TS: TILE_16X128_SWAPPED_SPLITK,
+    Tile16x64T: TILE_16X64_SWAPPED
 );
 
 /// Shared-memory addresses of the ring.
@@ -872,6 +873,10 @@ unsafe fn load_c_chunk(p: &GemmParams, ring: Ring, half: u32, g: u32, row: u32, 
 /// unit) of this block.
 #[inline(always)]
 unsafe fn consume<T: InputType, C: Config>(p: &GemmParams, ring: Ring, tiles: Tiles, half: u32) {
+    if C::TILE.split == ConsumerSplit::Single && half == 1 {
+        // The other warpgroup computes every tile.
+        return;
+    }
     // (A configuration without staging buffers never stages: the host passes no D map.)
     let staged = C::TILE.staged && p.map_d != 0 && (p.beta == 0.0 || p.map_c != 0);
     // Chunks this warpgroup has staged so far (which buffer is next, and its use count).
