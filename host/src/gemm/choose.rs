@@ -67,12 +67,14 @@ fn cost_per_element(variant: &GemmVariant) -> f64 {
         // 8B QKV 20.1 against `64x128s`' 24.9 µs, 70B o-proj 24.3 against 27.5, 70B fc2 63.3
         // against 71.7 (and, once the split's decode hand-off was priced,
         // `SPLIT_DECODE_K_BLOCKS`, 8B o-proj and 70B QKV).
-        //
+        "64x128" | "16x128" | "16x64" => 1.4,
         // `16x128t` and `16x64t`, `16x128` and `16x64` with the transposed product (a
-        // quarter of their tensor work per byte of B), are costed as those and listed after
-        // every other configuration, so the rule never picks them (nor the split `16x128ts`):
-        // they run by name until measured (kernels-gpu/NOTES.md step 51).
-        "64x128" | "16x128" | "16x64" | "16x128t" | "16x64t" => 1.4,
+        // quarter of their tensor work per byte of B): measured 1–10 % faster than those at
+        // 1 and 16 tokens on every decode shape of the grid, and the split `16x128ts` 2–7 %
+        // faster than `64x128s` (gemm-grid-2026-12-02-90ee5a3-m1; kernels-gpu/NOTES.md step
+        // 51). Costed 3 % below them, so at most 16 rows the rule takes the transposed form
+        // wherever it would take the plain one.
+        "16x128t" | "16x64t" => 1.4 * 0.97,
         // Ping-pong 128×128 (one warpgroup per tile, its epilogue hidden; FP8 only, see
         // `choose_variant`): per output element of its main loop, 1.07–1.08 of 128×256's in
         // e4m3 (the FP8 set's full-wave shapes) and 1.06–1.10 in bf16 (five prefill rows of
@@ -544,8 +546,10 @@ mod tests {
         // (4096 × 14336) at 16: 32 tiles. A split costs 1/s of the main loop plus its
         // hand-off (4 k-blocks per round trip of the sum, which 64×128 does for 4 splits at
         // once, and 6 per split and 64 rows of partials).
+        // At most 16 rows the split is the 16-row transposed tile's (`16x128ts`).
         for (m, n, k) in [(1, 2304, 16384), (128, 2304, 16384), (16, 4096, 14336)] {
-            assert_eq!(choose_variant(m, n, k, 132).name, "64x128s", "{m}x{n}x{k}");
+            let split = if m <= 16 { "16x128ts" } else { "64x128s" };
+            assert_eq!(choose_variant(m, n, k, 132).name, split, "{m}x{n}x{k}");
         }
         // 128 rows: 70B QKV at TP 2 runs 80 tiles of 64×128 unsplit (one wave: 11 469) rather
         // than 40 of 128×128 split 3 ways (hand-off 3 · 4 + 6 · 3 · 2 = 48 k-blocks:
@@ -611,24 +615,30 @@ mod tests {
 
     #[test]
     fn decode_rows_run_what_measured_fastest() {
-        // At 1 and 16 tokens the rule's choice among `16x128`, `16x64` and `64x128s` is the one
-        // measured fastest in bf16 in the same rounds (gemm-grid-2026-12-01-16a62a3-m1; µs at
-        // one token): unsplit `16x64` where N gives about one wave of 64-wide tiles (8B QKV 19.5,
-        // 8B o-proj 17.7 against `64x128s` 19.2, 70B QKV 29.4 against 31.2, 70B o-proj and
-        // fc2); unsplit `16x128` in two waves (8B fc1 62.9, 70B fc1 117.4 against stream-K's
-        // 122.9, 405B fc2); the split where the unsplit tiles leave most SMs idle or run a
-        // long K on few blocks (8B fc2 38.6 against 45.8, 405B QKV 29.9 against 51.1).
+        // At 1 and 16 tokens the rule's choice among `16x128`, `16x64` and `64x128s` was the
+        // one measured fastest in bf16 in the same rounds (gemm-grid-2026-12-01-16a62a3-m1; µs
+        // at one token): unsplit `16x64` where N gives about one wave of 64-wide tiles (8B QKV
+        // 19.5, 8B o-proj 17.7 against `64x128s` 19.2, 70B QKV 29.4 against 31.2, 70B o-proj
+        // and fc2); unsplit `16x128` in two waves (8B fc1 62.9, 70B fc1 117.4 against
+        // stream-K's 122.9, 405B fc2); the split where the unsplit tiles leave most SMs idle or
+        // run a long K on few blocks (8B fc2 38.6 against 45.8, 405B QKV 29.9 against 51.1).
+        // Each now runs in its transposed form, measured faster in the same rounds
+        // (gemm-grid-2026-12-02-90ee5a3-m1, one token): `16x64t` 70B QKV 26.4 against 28.8,
+        // 70B o-proj 22.9 against 23.8, 70B fc2 61.6 against 62.7; `16x128t` 70B fc1 116.3
+        // against 117.7, 405B fc2 55.9 against 57.1, 405B o-proj 21.9 against 23.0;
+        // `16x128ts` 8B fc2 36.3 against `64x128s`' 38.9, 405B QKV 28.4 against 29.8.
         let cases = [
-            (6144, 4096, "16x64"),
-            (4096, 4096, "16x64"),
-            (5120, 8192, "16x64"),
-            (8192, 4096, "16x64"),
-            (8192, 14336, "16x64"),
-            (28672, 4096, "16x128"),
-            (28672, 8192, "16x128"),
-            (16384, 6656, "16x128"),
-            (4096, 14336, "64x128s"),
-            (2304, 16384, "64x128s"),
+            (6144, 4096, "16x64t"),
+            (4096, 4096, "16x64t"),
+            (5120, 8192, "16x64t"),
+            (8192, 4096, "16x64t"),
+            (8192, 14336, "16x64t"),
+            (28672, 4096, "16x128t"),
+            (28672, 8192, "16x128t"),
+            (16384, 6656, "16x128t"),
+            (16384, 2048, "16x128t"),
+            (4096, 14336, "16x128ts"),
+            (2304, 16384, "16x128ts"),
         ];
         for m in [1, 16] {
             for (n, k, name) in cases {
@@ -655,7 +665,7 @@ mod tests {
         );
         assert_eq!(
             choose_fp8_variant(1, 2304, 8192, 132, ScaleMode::Tensorwise).name,
-            "64x128s"
+            "16x128ts"
         );
     }
 
@@ -704,10 +714,10 @@ mod tests {
     }
 
     #[test]
-    fn the_16_row_tile_takes_the_unsplit_64_row_tiles_problems_of_at_most_16_rows() {
-        // At most 16 rows, wherever the rule would run `64x128` unsplit it runs `16x128`;
-        // split decode shapes keep `64x128s` (`16x128s` only by name); never a short tile on
-        // more rows than it serves.
+    fn the_16_row_tiles_take_the_64_row_tiles_problems_of_at_most_16_rows() {
+        // At most 16 rows, wherever the rule would run a 64-row tile it runs a 16-row one in
+        // its transposed form (`16x128t`, `16x64t`, split `16x128ts`: never `16x128`, `16x64`
+        // or `16x128s`, which run by name); never a short tile on more rows than it serves.
         for n in [1001, 2304, 4096, 8192, 28672] {
             for k in [512, 4096, 16384] {
                 for m in [1, 7, 16, 17, 64, 65, 128] {
@@ -715,19 +725,21 @@ mod tests {
                     let [tensor, row] = ScaleMode::ALL.map(fp8);
                     for pick in [choose_variant(m, n, k, 132), tensor, row] {
                         let name = pick.name;
-                        assert!(
-                            !["16x128s", "16x128t", "16x128ts", "16x64t"].contains(&name),
-                            "{m}x{n}x{k}"
-                        );
-                        let other = if m <= 16 { "64x128" } else { "16x128" };
-                        assert_ne!(name, other, "{m}x{n}x{k}");
+                        let never: &[&str] = if m <= 16 {
+                            &["16x128", "16x64", "16x128s", "64x128", "64x128s"]
+                        } else {
+                            &[
+                                "16x128", "16x64", "16x128s", "16x128t", "16x64t", "16x128ts",
+                            ]
+                        };
+                        assert!(!never.contains(&name), "{m}x{n}x{k}: {name}");
                     }
                 }
             }
         }
         // 8B fc1 (28672 × 4096) and 405B fc2 at TP 8 (16384 × 6656), one token: unsplit.
-        assert_eq!(choose_variant(1, 28672, 4096, 132).name, "16x128");
-        assert_eq!(choose_variant(1, 16384, 6656, 132).name, "16x128");
+        assert_eq!(choose_variant(1, 28672, 4096, 132).name, "16x128t");
+        assert_eq!(choose_variant(1, 16384, 6656, 132).name, "16x128t");
     }
 
     #[test]
