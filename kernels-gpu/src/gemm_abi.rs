@@ -417,7 +417,8 @@ pub const TILE_64X128_SPLITK: TileConfig = TileConfig {
 /// 32 KiB of staging buffers and 6 KiB a stage of A rows past M go to the ring: 12 stages of
 /// B (192 KiB in flight per SM) instead of 8 (128 KiB), cuBLAS's depth on these shapes.
 /// Unsplit, measured up to 9 % faster than `64x128` at one token (8B fc1: 68.6 → 62.7 µs)
-/// and within −3…+2 % at 16 (kernels-gpu/NOTES.md step 40b).
+/// and within −3…+2 % at 16 (kernels-gpu/NOTES.md step 40b). The rule now runs its transposed
+/// form, [`TILE_16X128_SWAPPED`], instead; this one runs by name.
 pub const TILE_16X128: TileConfig = TileConfig {
     stages: 12,
     a_rows: 16,
@@ -438,7 +439,7 @@ pub const TILE_16X128_SPLITK: TileConfig = TileConfig {
 /// no split). Where N has between about 64 and 132 such tiles it keeps every block on one
 /// whole K without split-K's hand-off: measured 5–20 % faster than the split `64x128s` there
 /// (NOTES step 41). No split-K form: measured within 3 % of `64x128s` where the rule would
-/// split it.
+/// split it. The rule now runs its transposed form, [`TILE_16X64_SWAPPED`], instead.
 pub const TILE_16X64: TileConfig = TileConfig {
     block_n: 64,
     stages: 22,
@@ -448,13 +449,16 @@ pub const TILE_16X64: TileConfig = TileConfig {
 /// [`TILE_16X128`] with the transposed product ([`TileConfig::swap_ab`]): per k16 step each
 /// consumer warpgroup issues one `m64n16k16` (its 64 weight rows by the 16 token rows)
 /// instead of `m64n64k16` (64 A rows, of which at most 16 exist, by its 64 weight rows): a
-/// quarter of the tensor work per byte of B. Same ring, boxes and grid as `16x128`.
+/// quarter of the tensor work per byte of B. Same ring, boxes and grid as `16x128`. Measured
+/// 1–10 % faster than `16x128` on the decode shapes at 1 and 16 tokens (NOTES step 51): the
+/// rule's tile where it would otherwise run `16x128`.
 pub const TILE_16X128_SWAPPED: TileConfig = TileConfig {
     swap_ab: true,
     ..TILE_16X128
 };
 /// [`TILE_16X128_SWAPPED`] with split-K: for decode shapes whose 128-wide tiles leave SMs
-/// idle (a few thousand weight rows).
+/// idle (a few thousand weight rows). Measured 2–7 % faster than [`TILE_64X128_SPLITK`] at
+/// 1 and 16 tokens (NOTES step 51), which it replaces in the rule at most 16 rows.
 pub const TILE_16X128_SWAPPED_SPLITK: TileConfig = TileConfig {
     split_k: true,
     ..TILE_16X128_SWAPPED
@@ -462,7 +466,8 @@ pub const TILE_16X128_SWAPPED_SPLITK: TileConfig = TileConfig {
 
 /// [`TILE_16X64`] with the transposed product ([`TileConfig::swap_ab`]) computed by one
 /// consumer warpgroup ([`ConsumerSplit::Single`]): one `m64n16k16` per k16 step for the
-/// tile's 64 weight rows. Same ring (22 stages), boxes and grid as `16x64`.
+/// tile's 64 weight rows. Same ring (22 stages), boxes and grid as `16x64`. Measured 2–9 %
+/// faster than `16x64` at 1 and 16 tokens (NOTES step 51), which it replaces in the rule.
 pub const TILE_16X64_SWAPPED: TileConfig = TileConfig {
     split: ConsumerSplit::Single,
     swap_ab: true,

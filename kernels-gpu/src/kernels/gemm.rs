@@ -22,6 +22,12 @@
 //!   ahead, a tile's first before its main loop), or, when N is not a multiple of 8,
 //!   bounds-checked stores straight from registers. Row-wise FP8 scales for a staged tile are
 //!   copied into shared memory with `cp.async` while its main loop runs ([`copy_row_scales`]).
+//! - **the transposed product** (`*t` decode configurations, at most 16 rows:
+//!   [`TileConfig::swap_ab`]): a consumer warpgroup multiplies its 64 rows of the stage's B
+//!   tile, as the `wgmma`'s A operand, by the stage's 16 rows of A, as its B operand
+//!   (`m64n16`), so its accumulator holds the share transposed and is stored element by
+//!   element from registers ([`swapped_config!`]); `16x64t` gives the whole 64-wide tile to
+//!   warpgroup 1 and warpgroup 2 returns at once ([`ConsumerSplit::Single`]).
 //! - **clusters** (`cluster_m == 2`): the two blocks of a cluster compute vertically adjacent
 //!   tiles of the same n-tile. Each loads its own A tile and half of the shared B tile, which
 //!   TMA multicasts into both blocks; a slot is free only when the consumers of *both* blocks
