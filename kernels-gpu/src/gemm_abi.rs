@@ -97,6 +97,13 @@ pub struct TileConfig {
     /// of which at most `a_rows` exist. Only with [`ConsumerSplit::Columns`], one slab,
     /// unstaged.
     pub swap_ab: bool,
+    /// 64-wide k-blocks per ring stage (1 or 2): with 2 a stage holds two k-blocks' A and B
+    /// tiles side by side (each its own 1024-byte aligned swizzled tile, loaded by its own
+    /// TMA boxes) behind one `full` and one `empty` barrier, so the per-stage hand-off
+    /// (barrier round trips, `wgmma` commit and wait) is paid once per two k-blocks. A unit's
+    /// last stage's second k-block lies past K (zero-filled by TMA). Only for the unsplit
+    /// transposed-product decode tiles, whose k-block is mostly that hand-off.
+    pub k_blocks_per_stage: u32,
 }
 
 impl TileConfig {
@@ -143,17 +150,34 @@ impl TileConfig {
             ConsumerSplit::Tiles | ConsumerSplit::Single => (0, 0),
         }
     }
-    /// Bytes of one stage's A tile.
-    pub const fn a_tile_bytes(&self) -> u32 {
+    /// Bytes of one k-block's A tile (`a_rows` × 64).
+    pub const fn a_block_bytes(&self) -> u32 {
         self.a_rows * BLOCK_K * 2
     }
-    /// Bytes of one stage's B tile.
-    pub const fn b_tile_bytes(&self) -> u32 {
+    /// Bytes of one k-block's B tile (`block_n` × 64).
+    pub const fn b_block_bytes(&self) -> u32 {
         self.block_n * BLOCK_K * 2
     }
-    /// Bytes TMA delivers into one block's slot per stage (announced with `expect_tx`).
+    /// Bytes of one stage's A tiles (`k_blocks_per_stage` k-blocks).
+    pub const fn a_tile_bytes(&self) -> u32 {
+        self.a_block_bytes() * self.k_blocks_per_stage
+    }
+    /// Bytes of one stage's B tiles (`k_blocks_per_stage` k-blocks).
+    pub const fn b_tile_bytes(&self) -> u32 {
+        self.b_block_bytes() * self.k_blocks_per_stage
+    }
+    /// Bytes TMA delivers into one block's slot per k-block (a stage of `n` k-blocks
+    /// announces `n` times this with `expect_tx`).
+    pub const fn k_block_bytes(&self) -> u32 {
+        self.a_block_bytes() + self.b_block_bytes()
+    }
+    /// Bytes of one stage.
     pub const fn stage_bytes(&self) -> u32 {
         self.a_tile_bytes() + self.b_tile_bytes()
+    }
+    /// Ring stages that `k_blocks` consecutive k-blocks of one unit take.
+    pub const fn stages_for(&self, k_blocks: u32) -> u32 {
+        k_blocks.div_ceil(self.k_blocks_per_stage)
     }
     /// Offset of the epilogue staging buffers after the operand tiles.
     pub const fn staging_offset(&self) -> u32 {
@@ -286,9 +310,15 @@ impl TileConfig {
                 && self.block_m == SLAB_M
                 && self.a_rows == 16
                 && !self.staged);
+        let depth = self.k_blocks_per_stage == 1
+            || (self.k_blocks_per_stage == 2
+                && self.swap_ab
+                && self.cluster_m == 1
+                && !self.split_k);
         shape
             && rows
             && swapped
+            && depth
             && self.smem_bytes() <= MAX_SMEM_BYTES
             && self.a_tile_bytes().is_multiple_of(1024)
             && self.b_tile_bytes().is_multiple_of(1024)
@@ -310,6 +340,7 @@ pub const TILE_128X256: TileConfig = TileConfig {
     a_rows: 128,
     staged: true,
     swap_ab: false,
+    k_blocks_per_stage: 1,
 };
 /// 128×256 tiles in 2-block clusters sharing B through TMA multicast.
 pub const TILE_128X256_CLUSTER2: TileConfig = TileConfig {
@@ -330,6 +361,7 @@ pub const TILE_192X192: TileConfig = TileConfig {
     a_rows: 192,
     staged: true,
     swap_ab: false,
+    k_blocks_per_stage: 1,
 };
 /// 128×224 tiles, 4 stages: for widths that 224 divides into a tile count just under whole
 /// waves where 256 leaves a badly filled last wave (7168 = 32 · 224: 512 tiles of a 2048-row
@@ -403,6 +435,7 @@ pub const TILE_64X128: TileConfig = TileConfig {
     a_rows: 64,
     staged: true,
     swap_ab: false,
+    k_blocks_per_stage: 1,
 };
 /// 64×128 tiles with split-K: decode shapes whose 64-row tiles are still fewer than the SMs
 /// (few, wide-K weight matrices: a QKV projection at high TP), where only splitting K puts
@@ -474,6 +507,20 @@ pub const TILE_16X64_SWAPPED: TileConfig = TileConfig {
     ..TILE_16X64
 };
 
+/// [`TILE_16X64_SWAPPED`] with two k-blocks a stage ([`TileConfig::k_blocks_per_stage`]):
+/// 11 stages of 2 × 10 KiB, the same bytes in flight, half the hand-offs per byte.
+pub const TILE_16X64_SWAPPED_DEEP: TileConfig = TileConfig {
+    stages: 11,
+    k_blocks_per_stage: 2,
+    ..TILE_16X64_SWAPPED
+};
+/// [`TILE_16X128_SWAPPED`] with two k-blocks a stage: 6 stages of 2 × 18 KiB.
+pub const TILE_16X128_SWAPPED_DEEP: TileConfig = TileConfig {
+    stages: 6,
+    k_blocks_per_stage: 2,
+    ..TILE_16X128_SWAPPED
+};
+
 /// The largest [`TileConfig::sum_group`] (the kernel unrolls its group loop to this bound).
 pub const MAX_SUM_GROUP: u32 = 4;
 
@@ -524,6 +571,8 @@ macro_rules! gemm_variants {
             "16x128t" => gemm_bf16_16x128t, gemm_f16_16x128t, TILE_16X128_SWAPPED, Tile16x128T, e4m3 gemm_e4m3_16x128t;
             "16x128ts" => gemm_bf16_16x128ts, gemm_f16_16x128ts, TILE_16X128_SWAPPED_SPLITK, Tile16x128TS, e4m3 gemm_e4m3_16x128ts;
             "16x64t" => gemm_bf16_16x64t, gemm_f16_16x64t, TILE_16X64_SWAPPED, Tile16x64T, e4m3 gemm_e4m3_16x64t;
+            "16x64t2" => gemm_bf16_16x64t2, gemm_f16_16x64t2, TILE_16X64_SWAPPED_DEEP, Tile16x64T2, e4m3 gemm_e4m3_16x64t2;
+            "16x128t2" => gemm_bf16_16x128t2, gemm_f16_16x128t2, TILE_16X128_SWAPPED_DEEP, Tile16x128T2, e4m3 gemm_e4m3_16x128t2;
         }
     };
 }

@@ -75,6 +75,9 @@ fn cost_per_element(variant: &GemmVariant) -> f64 {
         // 51). Costed 3 % below them, so at most 16 rows the rule takes the transposed form
         // wherever it would take the plain one.
         "16x128t" | "16x64t" => 1.4 * 0.97,
+        // Two k-blocks a stage (NOTES step 52): by name until measured, costed as the plain
+        // short tiles (above the single-k-block transposed ones, so never picked).
+        "16x64t2" | "16x128t2" => 1.4,
         // Ping-pong 128×128 (one warpgroup per tile, its epilogue hidden; FP8 only, see
         // `choose_variant`): per output element of its main loop, 1.07–1.08 of 128×256's in
         // e4m3 (the FP8 set's full-wave shapes) and 1.06–1.10 in bf16 (five prefill rows of

@@ -595,7 +595,9 @@ macro_rules! swapped_config {
 swapped_config!(
     Tile16x128T: TILE_16X128_SWAPPED,
     Tile16x128TS: TILE_16X128_SWAPPED_SPLITK,
-    Tile16x64T: TILE_16X64_SWAPPED
+    Tile16x64T: TILE_16X64_SWAPPED,
+    Tile16x64T2: TILE_16X64_SWAPPED_DEEP,
+    Tile16x128T2: TILE_16X128_SWAPPED_DEEP
 );
 
 /// Shared-memory addresses of the ring.
@@ -808,12 +810,24 @@ unsafe fn produce(ring: Ring, tiles: Tiles) {
     while u < tiles.end {
         let (t, kb0, kb1) = tiles.unit(u);
         let (row, col) = tiles.origin(t);
-        for kb in kb0..kb1 {
-            let k = (kb * BLOCK_K) as i32;
+        // Stage `st` holds k-blocks `st·kps ..` (`kps` = k-blocks per stage; with 2, `kb0` is
+        // 0: never split-K).
+        let kps = tile.k_blocks_per_stage;
+        for st in kb0 / kps..kb1.div_ceil(kps) {
+            let k = (st * kps * BLOCK_K) as i32;
             unsafe {
                 ring.empty(slot.stage).wait(slot.phase ^ 1);
                 let full = ring.full(slot.stage);
                 full.arrive_expect_tx(tile.stage_bytes());
+                // Two k-blocks a stage (never split-K: a unit is a whole tile): past an odd
+                // count's last k-block TMA fills the second tiles with zeros, which add nothing.
+                for j in 1..tile.k_blocks_per_stage {
+                    let kj = k + (j * BLOCK_K) as i32;
+                    let a = ring.a_tile(slot.stage) + j * tile.a_block_bytes();
+                    let b = ring.b_tile(slot.stage) + j * tile.b_block_bytes();
+                    tma::load_2d(a, map_a, kj, row as i32, full.0);
+                    tma::load_2d(b, map_b, kj, col as i32, full.0);
+                }
                 tma::load_2d(ring.a_tile(slot.stage), map_a, k, row as i32, full.0);
                 if tile.cluster_m == 1 {
                     tma::load_2d(ring.b_tile(slot.stage), map_b, k, col as i32, full.0);
@@ -904,7 +918,7 @@ unsafe fn consume<T: InputType, C: Config>(p: &GemmParams, ring: Ring, tiles: Ti
         let (t, kb0, kb1) = tiles.unit(u);
         if !mine {
             // Ping-pong: the other warpgroup's tile, whose ring slots pass this one by.
-            slot.skip(kb1 - kb0);
+            slot.skip(C::TILE.stages_for(kb1 - kb0));
             mine = true;
             u = tiles.next(u, kb0, kb1);
             continue;
@@ -948,7 +962,9 @@ unsafe fn consume<T: InputType, C: Config>(p: &GemmParams, ring: Ring, tiles: Ti
             unsafe { ring.order(half).wait_warp(done & 1) };
         }
         let mut previous = 0;
-        for kb in kb0..kb1 {
+        let kps = C::TILE.k_blocks_per_stage;
+        let (st0, st1) = (kb0 / kps, kb1.div_ceil(kps));
+        for st in st0..st1 {
             unsafe { ring.full(slot.stage).wait_warp(slot.phase) };
             C::fence(&mut acc);
             wgmma::fence();
@@ -960,14 +976,30 @@ unsafe fn consume<T: InputType, C: Config>(p: &GemmParams, ring: Ring, tiles: Ti
                         &mut acc,
                         descriptor::offset_in_atom(a, K * descriptor::K16_STEP_BYTES),
                         descriptor::offset_in_atom(b, K * descriptor::K16_STEP_BYTES),
-                        if K == 0 { (kb > kb0) as u32 } else { 1 },
+                        if K == 0 { (st > st0) as u32 } else { 1 },
                     )
                 };
             });
+            if C::TILE.k_blocks_per_stage == 2 {
+                // The stage's second k-block (zeros past K): its own A and B tiles, whole
+                // swizzle atoms on.
+                let a = descriptor::advance_atoms(a, C::TILE.a_block_bytes());
+                let b = descriptor::advance_atoms(b, C::TILE.b_block_bytes());
+                seq!(K in 0..4 {
+                    unsafe {
+                        C::mma::<T>(
+                            &mut acc,
+                            descriptor::offset_in_atom(a, K * descriptor::K16_STEP_BYTES),
+                            descriptor::offset_in_atom(b, K * descriptor::K16_STEP_BYTES),
+                            1,
+                        )
+                    };
+                });
+            }
             wgmma::commit_group();
             wgmma::wait_group::<1>();
             C::fence(&mut acc);
-            if kb > kb0 {
+            if st > st0 {
                 unsafe { release(ring, previous) };
             }
             previous = slot.stage;
