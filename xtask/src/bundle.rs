@@ -9,8 +9,9 @@ use crate::util::{self, Result};
 use crate::{bail, build_ptx};
 
 /// The scripts written into every bundle: the test runner, the whole check-and-bench matrix,
-/// the sanitizer runs, and the environment they source.
-pub const SCRIPTS: [(&str, &str); 4] = [
+/// the sanitizer runs, the Nsight Compute durations at boost and base clocks, and the
+/// environment they source.
+pub const SCRIPTS: [(&str, &str); 5] = [
     (
         "run-gpu-tests.sh",
         include_str!("../assets/run-gpu-tests.sh"),
@@ -22,6 +23,10 @@ pub const SCRIPTS: [(&str, &str); 4] = [
     (
         "run-sanitizers.sh",
         include_str!("../assets/run-sanitizers.sh"),
+    ),
+    (
+        "run-ncu-durations.sh",
+        include_str!("../assets/run-ncu-durations.sh"),
     ),
     ("gpu-env.sh", include_str!("../assets/gpu-env.sh")),
 ];
