@@ -364,6 +364,16 @@ const DECODE_CASES: &[Case] = &[
         pad: 24,
         beta: 1.0,
     },
+    // An odd k-block count (21): the two-k-block tiles' last stage reads its second k-block
+    // past K (zero-filled); a ragged last n-tile.
+    Case {
+        name: "decode M=3, odd k-block count, strided",
+        m: 3,
+        n: 2000,
+        k: 1304,
+        pad: 8,
+        beta: 1.0,
+    },
 ];
 
 /// 8192³ and the stage shapes of the seed's Llama presets (M = 16384 tokens).
@@ -484,6 +494,8 @@ fn c_from_the_other_gpu() {
 /// One FP8 case: shape (dense operands) and beta.
 const FP8_CASES: &[(&str, u64, u64, u64, f32)] = &[
     ("decode M=1", 1, 4096, 4096, 0.0),
+    // 544 pairs of e4m3: 9 k-blocks, an odd count (the two-k-block tiles' zero-filled half).
+    ("decode M=5, odd k-block count, beta 1", 5, 1000, 1088, 1.0),
     ("ragged M and N", 129, 264, 528, 0.0),
     ("one tile", 128, 256, 1024, 0.0),
     ("beta 1", 200, 256, 256, 1.0),
