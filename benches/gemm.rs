@@ -731,7 +731,8 @@ fn run() -> Result<(), BenchError> {
     };
     emit("| shape | M | N | K | dtype | tile | ours ms | cuBLAS ms | ours TFLOP/s | cuBLAS TFLOP/s | ours/cuBLAS | % of peak (989, e4m3 1979) | weights GB/s ours / cuBLAS | ours mJ | cuBLAS mJ | µs (mJ) per extra configuration | SM MHz ours / cuBLAS / extras |".to_owned());
     emit(
-        "|---|---:|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|".to_owned(),
+        "|---|---:|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"
+            .to_owned(),
     );
     let all_shapes = if !args.shape.is_empty() {
         let named = |&(m, n, k): &(u64, u64, u64)| (shape_name((m, n, k)), m, n, k);

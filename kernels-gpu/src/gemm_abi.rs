@@ -166,12 +166,8 @@ impl TileConfig {
     pub const fn b_tile_bytes(&self) -> u32 {
         self.b_block_bytes() * self.k_blocks_per_stage
     }
-    /// Bytes TMA delivers into one block's slot per k-block (a stage of `n` k-blocks
-    /// announces `n` times this with `expect_tx`).
-    pub const fn k_block_bytes(&self) -> u32 {
-        self.a_block_bytes() + self.b_block_bytes()
-    }
-    /// Bytes of one stage.
+    /// Bytes TMA delivers into one block's slot per stage (announced with `expect_tx`; a
+    /// second k-block past K is zero-filled and still counts).
     pub const fn stage_bytes(&self) -> u32 {
         self.a_tile_bytes() + self.b_tile_bytes()
     }
