@@ -1230,6 +1230,10 @@ unsafe fn scale_b(p: &GemmParams, col: u32) -> f32 {
 }
 
 /// Stores one pair of horizontally adjacent outputs `(row, col)`, `(row, col + 1)`.
+///
+/// # Safety
+/// `p.d` (and, with `beta != 0`, `p.c`) must address M rows of `ldd` (`ldc`) 16-bit elements
+/// in global memory this thread may write (read); with row-wise FP8 scales, as [`row_scale`].
 #[inline(always)]
 unsafe fn store_pair<T: InputType>(p: &GemmParams, row: u32, col: u32, x0: f32, x1: f32) {
     if col + 1 >= p.n {
@@ -1257,6 +1261,10 @@ unsafe fn store_pair<T: InputType>(p: &GemmParams, row: u32, col: u32, x0: f32, 
 
 /// Stores one output `(row, col)`: `alpha·x` (row-wise FP8: times the row's and column's
 /// scales) plus `beta·C`; nothing outside the M × N output.
+///
+/// # Safety
+/// `p.d` (and, with `beta != 0`, `p.c`) must address M rows of `ldd` (`ldc`) 16-bit elements
+/// in global memory this thread may write (read); with row-wise FP8 scales, as [`row_scale`].
 #[inline(always)]
 unsafe fn store_one<T: InputType>(p: &GemmParams, row: u32, col: u32, x: f32) {
     if row >= p.m || col >= p.n {
