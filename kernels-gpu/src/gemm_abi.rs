@@ -39,9 +39,10 @@ pub enum ConsumerSplit {
     /// tensor cores busy. A ring slot serves one warpgroup (four warps release it).
     Tiles,
     /// One consumer warpgroup owns the whole tile (`block_m / 64` slabs of `block_n`
-    /// columns); the other has nothing to do. For the transposed-product decode tile 64
-    /// weight rows wide ([`TileConfig::swap_ab`]), whose tensor work is too small to share:
-    /// one `m64n16` per k16 step. Four warps release each slot.
+    /// columns); the other has nothing to do. For tiles whose tensor work is too small to
+    /// share: the transposed-product decode tile 64 weight rows wide
+    /// ([`TileConfig::swap_ab`], one `m64n16` per k16 step) and the 64×32 tile (one
+    /// `m64n32`). Four warps release each slot.
     Single,
 }
 
@@ -101,8 +102,9 @@ pub struct TileConfig {
     /// tiles side by side (each its own 1024-byte aligned swizzled tile, loaded by its own
     /// TMA boxes) behind one `full` and one `empty` barrier, so the per-stage hand-off
     /// (barrier round trips, `wgmma` commit and wait) is paid once per two k-blocks. A unit's
-    /// last stage's second k-block lies past K (zero-filled by TMA). Only for the unsplit
-    /// transposed-product decode tiles, whose k-block is mostly that hand-off.
+    /// last stage's second k-block lies past K (zero-filled by TMA). For the narrow decode
+    /// tiles, whose k-block is mostly that hand-off; never with split-K (a piece may start
+    /// inside a stage) or clusters.
     pub k_blocks_per_stage: u32,
 }
 
@@ -273,8 +275,9 @@ impl TileConfig {
     /// Whether the configuration is one the kernel implements, fits, and keeps every tile
     /// 1024-byte aligned: 128-row tiles split by rows (N of 128, 160, 224 or 256), or split by
     /// columns 192×192 tiles (three `m64n96k16` slabs per warpgroup), 64×128 tiles (one
-    /// `m64n64k16` slab per warpgroup) and 64×64 tiles (one `m64n32k16` slab per warpgroup);
-    /// the transposed product ([`TileConfig::swap_ab`]) only on 16-row short tiles.
+    /// `m64n64k16` slab per warpgroup) and 64×64 tiles (one `m64n32k16` slab per warpgroup),
+    /// or 64×32 tiles for one warpgroup; the transposed product ([`TileConfig::swap_ab`])
+    /// only on 16-row short tiles.
     pub const fn is_valid(&self) -> bool {
         let shape = match self.split {
             ConsumerSplit::Rows => {
@@ -288,9 +291,16 @@ impl TileConfig {
             ConsumerSplit::Tiles => {
                 self.block_m == 128 && self.block_n == 128 && !self.split_k && self.cluster_m == 1
             }
-            // One warpgroup's `m64n16` a k16 step: only the transposed product, 64 wide.
+            // One warpgroup's `wgmma` a k16 step, for tiles whose tensor work is too small to
+            // share: the transposed product 64 weight rows wide (`m64n16`), or 64×32 (`m64n32`).
             ConsumerSplit::Single => {
-                self.block_m == SLAB_M && self.block_n == 64 && self.swap_ab && self.cluster_m == 1
+                self.block_m == SLAB_M
+                    && self.cluster_m == 1
+                    && if self.swap_ab {
+                        self.block_n == 64
+                    } else {
+                        self.block_n == 32
+                    }
             }
         };
         // A short tile: one 64-row slab whose A rows are whole 8-row swizzle atoms.
@@ -307,10 +317,7 @@ impl TileConfig {
                 && self.a_rows == 16
                 && !self.staged);
         let depth = self.k_blocks_per_stage == 1
-            || (self.k_blocks_per_stage == 2
-                && self.swap_ab
-                && self.cluster_m == 1
-                && !self.split_k);
+            || (self.k_blocks_per_stage == 2 && self.cluster_m == 1 && !self.split_k);
         shape
             && rows
             && swapped
@@ -441,6 +448,48 @@ pub const TILE_64X128_SPLITK: TileConfig = TileConfig {
     ..TILE_64X128
 };
 
+/// 64×64 tiles, 13 stages of 16 KiB, split by columns (each consumer warpgroup one
+/// `m64n32k16` slab), stored from registers: for decode and small-batch shapes of up to a few
+/// tens of rows whose 64×128 tiles number about half the SMs or fewer (8B QKV at 64 rows: 96
+/// tiles instead of 48). cuBLAS runs these shapes in 64×64 tiles with 13 stages (its kernel
+/// name at 64 × 6144 × 4096 and, split three ways, at 64 × 2304 × 16384; ncu, NOTES step 53).
+/// A whole tile's A rows are loaded (`a_rows == block_m`), so it serves any M.
+pub const TILE_64X64: TileConfig = TileConfig {
+    block_n: 64,
+    stages: 13,
+    staged: false,
+    ..TILE_64X128
+};
+/// [`TILE_64X64`] with split-K: for weight matrices whose 64-wide tiles are still too few
+/// (405B QKV at TP 8: 36 tiles).
+pub const TILE_64X64_SPLITK: TileConfig = TileConfig {
+    split_k: true,
+    ..TILE_64X64
+};
+/// [`TILE_64X64`] with two k-blocks a stage ([`TileConfig::k_blocks_per_stage`]): 7 stages of
+/// 2 × 16 KiB, half the hand-offs per byte.
+pub const TILE_64X64_DEEP: TileConfig = TileConfig {
+    stages: 7,
+    k_blocks_per_stage: 2,
+    ..TILE_64X64
+};
+/// 64×32 tiles, 18 stages of 12 KiB, computed by one consumer warpgroup
+/// ([`ConsumerSplit::Single`], one `m64n32k16` per k16 step): for shapes whose 64-wide
+/// tiles fill at most half the SMs (8B o-proj at 64 rows: 128 tiles instead of 64), where
+/// cuBLAS runs 64×32 tiles with 16 stages and no split (NOTES step 53).
+pub const TILE_64X32: TileConfig = TileConfig {
+    block_n: 32,
+    split: ConsumerSplit::Single,
+    stages: 18,
+    ..TILE_64X64
+};
+/// [`TILE_64X32`] with two k-blocks a stage: 9 stages of 2 × 12 KiB.
+pub const TILE_64X32_DEEP: TileConfig = TileConfig {
+    stages: 9,
+    k_blocks_per_stage: 2,
+    ..TILE_64X32
+};
+
 /// 16×128 output tiles for problems of at most 16 rows (decode): a 64×128 tile whose stages
 /// load 16 rows of A (2 KiB instead of 8) and whose epilogue stores from registers, so that the
 /// 32 KiB of staging buffers and 6 KiB a stage of A rows past M go to the ring: 12 stages of
@@ -569,6 +618,11 @@ macro_rules! gemm_variants {
             "16x64t" => gemm_bf16_16x64t, gemm_f16_16x64t, TILE_16X64_SWAPPED, Tile16x64T, e4m3 gemm_e4m3_16x64t;
             "16x64t2" => gemm_bf16_16x64t2, gemm_f16_16x64t2, TILE_16X64_SWAPPED_DEEP, Tile16x64T2, e4m3 gemm_e4m3_16x64t2;
             "16x128t2" => gemm_bf16_16x128t2, gemm_f16_16x128t2, TILE_16X128_SWAPPED_DEEP, Tile16x128T2, e4m3 gemm_e4m3_16x128t2;
+            "64x64" => gemm_bf16_64x64, gemm_f16_64x64, TILE_64X64, Tile64x64;
+            "64x64s" => gemm_bf16_64x64s, gemm_f16_64x64s, TILE_64X64_SPLITK, Tile64x64S;
+            "64x64k2" => gemm_bf16_64x64k2, gemm_f16_64x64k2, TILE_64X64_DEEP, Tile64x64K2;
+            "64x32" => gemm_bf16_64x32, gemm_f16_64x32, TILE_64X32, Tile64x32;
+            "64x32k2" => gemm_bf16_64x32k2, gemm_f16_64x32k2, TILE_64X32_DEEP, Tile64x32K2;
         }
     };
 }

@@ -78,6 +78,12 @@ fn cost_per_element(variant: &GemmVariant) -> f64 {
         // Two k-blocks a stage (NOTES step 52): by name until measured, costed as the plain
         // short tiles (above the single-k-block transposed ones, so never picked).
         "16x64t2" | "16x128t2" => 1.4,
+        // The narrow decode and small-batch tiles (NOTES step 53): by name until measured,
+        // costed at `64x128`'s rate per output element scaled by how much narrower they are
+        // (twice for 64 wide, four times for 32), so that their extra tiles never make them
+        // cheaper than it in this model.
+        "64x64" | "64x64s" | "64x64k2" => 1.4 * 2.0,
+        "64x32" | "64x32k2" => 1.4 * 4.0,
         // Ping-pong 128×128 (one warpgroup per tile, its epilogue hidden; FP8 only, see
         // `choose_variant`): per output element of its main loop, 1.07–1.08 of 128×256's in
         // e4m3 (the FP8 set's full-wave shapes) and 1.06–1.10 in bf16 (five prefill rows of

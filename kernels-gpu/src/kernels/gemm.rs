@@ -478,7 +478,12 @@ config!(
     }
 );
 config!(
-    Tile16x64: TILE_16X64 {
+    Tile16x64: TILE_16X64,
+    Tile64x64: TILE_64X64,
+    Tile64x64S: TILE_64X64_SPLITK,
+    Tile64x64K2: TILE_64X64_DEEP,
+    Tile64x32: TILE_64X32,
+    Tile64x32K2: TILE_64X32_DEEP {
         slabs: 1,
         regs: 16,
         blocks: 4,
