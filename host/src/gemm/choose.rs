@@ -10,6 +10,7 @@
 //! (`EPILOGUE_K_BLOCKS`). A ping-pong configuration overlaps each tile's epilogue with the
 //! other warpgroup's main loop, so only its last one counts. The rule picks the configuration
 //! with the smallest estimate; ties go to the larger tile.
+use super::weight_stream;
 use crate::fp8::ScaleMode;
 use kernels_gpu::gemm_abi::{BLOCK_K, ConsumerSplit, GemmVariant, TILE_16X128, VARIANTS};
 use kernels_gpu::layout::stream_k::{self, StreamK};
@@ -74,10 +75,14 @@ fn cost_per_element(variant: &GemmVariant) -> f64 {
         // faster than `64x128s` (gemm-grid-2026-12-02-90ee5a3-m1; kernels-gpu/NOTES.md step
         // 51). Costed 3 % below them, so at most 16 rows the rule takes the transposed form
         // wherever it would take the plain one.
-        "16x128t" | "16x64t" => 1.4 * 0.97,
-        // Two k-blocks a stage (NOTES step 52): by name until measured, costed as the plain
-        // short tiles (above the single-k-block transposed ones, so never picked).
-        "16x64t2" | "16x128t2" => 1.4,
+        //
+        // `16x64t2`, `16x64t` with two k-blocks a stage, in its place: measured 1–10 % faster
+        // than it on every shape tried at 1 and 16 tokens (8B o-proj 14.5 against 16.1 µs,
+        // 8B QKV 19.6 against 20.8; NOTES step 52), so `16x64t` runs by name, costed as the
+        // plain short tiles. `16x128t2` measured level with `16x128t` (−2…+0.2 %) and runs by
+        // name.
+        "16x128t" | "16x64t2" => 1.4 * 0.97,
+        "16x64t" | "16x128t2" => 1.4,
         // The narrow decode and small-batch tiles (NOTES step 53): by name until measured,
         // costed at `64x128`'s rate per output element scaled by how much narrower they are
         // (twice for 64 wide, four times for 32), so that their extra tiles never make them
@@ -241,9 +246,14 @@ const SPLIT_PARTIAL_K_BLOCKS: f64 = 6.0;
 
 /// The configuration the rule picks for an `m × n × k` problem on a GPU with `sm_count` SMs:
 /// the cheapest by [`estimated_cost`], split-K ones only where they split (`s ≥ 2`, i.e. the
-/// tiles fill at most half the SMs), ping-pong never (it runs by name in 16 bits).
+/// tiles fill at most half the SMs), ping-pong never (it runs by name in 16 bits). From 17 to
+/// 64 rows, instead, the fastest 64-row tile by a model of the weight stream
+/// ([`weight_stream`]).
 #[must_use]
 pub fn choose_variant(m: u64, n: u64, k: u64, sm_count: u32) -> &'static GemmVariant {
+    if m > DECODE_ROWS && m <= weight_stream::MAX_ROWS {
+        return weight_stream::choose(m, n, k, sm_count);
+    }
     // Ping-pong only in FP8: in 16 bits it measured 2–7 % slower than 128×256 where this
     // model has it 1–9 % faster (8192 × 4096 × 2048, 8192 × 8192 × 1024, 405B o-proj at TP 8
     // with 2048 and 8192 rows) and level with 128×128 at 768–2048 rows
@@ -636,13 +646,16 @@ mod tests {
         // (gemm-grid-2026-12-02-90ee5a3-m1, one token): `16x64t` 70B QKV 26.4 against 28.8,
         // 70B o-proj 22.9 against 23.8, 70B fc2 61.6 against 62.7; `16x128t` 70B fc1 116.3
         // against 117.7, 405B fc2 55.9 against 57.1, 405B o-proj 21.9 against 23.0;
-        // `16x128ts` 8B fc2 36.3 against `64x128s`' 38.9, 405B QKV 28.4 against 29.8.
+        // `16x128ts` 8B fc2 36.3 against `64x128s`' 38.9, 405B QKV 28.4 against 29.8. And
+        // `16x64t` runs with two k-blocks a stage, `16x64t2`, measured faster still
+        // (gemm-2026-12-02-86ae8ad-1x4096x4096-and-4-more: 8B o-proj 14.5 against 16.1, 8B
+        // QKV 19.6 against 20.8, 70B fc2 61.0 against 61.8).
         let cases = [
-            (6144, 4096, "16x64t"),
-            (4096, 4096, "16x64t"),
-            (5120, 8192, "16x64t"),
-            (8192, 4096, "16x64t"),
-            (8192, 14336, "16x64t"),
+            (6144, 4096, "16x64t2"),
+            (4096, 4096, "16x64t2"),
+            (5120, 8192, "16x64t2"),
+            (8192, 4096, "16x64t2"),
+            (8192, 14336, "16x64t2"),
             (28672, 4096, "16x128t"),
             (28672, 8192, "16x128t"),
             (16384, 6656, "16x128t"),

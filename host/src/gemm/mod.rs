@@ -11,6 +11,7 @@ mod check;
 mod choose;
 mod fp8;
 mod launch;
+mod weight_stream;
 
 pub use check::{GemmError, check};
 pub use choose::{
