@@ -168,8 +168,8 @@ impl TileConfig {
     pub const fn b_tile_bytes(&self) -> u32 {
         self.b_block_bytes() * self.k_blocks_per_stage
     }
-    /// Bytes TMA delivers into one block's slot per stage (announced with `expect_tx`; a
-    /// second k-block past K is zero-filled and still counts).
+    /// Bytes of one ring slot: its A tiles (`a_rows` each) and B tiles. (TMA fills the B tiles
+    /// and the first [`GemmParams::a_box_rows`] rows of each A tile.)
     pub const fn stage_bytes(&self) -> u32 {
         self.a_tile_bytes() + self.b_tile_bytes()
     }
@@ -223,9 +223,25 @@ impl TileConfig {
     pub const fn smem_bytes(&self) -> u32 {
         self.row_scales_offset() + 2 * self.row_scale_bytes()
     }
-    /// Box of the A tensor map: `{64 columns, a_rows rows}`.
-    pub const fn a_box(&self) -> (u32, u32) {
-        (BLOCK_K, self.a_rows)
+    /// Rows of A one TMA box loads for a problem of `m` rows: `a_rows`, or, where the whole
+    /// problem has fewer, `m` rounded up to a swizzle atom's 8 rows. TMA zero-fills the rows
+    /// of a box past the matrix's edge, and that fill is not free: a 64-row box at 1 or 16
+    /// rows made the 64-row tiles 10–60 % slower than at 64 rows on the same weights
+    /// (gemm-grid-2026-12-02-f66c553-m1; kernels-gpu/NOTES.md step 54). The slot's rows past
+    /// the box keep whatever the ring held before; they feed only accumulator rows (tokens)
+    /// at or past M, which are never stored.
+    pub const fn a_box_rows(&self, m: u32) -> u32 {
+        if m >= self.a_rows {
+            self.a_rows
+        } else if m <= 8 {
+            8
+        } else {
+            m.div_ceil(8) * 8
+        }
+    }
+    /// Box of the A tensor map for a problem of `m` rows: `{64 columns, a_box_rows(m) rows}`.
+    pub const fn a_box(&self, m: u32) -> (u32, u32) {
+        (BLOCK_K, self.a_box_rows(m))
     }
     /// The most rows (M) a problem may have on this configuration: `a_rows` for a short
     /// tile, else no bound (`u32::MAX`; more rows are more tiles).
@@ -788,7 +804,7 @@ pub struct RowScales {
 #[repr(C, align(16))]
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct OperandMaps {
-    /// A (M rows × K cols, box `TileConfig::a_box`).
+    /// A (M rows × K cols, box `TileConfig::a_box` of M).
     pub a: [u64; 16],
     /// B (N rows × K cols, box `TileConfig::b_box`).
     pub b: [u64; 16],
@@ -826,6 +842,9 @@ pub struct GemmParams {
     /// 0 is read as 1. A launch parameter rather than a compile-time one: the best band
     /// depends on the problem's shape and the grid (the host's rule picks it).
     pub raster_group_m: u32,
+    /// Rows of A each k-block's TMA box loads ([`TileConfig::a_box_rows`] of `m`): the A
+    /// map's box height, from which the producer announces each stage's bytes.
+    pub a_box_rows: u32,
     pub hook: StageHook,
     /// Split-K, read only by `split_k` configurations.
     pub split: SplitParams,
@@ -919,13 +938,38 @@ mod tests {
     }
 
     #[test]
+    fn a_boxes_stop_at_the_problem_s_rows_in_whole_swizzle_atoms() {
+        let (short, narrow) = (TILE_16X64_SWAPPED_DEEP, TILE_64X32_DEEP);
+        for (m, short_rows, narrow_rows) in [
+            (1, 8, 8),
+            (8, 8, 8),
+            (9, 16, 16),
+            (16, 16, 16),
+            (17, 16, 24),
+            (33, 16, 40),
+            (64, 16, 64),
+            (5000, 16, 64),
+        ] {
+            assert_eq!(short.a_box_rows(m), short_rows, "{m}");
+            assert_eq!(narrow.a_box(m), (BLOCK_K, narrow_rows), "{m}");
+        }
+        // Every box is whole 128-byte swizzle atoms (8 rows) within its slot.
+        for v in &VARIANTS {
+            for m in 1..=300 {
+                let rows = v.config.a_box_rows(m);
+                assert!(rows % 8 == 0 && rows <= v.config.a_rows, "{} {m}", v.name);
+            }
+        }
+    }
+
+    #[test]
     fn parameter_block_layout_is_stable() {
         // The host passes the struct's bytes; the PTX declares a .param of this size.
         assert_eq!(core::mem::size_of::<StageHook>(), 48 + 64);
         assert_eq!(core::mem::size_of::<SplitParams>(), 16);
         assert_eq!(
             core::mem::size_of::<GemmParams>(),
-            256 + 32 + 32 + 48 + 64 + 16 + 16
+            256 + 32 + 48 + 48 + 64 + 16 + 16
         );
         assert_eq!(core::mem::align_of::<GemmParams>(), 16);
         assert_eq!(core::mem::offset_of!(GemmParams, maps), 0);

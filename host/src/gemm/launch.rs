@@ -220,7 +220,7 @@ impl GemmKernel {
         let operand_map = |v: &MatrixView, box_dims: (u32, u32)| {
             TensorMapEncoding::new(&self.gpu, v.ptr, spec(v, box_dims, Swizzle::B128))
         };
-        let map_a = operand_map(&args.a, config.a_box())?;
+        let map_a = operand_map(&args.a, config.a_box(m as u32))?;
         let map_b = operand_map(&args.b, config.b_box())?;
         // D and C move in the epilogue's chunks, swizzled as the kernel stages them; the
         // parameter block holds their maps' device addresses.
@@ -270,6 +270,7 @@ impl GemmKernel {
             alpha: args.alpha,
             beta: args.beta,
             raster_group_m: raster_group_m(variant, m, n, compiled.resident_clusters),
+            a_box_rows: config.a_box_rows(m as u32),
             hook: StageHook::default(),
             split: SplitParams::default(),
             row_scales: match inputs {

@@ -803,10 +803,14 @@ fn operand_maps() -> (u64, u64) {
     )
 }
 
-/// Producer: one thread streams (A, B) k-blocks of every tile of this block into the ring.
+/// Producer: one thread streams (A, B) k-blocks of every tile of this block into the ring;
+/// each k-block's A box is `a_box_rows` rows ([`GemmParams::a_box_rows`]).
 #[inline(always)]
-unsafe fn produce(ring: Ring, tiles: Tiles) {
+unsafe fn produce(ring: Ring, tiles: Tiles, a_box_rows: u32) {
     let tile = ring.tile;
+    // What TMA delivers into one block's slot per stage (a second k-block past K is
+    // zero-filled and still counts).
+    let stage_bytes = a_box_rows * BLOCK_K * 2 * tile.k_blocks_per_stage + tile.b_tile_bytes();
     let (map_a, map_b) = operand_maps();
     let b_share_rows = tile.block_n / tile.cluster_m;
     let b_share_bytes = tile.b_tile_bytes() / tile.cluster_m;
@@ -823,7 +827,7 @@ unsafe fn produce(ring: Ring, tiles: Tiles) {
             unsafe {
                 ring.empty(slot.stage).wait(slot.phase ^ 1);
                 let full = ring.full(slot.stage);
-                full.arrive_expect_tx(tile.stage_bytes());
+                full.arrive_expect_tx(stage_bytes);
                 // Two k-blocks a stage (never split-K: a unit is a whole tile): past an odd
                 // count's last k-block TMA fills the second tiles with zeros, which add nothing.
                 for j in 1..tile.k_blocks_per_stage {
@@ -1311,7 +1315,7 @@ unsafe fn local_gemm<T: InputType, C: Config>(p: &GemmParams, ring: Ring, tid: u
     if index::warpgroup_idx() == 0 {
         regs::decrease_to::<40>();
         if tid == 0 {
-            unsafe { produce(ring, tiles) };
+            unsafe { produce(ring, tiles, p.a_box_rows) };
         }
     } else {
         regs::increase_to::<232>();
