@@ -83,10 +83,11 @@ fn cost_per_element(variant: &GemmVariant) -> f64 {
         // name.
         "16x128t" | "16x64t2" => 1.4 * 0.97,
         "16x64t" | "16x128t2" => 1.4,
-        // The narrow decode and small-batch tiles (NOTES step 53): by name until measured,
-        // costed at `64x128`'s rate per output element scaled by how much narrower they are
-        // (twice for 64 wide, four times for 32), so that their extra tiles never make them
-        // cheaper than it in this model.
+        // The narrow 64-row tiles (NOTES step 53): a block's ring stage takes about the same
+        // time as `64x128`'s whatever the width, so per output element twice (64 wide) or four
+        // times (32 wide) its cost. Only the weight-stream rule picks them (17–64 rows,
+        // `weight_stream`), which also sees the DRAM floor and two k-blocks a stage; this
+        // model prices them for `estimated_cost`'s other users.
         "64x64" | "64x64s" | "64x64k2" => 1.4 * 2.0,
         "64x32" | "64x32k2" => 1.4 * 4.0,
         // Ping-pong 128×128 (one warpgroup per tile, its epilogue hidden; FP8 only, see
@@ -246,9 +247,9 @@ const SPLIT_PARTIAL_K_BLOCKS: f64 = 6.0;
 
 /// The configuration the rule picks for an `m × n × k` problem on a GPU with `sm_count` SMs:
 /// the cheapest by [`estimated_cost`], split-K ones only where they split (`s ≥ 2`, i.e. the
-/// tiles fill at most half the SMs), ping-pong never (it runs by name in 16 bits). From 17 to
-/// 64 rows, instead, the fastest 64-row tile by a model of the weight stream
-/// ([`weight_stream`]).
+/// tiles fill at most half the SMs), ping-pong never (it runs by name in 16 bits), the narrow
+/// 64-row tiles never (measured only where the weights stream). From 17 to 64 rows, instead,
+/// the fastest 64-row tile by a model of the weight stream ([`weight_stream`]).
 #[must_use]
 pub fn choose_variant(m: u64, n: u64, k: u64, sm_count: u32) -> &'static GemmVariant {
     if m > DECODE_ROWS && m <= weight_stream::MAX_ROWS {
@@ -262,7 +263,7 @@ pub fn choose_variant(m: u64, n: u64, k: u64, sm_count: u32) -> &'static GemmVar
     // outcome), while in e4m3 the same model's picks measured 3–5 % faster.
     let sixteen_bit = VARIANTS
         .iter()
-        .filter(|v| v.config.split != ConsumerSplit::Tiles);
+        .filter(|v| v.config.split != ConsumerSplit::Tiles && !weight_stream::is_narrow(v));
     cheapest(sixteen_bit, m, n, k, sm_count, EPILOGUE_K_BLOCKS)
 }
 
@@ -771,5 +772,27 @@ mod tests {
             assert_eq!(variant_named(v.name), Some(v));
         }
         assert_eq!(variant_named("256x256"), None);
+    }
+
+    #[test]
+    fn the_narrow_64_row_tiles_run_only_where_the_weights_stream() {
+        // Picked by `weight_stream` at 17–64 rows; the area model, which cannot see the DRAM
+        // floor, would otherwise take them for small outputs through the epilogue's share
+        // (512 × 1000 × 1000: `64x64` priced below `64x128`), where they were never measured.
+        for m in [1, 7, 16, 65, 100, 128, 256, 512, 1000, 3000, 8192] {
+            for (n, k) in [
+                (100, 64),
+                (1000, 1000),
+                (4096, 4096),
+                (2304, 16384),
+                (28672, 8192),
+            ] {
+                let v = choose_variant(m, n, k, 132);
+                assert!(!weight_stream::is_narrow(v), "{m}x{n}x{k}: {}", v.name);
+            }
+        }
+        assert!(weight_stream::is_narrow(choose_variant(
+            32, 4096, 4096, 132
+        )));
     }
 }

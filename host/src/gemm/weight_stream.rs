@@ -66,6 +66,12 @@ fn is_candidate(v: &GemmVariant) -> bool {
     c.block_m == SLAB_M && c.a_rows == SLAB_M && c.split != ConsumerSplit::Tiles
 }
 
+/// The candidates narrower than 128 columns (`64x64…`, `64x32…`): measured only at 17–64 rows,
+/// so only this rule picks them.
+pub(super) fn is_narrow(v: &GemmVariant) -> bool {
+    is_candidate(v) && v.config.block_n < 128
+}
+
 /// The estimate of `variant` on an `m × n × k` problem on `sm_count` SMs, or `None` for a
 /// split-K configuration that would not split ([`split_grid`]).
 fn estimate(variant: &GemmVariant, m: u64, n: u64, k: u64, sm_count: u32) -> Option<Estimate> {
