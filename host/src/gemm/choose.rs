@@ -89,6 +89,9 @@ fn cost_per_element(variant: &GemmVariant) -> f64 {
         // `weight_stream`), which also sees the DRAM floor and two k-blocks a stage; this
         // model prices them for `estimated_cost`'s other users.
         "64x64" | "64x64s" | "64x64k2" => 1.4 * 2.0,
+        // `64x128` with two k-blocks a stage: by name until measured, costed as `64x128` and
+        // listed after it, so a tie keeps `64x128`.
+        "64x128k2" => 1.4,
         "64x32" | "64x32k2" => 1.4 * 4.0,
         // Ping-pong 128×128 (one warpgroup per tile, its epilogue hidden; FP8 only, see
         // `choose_variant`): per output element of its main loop, 1.07–1.08 of 128×256's in
@@ -315,7 +318,10 @@ pub fn choose_fp8_variant(
         ScaleMode::Tensorwise => EPILOGUE_K_BLOCKS,
         ScaleMode::Rowwise => ROW_SCALED_EPILOGUE_K_BLOCKS,
     };
-    let fp8 = VARIANTS.iter().filter(|v| v.kernel_e4m3.is_some());
+    // The narrow 64-row tiles' e4m3 entry points run by name: measured in 16 bits only.
+    let fp8 = VARIANTS
+        .iter()
+        .filter(|v| v.kernel_e4m3.is_some() && !weight_stream::is_narrow(v));
     cheapest(fp8, m, n, k_pairs, sm_count, epilogue)
 }
 
@@ -789,6 +795,17 @@ mod tests {
             ] {
                 let v = choose_variant(m, n, k, 132);
                 assert!(!weight_stream::is_narrow(v), "{m}x{n}x{k}: {}", v.name);
+                assert_ne!(v.name, "64x128k2", "{m}x{n}x{k}");
+            }
+        }
+        // In FP8 they run by name at every row count (measured in 16 bits only).
+        for m in [1, 17, 32, 64, 128, 2048] {
+            for (n, k) in [(1000, 1000), (4096, 2048), (2304, 8192), (28672, 4096)] {
+                let v = choose_fp8_variant(m, n, k, 132, ScaleMode::Tensorwise);
+                assert!(
+                    !weight_stream::is_narrow(v) && v.name != "64x128k2",
+                    "{m}x{n}x{k}"
+                );
             }
         }
         assert!(weight_stream::is_narrow(choose_variant(

@@ -17,7 +17,7 @@
 //! waves, then more blocks (more of the weight stream in flight: at the DRAM floor 128 blocks
 //! of `64x32k2` measured 4 % faster than 64 of `64x64k2`), then the shorter stage-bound time.
 use super::choose::split_grid;
-use kernels_gpu::gemm_abi::{BLOCK_K, ConsumerSplit, GemmVariant, SLAB_M, VARIANTS};
+use kernels_gpu::gemm_abi::{BLOCK_K, GemmVariant, VARIANTS};
 use kernels_gpu::layout::stream_k::StreamK;
 
 /// The most rows this rule serves; fewer than 17 run the 16-row tiles.
@@ -59,11 +59,15 @@ struct Estimate {
     blocks: u64,
 }
 
-/// The 64-row tiles this rule chooses among: whole 64-row A tiles (`a_rows == 64`), not
-/// ping-pong.
+/// The 64-row tiles this rule chooses among: those whose stage times it was fitted to (every
+/// one measured at these rows in the same rounds, NOTES step 53). A 64-row tile joins once
+/// measured (`64x128k2`, by name, has not been).
+const CANDIDATES: [&str; 7] = [
+    "64x128", "64x128s", "64x64", "64x64s", "64x64k2", "64x32", "64x32k2",
+];
+
 fn is_candidate(v: &GemmVariant) -> bool {
-    let c = v.config;
-    c.block_m == SLAB_M && c.a_rows == SLAB_M && c.split != ConsumerSplit::Tiles
+    CANDIDATES.contains(&v.name)
 }
 
 /// The candidates narrower than 128 columns (`64x64…`, `64x32…`): measured only at 17–64 rows,
@@ -168,6 +172,18 @@ mod tests {
         ];
         for (n, k, pick) in cases {
             assert_eq!(choose(64, n, k, 132).name, pick, "64 x {n} x {k}");
+        }
+    }
+
+    #[test]
+    fn the_candidates_are_compiled_64_row_tiles() {
+        for name in CANDIDATES {
+            let v = VARIANTS.iter().find(|v| v.name == name).expect(name);
+            let c = v.config;
+            assert!(
+                c.block_m == 64 && c.a_rows == 64 && c.cluster_m == 1,
+                "{name}"
+            );
         }
     }
 
