@@ -252,7 +252,7 @@ const SPLIT_PARTIAL_K_BLOCKS: f64 = 6.0;
 /// the cheapest by [`estimated_cost`], split-K ones only where they split (`s ≥ 2`, i.e. the
 /// tiles fill at most half the SMs), ping-pong never (it runs by name in 16 bits), the narrow
 /// 64-row tiles never (measured only where the weights stream). From 17 to 64 rows, instead,
-/// the fastest 64-row tile by a model of the weight stream ([`weight_stream`]).
+/// the fastest 64-row tile by a model of the weight stream (`host/src/gemm/weight_stream.rs`).
 #[must_use]
 pub fn choose_variant(m: u64, n: u64, k: u64, sm_count: u32) -> &'static GemmVariant {
     if m > DECODE_ROWS && m <= weight_stream::MAX_ROWS {
