@@ -4,8 +4,9 @@
 //! Structure (one block of 384 threads per SM, persistent over output tiles):
 //! - **warpgroup 0, the producer**: gives registers back (`setmaxnreg.dec 40`); one thread walks
 //!   the block's tiles and, per 64-wide k-block, waits for a free ring slot (`empty` mbarrier),
-//!   announces the stage's bytes on its `full` mbarrier and issues the TMA loads (A `BM`×64
-//!   and B `BN`×64, 128-byte swizzle). Loads past the matrix edge are zero-filled by TMA, so
+//!   announces the stage's bytes on its `full` mbarrier and issues the TMA loads (A `BM`×64,
+//!   or fewer rows where the problem has fewer: [`GemmParams::a_box_rows`], and B `BN`×64,
+//!   128-byte swizzle). Loads past the matrix edge are zero-filled by TMA, so
 //!   ragged M, N and K need no special case in the main loop.
 //! - **warpgroups 1 and 2, the consumers** (`setmaxnreg.inc 232`): warpgroup `1 + h` owns half
 //!   of the tile ([`ConsumerSplit`]): rows `64h..64h+63` of a 128-row tile, or columns
@@ -806,6 +807,11 @@ fn operand_maps() -> (u64, u64) {
 
 /// Producer: one thread streams (A, B) k-blocks of every tile of this block into the ring;
 /// each k-block's A box is `a_box_rows` rows ([`GemmParams::a_box_rows`]).
+///
+/// # Safety
+/// One thread of the producer warpgroup, after the ring's barriers are initialised and the
+/// tensor maps acquired; `a_box_rows` must be the A map's box height, or the `full` barriers'
+/// byte counts never complete.
 #[inline(always)]
 unsafe fn produce(ring: Ring, tiles: Tiles, a_box_rows: u32) {
     let tile = ring.tile;
