@@ -76,11 +76,12 @@ fn cost_per_element(variant: &GemmVariant) -> f64 {
         // 51). Costed 3 % below them, so at most 16 rows the rule takes the transposed form
         // wherever it would take the plain one.
         //
-        // `16x64t2`, `16x64t` with two k-blocks a stage, in its place: measured 1–10 % faster
-        // than it on every shape tried at 1 and 16 tokens (8B o-proj 14.5 against 16.1 µs,
-        // 8B QKV 19.6 against 20.8; NOTES step 52), so `16x64t` runs by name, costed as the
-        // plain short tiles. `16x128t2` measured level with `16x128t` (−2…+0.2 %) and runs by
-        // name.
+        // `16x64t2`, `16x64t` with two k-blocks a stage, in its place: measured 1–12 % faster
+        // than it at 1 and 16 tokens on all but one grid shape (8B o-proj 14.2 against 16.2
+        // µs, 8B QKV 19.3 against 20.9; NOTES step 52, gemm-grid-2026-12-02-f66c553-m1) and
+        // 9 % slower at 70B QKV (28.9 against 26.4, then 27.8 once A's box stopped at M, 1.04
+        // of cuBLAS), so `16x64t` runs by name, costed as the plain short tiles. `16x128t2`
+        // measured level with `16x128t` (−2…+0.2 %) and runs by name.
         "16x128t" | "16x64t2" => 1.4 * 0.97,
         "16x64t" | "16x128t2" => 1.4,
         // The narrow 64-row tiles (NOTES step 53): a block's ring stage takes about the same
@@ -89,10 +90,10 @@ fn cost_per_element(variant: &GemmVariant) -> f64 {
         // `weight_stream`), which also sees the DRAM floor and two k-blocks a stage; this
         // model prices them for `estimated_cost`'s other users.
         "64x64" | "64x64s" | "64x64k2" => 1.4 * 2.0,
+        "64x32" | "64x32k2" => 1.4 * 4.0,
         // `64x128` with two k-blocks a stage: by name until measured, costed as `64x128` and
         // listed after it, so a tie keeps `64x128`.
         "64x128k2" => 1.4,
-        "64x32" | "64x32k2" => 1.4 * 4.0,
         // Ping-pong 128×128 (one warpgroup per tile, its epilogue hidden; FP8 only, see
         // `choose_variant`): per output element of its main loop, 1.07–1.08 of 128×256's in
         // e4m3 (the FP8 set's full-wave shapes) and 1.06–1.10 in bf16 (five prefill rows of
