@@ -173,6 +173,12 @@ impl TileConfig {
     pub const fn stage_bytes(&self) -> u32 {
         self.a_tile_bytes() + self.b_tile_bytes()
     }
+    /// Bytes TMA delivers into one block's slot per stage, announced on its `full` barrier:
+    /// the B tiles and `a_box_rows` rows of each A tile ([`GemmParams::a_box_rows`]; a second
+    /// k-block past K is zero-filled and still counts).
+    pub const fn loaded_stage_bytes(&self, a_box_rows: u32) -> u32 {
+        a_box_rows * BLOCK_K * 2 * self.k_blocks_per_stage + self.b_tile_bytes()
+    }
     /// Ring stages that `k_blocks` consecutive k-blocks of one unit take.
     pub const fn stages_for(&self, k_blocks: u32) -> u32 {
         k_blocks.div_ceil(self.k_blocks_per_stage)
@@ -969,6 +975,14 @@ mod tests {
                 let rows = v.config.a_box_rows(m);
                 assert!(rows % 8 == 0 && rows <= v.config.a_rows, "{} {m}", v.name);
             }
+            // A full box fills the whole slot.
+            let c = v.config;
+            assert_eq!(
+                c.loaded_stage_bytes(c.a_rows),
+                c.stage_bytes(),
+                "{}",
+                v.name
+            );
         }
     }
 

@@ -815,9 +815,7 @@ fn operand_maps() -> (u64, u64) {
 #[inline(always)]
 unsafe fn produce(ring: Ring, tiles: Tiles, a_box_rows: u32) {
     let tile = ring.tile;
-    // What TMA delivers into one block's slot per stage (a second k-block past K is
-    // zero-filled and still counts).
-    let stage_bytes = a_box_rows * BLOCK_K * 2 * tile.k_blocks_per_stage + tile.b_tile_bytes();
+    let stage_bytes = tile.loaded_stage_bytes(a_box_rows);
     let (map_a, map_b) = operand_maps();
     let b_share_rows = tile.block_n / tile.cluster_m;
     let b_share_bytes = tile.b_tile_bytes() / tile.cluster_m;
