@@ -169,13 +169,15 @@ impl TileConfig {
         self.b_block_bytes() * self.k_blocks_per_stage
     }
     /// Bytes of one ring slot: its A tiles (`a_rows` each) and B tiles. (TMA fills the B tiles
-    /// and the first [`GemmParams::a_box_rows`] rows of each A tile.)
+    /// and the A tiles, but in a partial last m-tile only the first
+    /// [`GemmParams::a_tail_box_rows`] rows of each.)
     pub const fn stage_bytes(&self) -> u32 {
         self.a_tile_bytes() + self.b_tile_bytes()
     }
     /// Bytes TMA delivers into one block's slot per stage, announced on its `full` barrier:
-    /// the B tiles and `a_box_rows` rows of each A tile ([`GemmParams::a_box_rows`]; a second
-    /// k-block past K is zero-filled and still counts).
+    /// the B tiles and `a_box_rows` rows of each A tile (`a_rows`, or in a partial last
+    /// m-tile [`GemmParams::a_tail_box_rows`]; a second k-block past K is zero-filled and
+    /// still counts).
     pub const fn loaded_stage_bytes(&self, a_box_rows: u32) -> u32 {
         a_box_rows * BLOCK_K * 2 * self.k_blocks_per_stage + self.b_tile_bytes()
     }
@@ -229,25 +231,40 @@ impl TileConfig {
     pub const fn smem_bytes(&self) -> u32 {
         self.row_scales_offset() + 2 * self.row_scale_bytes()
     }
-    /// Rows of A one TMA box loads for a problem of `m` rows: `a_rows`, or, where the whole
-    /// problem has fewer, `m` rounded up to a swizzle atom's 8 rows. TMA zero-fills the rows
-    /// of a box past the matrix's edge, and that fill is not free: a 64-row box at 1 or 16
-    /// rows made the 64-row tiles 10–60 % slower than at 64 rows on the same weights
-    /// (gemm-grid-2026-12-02-f66c553-m1; kernels-gpu/NOTES.md step 54). The slot's rows past
-    /// the box keep whatever the ring held before; they feed only accumulator rows (tokens)
-    /// at or past M, which are never stored.
-    pub const fn a_box_rows(&self, m: u32) -> u32 {
-        if m >= self.a_rows {
-            self.a_rows
-        } else if m <= 8 {
-            8
+    /// Box of the A tensor map for every m-tile but a partial last one: `{64 columns,
+    /// a_rows rows}`, the whole slot.
+    pub const fn a_box(&self) -> (u32, u32) {
+        (BLOCK_K, self.a_rows)
+    }
+    /// Rows of A the TMA box of the *last* m-tile loads for a problem of `m` rows: the rows
+    /// that tile has (`m` less the whole tiles above it) rounded up to a swizzle atom's 8
+    /// rows, at most `a_rows` (so `a_rows` where M is a multiple of the tile, and for a short
+    /// tile `m` rounded up). TMA zero-fills the rows of a box past the matrix's edge, and that
+    /// fill is not free: a 64-row box at 1 or 16 rows made the 64-row tiles 10–60 % slower
+    /// than at 64 rows on the same weights (gemm-grid-2026-12-02-f66c553-m1), and a 64-row box
+    /// over the last 32 rows of 96 made `64x64k2` 31 % slower than at 128 rows
+    /// (gemm-2026-12-02-3f7ef7e-96x6144x4096-and-5-more; kernels-gpu/NOTES.md steps 54, 55).
+    /// The slot's rows past the box keep whatever the ring held before; they feed only
+    /// accumulator rows (tokens) at or past M, which are never stored.
+    pub const fn a_tail_box_rows(&self, m: u32) -> u32 {
+        let above = if m == 0 {
+            0
         } else {
-            m.div_ceil(8) * 8
+            (m - 1) / self.block_m * self.block_m
+        };
+        let rows = (m - above).div_ceil(8) * 8;
+        if rows == 0 {
+            8
+        } else if rows > self.a_rows {
+            self.a_rows
+        } else {
+            rows
         }
     }
-    /// Box of the A tensor map for a problem of `m` rows: `{64 columns, a_box_rows(m) rows}`.
-    pub const fn a_box(&self, m: u32) -> (u32, u32) {
-        (BLOCK_K, self.a_box_rows(m))
+    /// Box of the A tensor map of the last m-tile for a problem of `m` rows: `{64 columns,
+    /// a_tail_box_rows(m) rows}`.
+    pub const fn a_tail_box(&self, m: u32) -> (u32, u32) {
+        (BLOCK_K, self.a_tail_box_rows(m))
     }
     /// The most rows (M) a problem may have on this configuration: `a_rows` for a short
     /// tile, else no bound (`u32::MAX`; more rows are more tiles).
@@ -820,10 +837,13 @@ pub struct RowScales {
 #[repr(C, align(16))]
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct OperandMaps {
-    /// A (M rows × K cols, box `TileConfig::a_box` of M).
+    /// A (M rows × K cols, box `TileConfig::a_box`), for every m-tile but a partial last one.
     pub a: [u64; 16],
     /// B (N rows × K cols, box `TileConfig::b_box`).
     pub b: [u64; 16],
+    /// A again, box `TileConfig::a_tail_box` of M: the last m-tile's, whose box stops at M
+    /// (the same as `a` where M is a multiple of the tile).
+    pub a_tail: [u64; 16],
 }
 
 /// The GEMM kernels' single by-value parameter.
@@ -858,9 +878,10 @@ pub struct GemmParams {
     /// 0 is read as 1. A launch parameter rather than a compile-time one: the best band
     /// depends on the problem's shape and the grid (the host's rule picks it).
     pub raster_group_m: u32,
-    /// Rows of A each k-block's TMA box loads ([`TileConfig::a_box_rows`] of `m`): the A
-    /// map's box height, from which the producer announces each stage's bytes.
-    pub a_box_rows: u32,
+    /// Rows of A each k-block's TMA box loads in the last m-tile
+    /// ([`TileConfig::a_tail_box_rows`] of `m`): `maps.a_tail`'s box height, from which the
+    /// producer announces that tile's stage bytes (every other tile loads `a_rows`).
+    pub a_tail_box_rows: u32,
     pub hook: StageHook,
     /// Split-K, read only by `split_k` configurations.
     pub split: SplitParams,
@@ -955,28 +976,39 @@ mod tests {
 
     #[test]
     fn a_boxes_stop_at_the_problem_s_rows_in_whole_swizzle_atoms() {
-        let (short, narrow) = (TILE_16X64_SWAPPED_DEEP, TILE_64X32_DEEP);
-        for (m, short_rows, narrow_rows) in [
-            (1, 8, 8),
-            (8, 8, 8),
-            (9, 16, 16),
-            (16, 16, 16),
-            (17, 16, 24),
-            (33, 16, 40),
-            (64, 16, 64),
-            (5000, 16, 64),
-        ] {
-            assert_eq!(short.a_box_rows(m), short_rows, "{m}");
-            assert_eq!(narrow.a_box(m), (BLOCK_K, narrow_rows), "{m}");
+        // A short tile serves at most `a_rows` (16) rows: its one box stops at M.
+        let short = TILE_16X64_SWAPPED_DEEP;
+        for (m, rows) in [(1, 8), (8, 8), (9, 16), (16, 16)] {
+            assert_eq!(short.a_tail_box_rows(m), rows, "{m}");
         }
-        // Every box is whole 128-byte swizzle atoms (8 rows) within its slot.
+        // The last m-tile's box: the rows past the whole tiles above it, rounded up to 8.
+        let (narrow, wide) = (TILE_64X32_DEEP, TILE_128X256);
+        for (m, narrow_rows, wide_rows) in [
+            (1, 8, 8),
+            (17, 24, 24),
+            (33, 40, 40),
+            (64, 64, 64),
+            (65, 8, 72),
+            (96, 32, 96),
+            (128, 64, 128),
+            (200, 8, 72),
+            (5000, 8, 8),
+        ] {
+            assert_eq!(narrow.a_tail_box(m), (BLOCK_K, narrow_rows), "{m}");
+            assert_eq!(wide.a_tail_box_rows(m), wide_rows, "{m}");
+        }
         for v in &VARIANTS {
+            let c = v.config;
             for m in 1..=300 {
-                let rows = v.config.a_box_rows(m);
-                assert!(rows % 8 == 0 && rows <= v.config.a_rows, "{} {m}", v.name);
+                // Whole 128-byte swizzle atoms (8 rows) within the slot, covering every row of
+                // the last m-tile (a short tile serves at most `a_rows`).
+                let rows = c.a_tail_box_rows(m);
+                let last = m - (m - 1) / c.block_m * c.block_m;
+                assert!(rows % 8 == 0 && rows <= c.a_rows, "{} {m}", v.name);
+                assert!(rows >= last || m > c.max_rows(), "{} {m}", v.name);
             }
             // A full box fills the whole slot.
-            let c = v.config;
+            assert_eq!(c.a_box(), (BLOCK_K, c.a_rows), "{}", v.name);
             assert_eq!(
                 c.loaded_stage_bytes(c.a_rows),
                 c.stage_bytes(),
@@ -993,7 +1025,7 @@ mod tests {
         assert_eq!(core::mem::size_of::<SplitParams>(), 16);
         assert_eq!(
             core::mem::size_of::<GemmParams>(),
-            256 + 32 + 48 + 48 + 64 + 16 + 16
+            384 + 32 + 48 + 48 + 64 + 16 + 16
         );
         assert_eq!(core::mem::align_of::<GemmParams>(), 16);
         assert_eq!(core::mem::offset_of!(GemmParams, maps), 0);

@@ -220,8 +220,10 @@ impl GemmKernel {
         let operand_map = |v: &MatrixView, box_dims: (u32, u32)| {
             TensorMapEncoding::new(&self.gpu, v.ptr, spec(v, box_dims, Swizzle::B128))
         };
-        let map_a = operand_map(&args.a, config.a_box(m as u32))?;
+        let map_a = operand_map(&args.a, config.a_box())?;
         let map_b = operand_map(&args.b, config.b_box())?;
+        // The last m-tile's A box stops at M (`TileConfig::a_tail_box_rows`).
+        let map_a_tail = operand_map(&args.a, config.a_tail_box(m as u32))?;
         // D and C move in the epilogue's chunks, swizzled as the kernel stages them; the
         // parameter block holds their maps' device addresses.
         let chunk_swizzle = Swizzle::with_span_bytes(config.epilogue_row_bytes())
@@ -257,6 +259,7 @@ impl GemmKernel {
             maps: OperandMaps {
                 a: map_a.words(),
                 b: map_b.words(),
+                a_tail: map_a_tail.words(),
             },
             map_d: map_d.as_ref().map_or(0, TensorMap2d::device_address),
             map_c: map_c.as_ref().map_or(0, TensorMap2d::device_address),
@@ -270,7 +273,7 @@ impl GemmKernel {
             alpha: args.alpha,
             beta: args.beta,
             raster_group_m: raster_group_m(variant, m, n, compiled.resident_clusters),
-            a_box_rows: config.a_box_rows(m as u32),
+            a_tail_box_rows: config.a_tail_box_rows(m as u32),
             hook: StageHook::default(),
             split: SplitParams::default(),
             row_scales: match inputs {
@@ -310,7 +313,7 @@ impl GemmKernel {
             variant: compiled.variant,
             params,
             grid,
-            operand_maps: [map_a, map_b],
+            operand_maps: [map_a, map_b, map_a_tail],
             chunk_maps: [map_d, map_c],
             _split: split,
         })
@@ -426,8 +429,9 @@ pub struct PreparedGemm {
     variant: &'static GemmVariant,
     params: GemmParams,
     grid: u32,
-    /// A's and B's maps, whose encodings the parameter block carries by value.
-    operand_maps: [TensorMapEncoding; 2],
+    /// A's, B's and A's last-m-tile maps, whose encodings the parameter block carries by
+    /// value.
+    operand_maps: [TensorMapEncoding; 3],
     /// D's and C's maps where the epilogue stages them: device copies the parameter block
     /// points to (kept alive here).
     chunk_maps: [Option<TensorMap2d>; 2],
@@ -531,10 +535,11 @@ impl PreparedGemm {
         check(args)?;
         // Only moved maps are re-encoded: A's and B's on the host (the parameter block
         // carries them by value), D's and C's device copies in stream order.
-        let [map_a, map_b] = &mut self.operand_maps;
+        let [map_a, map_b, map_a_tail] = &mut self.operand_maps;
         for (map, base, old) in [
             (map_a, args.a.ptr, previous.a.ptr),
             (map_b, args.b.ptr, previous.b.ptr),
+            (map_a_tail, args.a.ptr, previous.a.ptr),
         ] {
             if base != old {
                 map.retarget(gpu, base)?;
@@ -552,10 +557,8 @@ impl PreparedGemm {
                 unsafe { map.retarget_async(gpu, base, stream)? };
             }
         }
-        self.params.maps = OperandMaps {
-            a: self.operand_maps[0].words(),
-            b: self.operand_maps[1].words(),
-        };
+        let [a, b, a_tail] = self.operand_maps.each_ref().map(TensorMapEncoding::words);
+        self.params.maps = OperandMaps { a, b, a_tail };
         self.params.d = args.d.ptr;
         self.params.c = args.c.map_or(0, |c| c.ptr);
         self.params.alpha = args.alpha;

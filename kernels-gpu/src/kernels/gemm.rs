@@ -5,8 +5,8 @@
 //! - **warpgroup 0, the producer**: gives registers back (`setmaxnreg.dec 40`); one thread walks
 //!   the block's tiles and, per 64-wide k-block, waits for a free ring slot (`empty` mbarrier),
 //!   announces the stage's bytes on its `full` mbarrier and issues the TMA loads (A `BM`×64,
-//!   or fewer rows where the problem has fewer: [`GemmParams::a_box_rows`], and B `BN`×64,
-//!   128-byte swizzle). Loads past the matrix edge are zero-filled by TMA, so
+//!   in a partial last m-tile only the rows up to M: [`GemmParams::a_tail_box_rows`], and B
+//!   `BN`×64, 128-byte swizzle). Loads past the matrix edge are zero-filled by TMA, so
 //!   ragged M, N and K need no special case in the main loop.
 //! - **warpgroups 1 and 2, the consumers** (`setmaxnreg.inc 232`): warpgroup `1 + h` owns half
 //!   of the tile ([`ConsumerSplit`]): rows `64h..64h+63` of a 128-row tile, or columns
@@ -794,29 +794,31 @@ unsafe fn prologue_hook(hook: &StageHook, ring: Ring) -> bool {
     }
 }
 
-/// Generic addresses of the A and B tensor maps in this entry's parameter block
-/// ([`OperandMaps`], at its start).
+/// Generic addresses of the A, B and last-m-tile A tensor maps in this entry's parameter
+/// block ([`OperandMaps`], at its start).
 #[inline(always)]
-fn operand_maps() -> (u64, u64) {
+fn operand_maps() -> (u64, u64, u64) {
     let base = tma::entry_params_address() + core::mem::offset_of!(GemmParams, maps) as u64;
     (
         base + core::mem::offset_of!(OperandMaps, a) as u64,
         base + core::mem::offset_of!(OperandMaps, b) as u64,
+        base + core::mem::offset_of!(OperandMaps, a_tail) as u64,
     )
 }
 
 /// Producer: one thread streams (A, B) k-blocks of every tile of this block into the ring;
-/// each k-block's A box is `a_box_rows` rows ([`GemmParams::a_box_rows`]).
+/// each k-block's A box is the whole slot (`a_rows` rows, `maps.a`), but in the last m-tile
+/// where M ends inside it, `a_tail_box_rows` rows (`maps.a_tail`: TMA would otherwise
+/// zero-fill the rows past M, which costs time; [`TileConfig::a_tail_box_rows`]).
 ///
 /// # Safety
 /// One thread of the producer warpgroup, after the ring's barriers are initialised and the
-/// tensor maps acquired; `a_box_rows` must be the A map's box height, or the `full` barriers'
-/// byte counts never complete.
+/// tensor maps acquired; `m` must be the A maps' row count and `a_tail_box_rows` the
+/// `a_tail` map's box height, or the `full` barriers' byte counts never complete.
 #[inline(always)]
-unsafe fn produce(ring: Ring, tiles: Tiles, a_box_rows: u32) {
+unsafe fn produce(ring: Ring, tiles: Tiles, m: u32, a_tail_box_rows: u32) {
     let tile = ring.tile;
-    let stage_bytes = tile.loaded_stage_bytes(a_box_rows);
-    let (map_a, map_b) = operand_maps();
+    let (map_a_whole, map_b, map_a_tail) = operand_maps();
     let b_share_rows = tile.block_n / tile.cluster_m;
     let b_share_bytes = tile.b_tile_bytes() / tile.cluster_m;
     let mut slot = PipelineState::new(tile.stages);
@@ -824,6 +826,14 @@ unsafe fn produce(ring: Ring, tiles: Tiles, a_box_rows: u32) {
     while u < tiles.end {
         let (t, kb0, kb1) = tiles.unit(u);
         let (row, col) = tiles.origin(t);
+        // Only the last m-tile can end past M (the tiles' count is M over `block_m`, rounded
+        // up; a cluster's second block may even start past it).
+        let (map_a, a_box_rows) = if row + tile.block_m > m {
+            (map_a_tail, a_tail_box_rows)
+        } else {
+            (map_a_whole, tile.a_rows)
+        };
+        let stage_bytes = tile.loaded_stage_bytes(a_box_rows);
         // Stage `st` holds k-blocks `st·kps ..` (`kps` = k-blocks per stage; with 2, `kb0` is
         // 0: never split-K).
         let kps = tile.k_blocks_per_stage;
@@ -1320,7 +1330,7 @@ unsafe fn local_gemm<T: InputType, C: Config>(p: &GemmParams, ring: Ring, tid: u
     if index::warpgroup_idx() == 0 {
         regs::decrease_to::<40>();
         if tid == 0 {
-            unsafe { produce(ring, tiles, p.a_box_rows) };
+            unsafe { produce(ring, tiles, p.m, p.a_tail_box_rows) };
         }
     } else {
         regs::increase_to::<232>();
@@ -1362,9 +1372,10 @@ unsafe fn gemm<T: InputType, C: Config>(p: &GemmParams) {
             if p.map_c != 0 {
                 fence::tensormap_acquire(p.map_c);
             }
-            let (map_a, map_b) = operand_maps();
+            let (map_a, map_b, map_a_tail) = operand_maps();
             tma::prefetch_descriptor(map_a);
             tma::prefetch_descriptor(map_b);
+            tma::prefetch_descriptor(map_a_tail);
             if p.map_d != 0 {
                 tma::prefetch_descriptor(p.map_d);
             }
