@@ -86,7 +86,7 @@ fn cost_per_element(variant: &GemmVariant) -> f64 {
         "16x64t" | "16x128t2" => 1.4,
         // The narrow 64-row tiles (NOTES step 53): a block's ring stage takes about the same
         // time as `64x128`'s whatever the width, so per output element twice (64 wide) or four
-        // times (32 wide) its cost. Only the weight-stream rule picks them (17–64 rows,
+        // times (32 wide) its cost. Only the weight-stream rule picks them (17–128 rows,
         // `weight_stream`), which also sees the DRAM floor and two k-blocks a stage; this
         // model prices them for `estimated_cost`'s other users.
         "64x64" | "64x64s" | "64x64k2" => 1.4 * 2.0,
@@ -252,12 +252,16 @@ const SPLIT_PARTIAL_K_BLOCKS: f64 = 6.0;
 /// The configuration the rule picks for an `m × n × k` problem on a GPU with `sm_count` SMs:
 /// the cheapest by [`estimated_cost`], split-K ones only where they split (`s ≥ 2`, i.e. the
 /// tiles fill at most half the SMs), ping-pong never (it runs by name in 16 bits), the narrow
-/// 64-row tiles never (measured only where the weights stream). From 17 to 64 rows, instead,
-/// the fastest 64-row tile by a model of the weight stream (`host/src/gemm/weight_stream.rs`).
+/// 64-row tiles never (measured only where the weights stream). From 17 to 128 rows, instead,
+/// the fastest tile by a model of the weight stream (`host/src/gemm/weight_stream.rs`), where
+/// that model holds (above 64 rows, where some candidate's tiles fit one wave).
 #[must_use]
 pub fn choose_variant(m: u64, n: u64, k: u64, sm_count: u32) -> &'static GemmVariant {
-    if m > DECODE_ROWS && m <= weight_stream::MAX_ROWS {
-        return weight_stream::choose(m, n, k, sm_count);
+    if m > DECODE_ROWS
+        && m <= weight_stream::MAX_ROWS
+        && let Some(v) = weight_stream::choose(m, n, k, sm_count)
+    {
+        return v;
     }
     // Ping-pong only in FP8: in 16 bits it measured 2–7 % slower than 128×256 where this
     // model has it 1–9 % faster (8192 × 4096 × 2048, 8192 × 8192 × 1024, 405B o-proj at TP 8
@@ -306,7 +310,8 @@ fn cheapest<'v>(
 /// epilogue's price (`ROW_SCALED_EPILOGUE_K_BLOCKS`) for [`ScaleMode::Rowwise`]. A k-block of pairs
 /// takes a 16-bit k-block's time (twice the elements at twice the tensor rate), so an FP8
 /// GEMM's epilogue weighs as a 16-bit one's at half its K: ping-pong wins at shorter K
-/// (70B fc2 at TP 8, 3584 columns: 737 µs against 128×256's 776).
+/// (70B fc2 at TP 8, 3584 columns: 737 µs against 128×256's 776). From 17 to 64 rows, the
+/// weight-stream model's pick among the 64-row tiles, as in 16 bits.
 #[must_use]
 pub fn choose_fp8_variant(
     m: u64,
@@ -319,7 +324,14 @@ pub fn choose_fp8_variant(
         ScaleMode::Tensorwise => EPILOGUE_K_BLOCKS,
         ScaleMode::Rowwise => ROW_SCALED_EPILOGUE_K_BLOCKS,
     };
-    // The narrow 64-row tiles' e4m3 entry points run by name: measured in 16 bits only.
+    // From 17 to 64 rows the weight stream decides, as in 16 bits (measured in e4m3 at 32
+    // and 64 rows); elsewhere the narrow tiles run by name only.
+    if m > DECODE_ROWS
+        && m <= weight_stream::FP8_MAX_ROWS
+        && let Some(v) = weight_stream::choose_fp8(m, n, k_pairs, sm_count)
+    {
+        return v;
+    }
     let fp8 = VARIANTS
         .iter()
         .filter(|v| v.kernel_e4m3.is_some() && !weight_stream::is_narrow(v));
@@ -586,10 +598,12 @@ mod tests {
         // 512 rows splits 60 tiles of 128×160 2 ways (20 480 · 1.045 · (128 + 2 · 4 + 6 · 2 · 2)
         // / 256 = 13 376, two splits being allowed from `TWO_SPLIT_MIN_ROWS`) against 36 tiles
         // of 128×256 split 3 ways (32 768 · (86 + 48) / 256 = 17 152) and 72 unsplit 128×128
-        // tiles' 17 367. The first two as measured (NOTES step 37); the third predicted.
+        // tiles' 17 367. The first two as measured (NOTES step 37); the third predicted. Since
+        // NOTES step 56 the weight stream decides at 128 rows: the first as here, the second
+        // on 128 tiles of `64x64k2` in one wave (39.8 µs against `128x128s`' 44.7).
         assert_eq!(choose_variant(128, 5120, 8192, 132).name, "64x128");
         assert_eq!(choose_variant(512, 2304, 16384, 132).name, "128x160s");
-        assert_eq!(choose_variant(128, 4096, 14336, 132).name, "128x128s");
+        assert_eq!(choose_variant(128, 4096, 14336, 132).name, "64x64k2");
         // The 64-row tiles take two waves and K is too short for stream-K to pay (8B fc1, 16
         // tokens), K too short to split (8 k-blocks), or prefill: no split.
         for (m, n, k) in [
@@ -783,10 +797,11 @@ mod tests {
 
     #[test]
     fn the_narrow_64_row_tiles_run_only_where_the_weights_stream() {
-        // Picked by `weight_stream` at 17–64 rows; the area model, which cannot see the DRAM
-        // floor, would otherwise take them for small outputs through the epilogue's share
-        // (512 × 1000 × 1000: `64x64` priced below `64x128`), where they were never measured.
-        for m in [1, 7, 16, 65, 100, 128, 256, 512, 1000, 3000, 8192] {
+        // Picked by `weight_stream` at 17–128 rows (17–64 in FP8); the area model, which
+        // cannot see the DRAM floor, would otherwise take them for small outputs through the
+        // epilogue's share (512 × 1000 × 1000: `64x64` priced below `64x128`), where they
+        // were never measured.
+        for m in [1, 7, 16, 129, 256, 512, 1000, 3000, 8192] {
             for (n, k) in [
                 (100, 64),
                 (1000, 1000),
@@ -799,8 +814,7 @@ mod tests {
                 assert_ne!(v.name, "64x128k2", "{m}x{n}x{k}");
             }
         }
-        // In FP8 they run by name at every row count (measured in 16 bits only).
-        for m in [1, 17, 32, 64, 128, 2048] {
+        for m in [1, 16, 65, 128, 2048] {
             for (n, k) in [(1000, 1000), (4096, 2048), (2304, 8192), (28672, 4096)] {
                 let v = choose_fp8_variant(m, n, k, 132, ScaleMode::Tensorwise);
                 assert!(
@@ -809,8 +823,16 @@ mod tests {
                 );
             }
         }
+        // Where they stream the weights fastest: 8B o-proj at 32 rows (`64x32k2` 11.0 µs in
+        // e4m3 against `64x128s`' 14.4) and at 128 rows in bf16 (`64x64k2` 16.7 against
+        // `64x128`'s 19.3).
         assert!(weight_stream::is_narrow(choose_variant(
             32, 4096, 4096, 132
         )));
+        assert!(weight_stream::is_narrow(choose_variant(
+            128, 4096, 4096, 132
+        )));
+        let fp8 = choose_fp8_variant(32, 4096, 2048, 132, ScaleMode::Rowwise);
+        assert!(weight_stream::is_narrow(fp8), "{}", fp8.name);
     }
 }
