@@ -487,15 +487,6 @@ pub const TILE_64X128_SPLITK: TileConfig = TileConfig {
     ..TILE_64X128
 };
 
-/// [`TILE_64X128`] with two k-blocks a stage ([`TileConfig::k_blocks_per_stage`]): 4 stages
-/// of 2 × 24 KiB (the same 8 k-blocks in flight) and the staged epilogue, for 65–128 rows
-/// where two m-tiles of 64 rows stream the same weights (NOTES step 54's next step); by name.
-pub const TILE_64X128_DEEP: TileConfig = TileConfig {
-    stages: 4,
-    k_blocks_per_stage: 2,
-    ..TILE_64X128
-};
-
 /// 64×64 tiles, 13 stages of 16 KiB, split by columns (each consumer warpgroup one
 /// `m64n32k16` slab), stored from registers: for decode and small-batch shapes of up to a few
 /// tens of rows whose 64×128 tiles number about half the SMs or fewer (8B QKV at 64 rows: 96
@@ -671,7 +662,6 @@ macro_rules! gemm_variants {
             "64x64k2" => gemm_bf16_64x64k2, gemm_f16_64x64k2, TILE_64X64_DEEP, Tile64x64K2, e4m3 gemm_e4m3_64x64k2;
             "64x32" => gemm_bf16_64x32, gemm_f16_64x32, TILE_64X32, Tile64x32, e4m3 gemm_e4m3_64x32;
             "64x32k2" => gemm_bf16_64x32k2, gemm_f16_64x32k2, TILE_64X32_DEEP, Tile64x32K2, e4m3 gemm_e4m3_64x32k2;
-            "64x128k2" => gemm_bf16_64x128k2, gemm_f16_64x128k2, TILE_64X128_DEEP, Tile64x128K2, e4m3 gemm_e4m3_64x128k2;
         }
     };
 }

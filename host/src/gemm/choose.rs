@@ -91,9 +91,6 @@ fn cost_per_element(variant: &GemmVariant) -> f64 {
         // model prices them for `estimated_cost`'s other users.
         "64x64" | "64x64s" | "64x64k2" => 1.4 * 2.0,
         "64x32" | "64x32k2" => 1.4 * 4.0,
-        // `64x128` with two k-blocks a stage: by name until measured, costed as `64x128` and
-        // listed after it, so a tie keeps `64x128`.
-        "64x128k2" => 1.4,
         // Ping-pong 128×128 (one warpgroup per tile, its epilogue hidden; FP8 only, see
         // `choose_variant`): per output element of its main loop, 1.07–1.08 of 128×256's in
         // e4m3 (the FP8 set's full-wave shapes) and 1.06–1.10 in bf16 (five prefill rows of
@@ -811,16 +808,12 @@ mod tests {
             ] {
                 let v = choose_variant(m, n, k, 132);
                 assert!(!weight_stream::is_narrow(v), "{m}x{n}x{k}: {}", v.name);
-                assert_ne!(v.name, "64x128k2", "{m}x{n}x{k}");
             }
         }
         for m in [1, 16, 65, 128, 2048] {
             for (n, k) in [(1000, 1000), (4096, 2048), (2304, 8192), (28672, 4096)] {
                 let v = choose_fp8_variant(m, n, k, 132, ScaleMode::Tensorwise);
-                assert!(
-                    !weight_stream::is_narrow(v) && v.name != "64x128k2",
-                    "{m}x{n}x{k}"
-                );
+                assert!(!weight_stream::is_narrow(v), "{m}x{n}x{k}: {}", v.name);
             }
         }
         // Where they stream the weights fastest: 8B o-proj at 32 rows (`64x32k2` 11.0 µs in
