@@ -18,7 +18,7 @@
 //! pair of m-tiles read the same B, the second mostly from L2 while both run in one wave, so
 //! the DRAM floor counts each n-tile once; that holds in one wave (within ~1.5 µs on the
 //! grid's one-wave shapes) but not over several, where the second m-tile's blocks no longer
-//! run beside the first's and the estimate fell 10–25 % short (NOTES step 56). So above 64
+//! run beside the first's and the estimate fell 10–25 % short (NOTES steps 55–56). So above 64
 //! rows only configurations whose tiles fit one wave compete (a split-K grid always does), and
 //! where none does the area model decides.
 //!
