@@ -505,16 +505,16 @@ const FP8_CASES: &[(&str, u64, u64, u64, f32)] = &[
 
 /// A and B in e4m3 with tensor-wise and with row-wise scales, bf16 C and D, on every
 /// configuration compiled for e4m3: every element of D against the f64 reference of
-/// `distgemm::reference::check_scaled` (`alpha·sa·sb·Σ a·b + beta·c`, e4m3 values and scales
-/// exact; the bound of `ErrorBound::scaled`: the f32 accumulation, the scale products and the
-/// bf16 output). Inputs are N(0, 4²) rounded to e4m3 (never all zero), row-wise scales in
+/// `distgemm::reference::check_scaled_each`, one pass for every configuration's D
+/// (`alpha·sa·sb·Σ a·b + beta·c`, e4m3 values and scales exact; the bound of
+/// `ErrorBound::scaled`: the f32 accumulation, the scale products and the bf16 output). Inputs are N(0, 4²) rounded to e4m3 (never all zero), row-wise scales in
 /// [0.25, 2), D poisoned with NaN before every run.
 #[test]
 fn fp8_every_configuration_and_scale_mode() {
     use distgemm::fp8::{E4m3, Scales};
     use distgemm::gemm::{Fp8GemmArgs, Fp8Scales};
     use distgemm::problem::Problem;
-    use distgemm::reference::{ScaledCheckInputs, check_scaled};
+    use distgemm::reference::{ScaledCheckInputs, check_scaled_each};
 
     let test = "gpu_gemm::fp8_every_configuration_and_scale_mode";
     let Some(session) = gpu::hopper_gpu(test) else {
@@ -564,6 +564,9 @@ fn fp8_every_configuration_and_scale_mode() {
             ),
         ];
         for (mode, scales, reference_scales) in &modes {
+            // Every configuration's D, checked together below: the f64 reference (M·N·K
+            // products, most of this test's time at 2048³) is computed once for all of them.
+            let mut outputs: Vec<(String, Vec<half::bf16>)> = Vec::new();
             for v in VARIANTS.iter().filter(|v| v.kernel_e4m3.is_some()) {
                 let mut d =
                     DeviceBuffer::<half::bf16>::alloc(&session.gpu, (m * n) as usize).expect("D");
@@ -589,15 +592,7 @@ fn fp8_every_configuration_and_scale_mode() {
                 // SAFETY: A, B, C, D and the scales are live buffers of the viewed sizes,
                 // read back after.
                 unsafe { prepared.launch(&stream, false) }.expect("launch");
-                let got = d.download(&stream).expect("download D");
-                let inputs = ScaledCheckInputs {
-                    a: &a_host,
-                    b: &b_host,
-                    scales: reference_scales,
-                    c: (beta != 0.0).then_some(&c_host[..]),
-                };
-                let report = check_scaled(&problem, 1, 1, inputs, &got).expect("reference");
-                assert_eq!(report.mismatches, 0, "{what}: {report:?}");
+                outputs.push((what, d.download(&stream).expect("download D")));
                 if let Some(plain) = VARIANTS.iter().find(|v| v.kernel_e4m3.is_none()) {
                     // A configuration without an e4m3 entry point is a named error.
                     let err = kernel
@@ -606,6 +601,18 @@ fn fp8_every_configuration_and_scale_mode() {
                         .expect("no e4m3 entry point");
                     assert!(err.to_string().contains("not compiled for e4m3"), "{err}");
                 }
+            }
+            let inputs = ScaledCheckInputs {
+                a: &a_host,
+                b: &b_host,
+                scales: reference_scales,
+                c: (beta != 0.0).then_some(&c_host[..]),
+            };
+            let ds: Vec<&[half::bf16]> = outputs.iter().map(|(_, d)| &d[..]).collect();
+            let reports = check_scaled_each(&problem, 1, 1, inputs, &ds).expect("reference");
+            assert_eq!(reports.len(), outputs.len());
+            for ((what, _), report) in outputs.iter().zip(&reports) {
+                assert_eq!(report.mismatches, 0, "{what}: {report:?}");
                 visible_line(&format!(
                     "{test}: {what}: ok (worst {:.2} of the bound)",
                     report.worst_ratio

@@ -30,7 +30,8 @@ use crate::problem::Problem;
 mod scaled;
 
 pub use scaled::{
-    ScaledCheckInputs, check_scaled, check_scaled_sampled, gemm_scaled_f32, gemm_scaled_f64,
+    ScaledCheckInputs, check_scaled, check_scaled_each, check_scaled_sampled, gemm_scaled_f32,
+    gemm_scaled_f64,
 };
 
 /// `A·Bᵀ` in f64: A is m×k (ld `lda`), B is n×k (ld `ldb`); returns m×n row-major.
@@ -269,10 +270,10 @@ impl CheckReport {
     }
 }
 
-/// What [`compare`] needs of one element: D's value, the exact `Σ a·b` (times the scales on
-/// the FP8 path), its magnitude `Σ |a·b|` (likewise) and `c_ij` (0 without C).
-struct Compared {
-    out: f64,
+/// What [`compare`] needs of one element besides the outputs' values: the exact `Σ a·b`
+/// (times the scales on the FP8 path), its magnitude `Σ |a·b|` (likewise) and `c_ij` (0
+/// without C).
+struct Expected {
     exact: f64,
     magnitude: f64,
     c: f64,
@@ -305,26 +306,31 @@ impl Elements<'_> {
 /// Elements below which a comparison runs on the calling thread only.
 const ELEMENTS_PER_THREAD: usize = 1024;
 
-/// Compares `elements` with `bound` and `alpha`, `beta` (`scalars`), `element(idx)` giving each
-/// one's values, on every core (at most 32 threads): each element is a K-long f64 dot
-/// product, and checking all of D is M·N·K of them (8·10⁹ for 2048³). Contiguous runs of
-/// positions go to the threads and their reports are merged in order, so the result is the
-/// one a single pass would give (the worst element is the first of the largest ratio).
-fn compare(
+/// Compares `elements` of each of `outputs` with `bound` and `alpha`, `beta` (`scalars`),
+/// `expected(idx)` giving each element's reference values, on every core (at most 32 threads):
+/// each element is a K-long f64 dot product, and checking all of D is M·N·K of them (8·10⁹
+/// for 2048³), computed once however many outputs share it. Contiguous runs of positions go to
+/// the threads and their reports are merged in order, so each output's report is the one a
+/// single pass would give (the worst element is the first of the largest ratio).
+fn compare<T: Element>(
     bound: ErrorBound,
     scalars: (f64, f64),
     elements: Elements<'_>,
-    element: impl Fn(usize) -> Compared + Sync,
-) -> CheckReport {
+    outputs: &[&[T]],
+    expected: impl Fn(usize) -> Expected + Sync,
+) -> Vec<CheckReport> {
     let count = elements.len();
     let run = |positions: std::ops::Range<usize>| {
-        let mut report = CheckReport::new(bound);
+        let mut reports = vec![CheckReport::new(bound); outputs.len()];
         for position in positions {
             let idx = elements.at(position);
-            let e = element(idx);
-            report.add(idx, e.out, e.exact, e.magnitude, e.c, scalars);
+            let e = expected(idx);
+            for (report, d) in reports.iter_mut().zip(outputs) {
+                let out = f64::from(d[idx].to_f32());
+                report.add(idx, out, e.exact, e.magnitude, e.c, scalars);
+            }
         }
-        report
+        reports
     };
     let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
     let threads = cores
@@ -341,15 +347,34 @@ fn compare(
             .step_by(per)
             .map(|start| s.spawn(move || run(start..(start + per).min(count))))
             .collect();
-        let mut report = CheckReport::new(bound);
+        let mut reports = vec![CheckReport::new(bound); outputs.len()];
         for handle in handles {
             match handle.join() {
-                Ok(part) => report.merge(part),
+                Ok(parts) => {
+                    for (report, part) in reports.iter_mut().zip(parts) {
+                        report.merge(part);
+                    }
+                }
                 Err(panic) => std::panic::resume_unwind(panic),
             }
         }
-        report
+        reports
     })
+}
+
+/// [`compare`] on one output.
+fn compare_one<T: Element>(
+    bound: ErrorBound,
+    scalars: (f64, f64),
+    elements: Elements<'_>,
+    d: &[T],
+    expected: impl Fn(usize) -> Expected + Sync,
+) -> CheckReport {
+    let reports = compare(bound, scalars, elements, &[d], expected);
+    reports
+        .into_iter()
+        .next()
+        .unwrap_or_else(|| CheckReport::new(bound))
 }
 
 /// The operand lengths of a check (elements of A, B, optional C, D) against `problem`: A is
@@ -409,7 +434,7 @@ impl<T: Element> CheckInputs<'_, T> {
         let (n, k) = (problem.n, problem.k);
         let bound = ErrorBound::new(problem.dtype, roundings, k, tp);
         let scalars = (f64::from(problem.alpha), f64::from(problem.beta));
-        compare(bound, scalars, elements, |idx| {
+        compare_one(bound, scalars, elements, d, |idx| {
             let (i, j) = (idx / n, idx % n);
             let (row, col) = (&self.a[i * k..(i + 1) * k], &self.b[j * k..(j + 1) * k]);
             let (mut exact, mut magnitude) = (0.0, 0.0);
@@ -418,8 +443,7 @@ impl<T: Element> CheckInputs<'_, T> {
                 exact += p;
                 magnitude += p.abs();
             }
-            Compared {
-                out: f64::from(d[idx].to_f32()),
+            Expected {
                 exact,
                 magnitude,
                 c: self.c.map_or(0.0, |c| f64::from(c[idx].to_f32())),

@@ -1,12 +1,12 @@
 //! The FP8 reference (issue 24): A and B as [`E4m3`] codes with [`Scales`], C and D in bf16 or
 //! f16. [`gemm_scaled_f64`] is `(sa ⊙ A)·(sb ⊙ B)ᵀ` with exact sums (see [`crate::fp8`]),
 //! [`gemm_scaled_f32`] the FP8 stage kernel's arithmetic, and [`check_scaled`] /
-//! [`check_scaled_sampled`] compare an output with the bound of [`ErrorBound::scaled`], on
-//! the parent module's comparison machinery.
+//! [`check_scaled_sampled`] compare an output ([`check_scaled_each`] several) with the bound
+//! of [`ErrorBound::scaled`], on the parent module's comparison machinery.
 
 use super::{
-    CheckReport, Compared, Elements, EpilogueInput, ErrorBound, check_operand_sizes, check_sample,
-    compare,
+    CheckReport, Elements, EpilogueInput, ErrorBound, Expected, check_operand_sizes, check_sample,
+    compare, compare_one,
 };
 use crate::dtype::Element;
 use crate::fp8::{E4m3, Scales};
@@ -151,30 +151,34 @@ impl<T: Element> ScaledCheckInputs<'_, T> {
         )
     }
 
-    /// Compares `elements` of `d` (sizes checked) with `bound`.
-    fn compare(
-        &self,
-        problem: &Problem,
-        bound: ErrorBound,
-        d: &[T],
-        elements: Elements<'_>,
-    ) -> CheckReport {
+    /// Each element's reference values (`alpha`, `beta` apart) for the comparison.
+    fn expected(&self, problem: &Problem) -> impl Fn(usize) -> Expected + Sync {
         let (n, k) = (problem.n, problem.k);
-        let scalars = (f64::from(problem.alpha), f64::from(problem.beta));
-        compare(bound, scalars, elements, |idx| {
+        move |idx| {
             let (i, j) = (idx / n, idx % n);
             let (sum, magnitude) =
                 dot_e4m3(&self.a[i * k..(i + 1) * k], &self.b[j * k..(j + 1) * k]);
             let (sa, sb) = self.scales.pair(i, j);
             let scale = f64::from(sa) * f64::from(sb);
-            Compared {
-                out: f64::from(d[idx].to_f32()),
+            Expected {
                 exact: scale * sum,
                 magnitude: scale.abs() * magnitude,
                 c: self.c.map_or(0.0, |c| f64::from(c[idx].to_f32())),
             }
-        })
+        }
     }
+}
+
+/// The bound and `(alpha, beta)` of a scaled check with output type `T`.
+fn bound_and_scalars<T: Element>(
+    problem: &Problem,
+    roundings: usize,
+    tp: usize,
+) -> (ErrorBound, (f64, f64)) {
+    (
+        ErrorBound::scaled(T::DTYPE, roundings, problem.k, tp),
+        (f64::from(problem.alpha), f64::from(problem.beta)),
+    )
 }
 
 /// Compares `d` (global M×N, output type `T`) against `alpha·(sa ⊙ A)·(sb ⊙ B)ᵀ + beta·C`
@@ -190,8 +194,39 @@ pub fn check_scaled<T: Element>(
     d: &[T],
 ) -> Result<CheckReport, SizeError> {
     inputs.check_sizes(problem, d)?;
-    let bound = ErrorBound::scaled(T::DTYPE, roundings, problem.k, tp);
-    Ok(inputs.compare(problem, bound, d, Elements::All(problem.m * problem.n)))
+    let (bound, scalars) = bound_and_scalars::<T>(problem, roundings, tp);
+    let all = Elements::All(problem.m * problem.n);
+    Ok(compare_one(
+        bound,
+        scalars,
+        all,
+        d,
+        inputs.expected(problem),
+    ))
+}
+
+/// As [`check_scaled`], for several outputs of the same problem and inputs (say, every kernel
+/// configuration's D): one report per output, in order, each the one [`check_scaled`] gives,
+/// while the f64 reference — the cost of a full check, M·N·K products — is computed once.
+pub fn check_scaled_each<T: Element>(
+    problem: &Problem,
+    roundings: usize,
+    tp: usize,
+    inputs: ScaledCheckInputs<'_, T>,
+    outputs: &[&[T]],
+) -> Result<Vec<CheckReport>, SizeError> {
+    for d in outputs {
+        inputs.check_sizes(problem, d)?;
+    }
+    let (bound, scalars) = bound_and_scalars::<T>(problem, roundings, tp);
+    let all = Elements::All(problem.m * problem.n);
+    Ok(compare(
+        bound,
+        scalars,
+        all,
+        outputs,
+        inputs.expected(problem),
+    ))
 }
 
 /// As [`check_scaled`], on the elements `indices` (flat `i·N + j`, each below M·N) only, as
@@ -206,8 +241,15 @@ pub fn check_scaled_sampled<T: Element>(
 ) -> Result<CheckReport, SizeError> {
     inputs.check_sizes(problem, d)?;
     check_sample(problem, indices)?;
-    let bound = ErrorBound::scaled(T::DTYPE, roundings, problem.k, tp);
-    Ok(inputs.compare(problem, bound, d, Elements::Sample(indices)))
+    let (bound, scalars) = bound_and_scalars::<T>(problem, roundings, tp);
+    let sample = Elements::Sample(indices);
+    Ok(compare_one(
+        bound,
+        scalars,
+        sample,
+        d,
+        inputs.expected(problem),
+    ))
 }
 
 #[cfg(test)]
@@ -449,6 +491,10 @@ mod tests {
                                 (1, idx),
                                 "{case} [{idx}] outside, up={up}"
                             );
+                            // Several outputs at once: each the report it gets alone.
+                            let each = check_scaled_each(&problem, 1, 1, inputs, &[&d, &perturbed])
+                                .unwrap_or_else(|e| panic!("{e}"));
+                            assert_eq!(each, [report, rejected], "{case} [{idx}] each");
                         }
                     }
                 }
@@ -482,6 +528,15 @@ mod tests {
             c: Some(&c),
         };
         assert!(check_scaled(&problem, 1, 1, inputs, &d).is_ok_and(|r| r.passed()));
+        // Several outputs: any of the wrong size refuses them all.
+        assert!(matches!(
+            check_scaled_each(&problem, 1, 1, inputs, &[&d, &d[..3]]),
+            Err(SizeError::Elements {
+                got: 3,
+                expected: 4,
+                ..
+            })
+        ));
         let no_c = ScaledCheckInputs { c: None, ..inputs };
         assert_eq!(
             check_scaled(&problem, 1, 1, no_c, &d).err(),
