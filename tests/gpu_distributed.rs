@@ -783,15 +783,16 @@ fn tp1_plans_on_one_gpu() {
     };
     let modules = vec![session.module().expect("module")];
     let gpus = vec![session.gpu.clone()];
-    for kind in ScheduleKind::ALL {
-        run_and_check::<half::bf16>(
-            test,
-            &gpus,
-            &modules,
-            kind,
-            Problem::new(1000, 784, 520),
-            false,
-        );
+    // A ragged prefill, and decode batches of 96 and 40 tokens, whose stage GEMMs the
+    // weight-stream rule gives the narrow 64-row tiles (two m-tiles, the last one partial).
+    for problem in [
+        Problem::new(1000, 784, 520),
+        Problem::new(96, 784, 520),
+        Problem::new(40, 4096, 1024),
+    ] {
+        for kind in ScheduleKind::ALL {
+            run_and_check::<half::bf16>(test, &gpus, &modules, kind, problem, false);
+        }
     }
 }
 
@@ -805,8 +806,11 @@ fn two_ranks_on_one_gpu() {
     // Small enough that both ranks' kernels are resident together (checked by the builder).
     let gpus = vec![session.gpu.clone(), session.gpu.clone()];
     let problem = Problem::new(1024, 1024, 1024);
-    for kind in ScheduleKind::ALL {
-        run_and_check::<half::bf16>(test, &gpus, &modules, kind, problem, true);
+    // And a decode batch of 128 tokens: 64-row stages (all-gather) on the narrow tiles.
+    for p in [problem, Problem::new(128, 1024, 1024)] {
+        for kind in ScheduleKind::ALL {
+            run_and_check::<half::bf16>(test, &gpus, &modules, kind, p, true);
+        }
     }
     // And a hundred back-to-back runs of a reduce-scatter ring on one GPU.
     let kind = ScheduleKind::ReduceScatterTilingA;
