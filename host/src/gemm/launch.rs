@@ -222,8 +222,12 @@ impl GemmKernel {
         };
         let map_a = operand_map(&args.a, config.a_box())?;
         let map_b = operand_map(&args.b, config.b_box())?;
-        // The last m-tile's A box stops at M (`TileConfig::a_tail_box_rows`).
-        let map_a_tail = operand_map(&args.a, config.a_tail_box(m as u32))?;
+        // The last m-tile's A box stops at M (`TileConfig::a_tail_box_rows`): a map of its
+        // own only where M ends inside a tile.
+        let tail_box = config.a_tail_box(m as u32);
+        let map_a_tail = (tail_box != config.a_box())
+            .then(|| operand_map(&args.a, tail_box))
+            .transpose()?;
         // D and C move in the epilogue's chunks, swizzled as the kernel stages them; the
         // parameter block holds their maps' device addresses.
         let chunk_swizzle = Swizzle::with_span_bytes(config.epilogue_row_bytes())
@@ -259,7 +263,7 @@ impl GemmKernel {
             maps: OperandMaps {
                 a: map_a.words(),
                 b: map_b.words(),
-                a_tail: map_a_tail.words(),
+                a_tail: map_a_tail.as_ref().unwrap_or(&map_a).words(),
             },
             map_d: map_d.as_ref().map_or(0, TensorMap2d::device_address),
             map_c: map_c.as_ref().map_or(0, TensorMap2d::device_address),
@@ -313,7 +317,8 @@ impl GemmKernel {
             variant: compiled.variant,
             params,
             grid,
-            operand_maps: [map_a, map_b, map_a_tail],
+            operand_maps: [map_a, map_b],
+            a_tail_map: map_a_tail,
             chunk_maps: [map_d, map_c],
             _split: split,
         })
@@ -429,9 +434,11 @@ pub struct PreparedGemm {
     variant: &'static GemmVariant,
     params: GemmParams,
     grid: u32,
-    /// A's, B's and A's last-m-tile maps, whose encodings the parameter block carries by
-    /// value.
-    operand_maps: [TensorMapEncoding; 3],
+    /// A's and B's maps, whose encodings the parameter block carries by value.
+    operand_maps: [TensorMapEncoding; 2],
+    /// A's map for the last m-tile where its box differs from A's (M ends inside a tile);
+    /// otherwise the parameter block carries A's map twice.
+    a_tail_map: Option<TensorMapEncoding>,
     /// D's and C's maps where the epilogue stages them: device copies the parameter block
     /// points to (kept alive here).
     chunk_maps: [Option<TensorMap2d>; 2],
@@ -535,13 +542,17 @@ impl PreparedGemm {
         check(args)?;
         // Only moved maps are re-encoded: A's and B's on the host (the parameter block
         // carries them by value), D's and C's device copies in stream order.
-        let [map_a, map_b, map_a_tail] = &mut self.operand_maps;
-        for (map, base, old) in [
-            (map_a, args.a.ptr, previous.a.ptr),
-            (map_b, args.b.ptr, previous.b.ptr),
-            (map_a_tail, args.a.ptr, previous.a.ptr),
-        ] {
-            if base != old {
+        let [map_a, map_b] = &mut self.operand_maps;
+        let a_moved = (args.a.ptr, previous.a.ptr);
+        let moves = [
+            (Some(map_a), a_moved),
+            (Some(map_b), (args.b.ptr, previous.b.ptr)),
+            (self.a_tail_map.as_mut(), a_moved),
+        ];
+        for (map, (base, old)) in moves {
+            if let Some(map) = map
+                && base != old
+            {
                 map.retarget(gpu, base)?;
             }
         }
@@ -557,8 +568,12 @@ impl PreparedGemm {
                 unsafe { map.retarget_async(gpu, base, stream)? };
             }
         }
-        let [a, b, a_tail] = self.operand_maps.each_ref().map(TensorMapEncoding::words);
-        self.params.maps = OperandMaps { a, b, a_tail };
+        let [map_a, map_b] = &self.operand_maps;
+        self.params.maps = OperandMaps {
+            a: map_a.words(),
+            b: map_b.words(),
+            a_tail: self.a_tail_map.as_ref().unwrap_or(map_a).words(),
+        };
         self.params.d = args.d.ptr;
         self.params.c = args.c.map_or(0, |c| c.ptr);
         self.params.alpha = args.alpha;
