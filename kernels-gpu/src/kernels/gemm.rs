@@ -467,6 +467,7 @@ config!(Tile128x128P: TILE_128X128_PINGPONG {
 config!(
     Tile64x128: TILE_64X128,
     Tile64x128S: TILE_64X128_SPLITK,
+    Tile64x128C2: TILE_64X128_CLUSTER2,
     Tile16x128: TILE_16X128,
     Tile16x128S: TILE_16X128_SPLITK {
         slabs: 1,
@@ -476,6 +477,19 @@ config!(
         pairs: 4,
         mma: mma_n64,
         fence: fence_operands_32,
+    }
+);
+config!(
+    Tile64x96: TILE_64X96,
+    Tile64x96K2: TILE_64X96_DEEP,
+    Tile64x96C2: TILE_64X96_CLUSTER2 {
+        slabs: 1,
+        regs: 48,
+        blocks: 12,
+        chunks: 3,
+        pairs: 2,
+        mma: mma_n96,
+        fence: fence_operands_48,
     }
 );
 config!(
