@@ -104,7 +104,7 @@ pub struct TileConfig {
     /// (barrier round trips, `wgmma` commit and wait) is paid once per two k-blocks. A unit's
     /// last stage's second k-block lies past K (zero-filled by TMA). For the narrow decode
     /// tiles, whose k-block is mostly that hand-off; never with split-K (a piece may start
-    /// inside a stage) or clusters.
+    /// inside a stage).
     pub k_blocks_per_stage: u32,
 }
 
@@ -355,8 +355,7 @@ impl TileConfig {
                 && self.block_m == SLAB_M
                 && self.a_rows == 16
                 && !self.staged);
-        let depth = self.k_blocks_per_stage == 1
-            || (self.k_blocks_per_stage == 2 && self.cluster_m == 1 && !self.split_k);
+        let depth = self.k_blocks_per_stage == 1 || (self.k_blocks_per_stage == 2 && !self.split_k);
         shape
             && rows
             && swapped
@@ -366,7 +365,7 @@ impl TileConfig {
             && self.b_tile_bytes().is_multiple_of(1024)
             && (self.cluster_m == 1 || self.cluster_m == 2)
             && !(self.split_k && self.cluster_m != 1)
-            && (self.b_tile_bytes() / self.cluster_m).is_multiple_of(1024)
+            && (self.b_block_bytes() / self.cluster_m).is_multiple_of(1024)
     }
 }
 
@@ -553,6 +552,11 @@ pub const TILE_64X96_CLUSTER2: TileConfig = TileConfig {
     cluster_m: 2,
     ..TILE_64X96
 };
+/// [`TILE_64X96_DEEP`] in 2-block clusters sharing B: the shared B and half the hand-offs.
+pub const TILE_64X96_DEEP_CLUSTER2: TileConfig = TileConfig {
+    cluster_m: 2,
+    ..TILE_64X96_DEEP
+};
 /// [`TILE_64X128`] in 2-block clusters along M sharing B (see [`TILE_64X96_CLUSTER2`]).
 pub const TILE_64X128_CLUSTER2: TileConfig = TileConfig {
     cluster_m: 2,
@@ -695,6 +699,7 @@ macro_rules! gemm_variants {
             "64x96" => gemm_bf16_64x96, gemm_f16_64x96, TILE_64X96, Tile64x96, e4m3 gemm_e4m3_64x96;
             "64x96k2" => gemm_bf16_64x96k2, gemm_f16_64x96k2, TILE_64X96_DEEP, Tile64x96K2, e4m3 gemm_e4m3_64x96k2;
             "64x96c2" => gemm_bf16_64x96c2, gemm_f16_64x96c2, TILE_64X96_CLUSTER2, Tile64x96C2, e4m3 gemm_e4m3_64x96c2;
+            "64x96k2c2" => gemm_bf16_64x96k2c2, gemm_f16_64x96k2c2, TILE_64X96_DEEP_CLUSTER2, Tile64x96K2C2, e4m3 gemm_e4m3_64x96k2c2;
             "64x128c2" => gemm_bf16_64x128c2, gemm_f16_64x128c2, TILE_64X128_CLUSTER2, Tile64x128C2, e4m3 gemm_e4m3_64x128c2;
         }
     };
