@@ -104,7 +104,7 @@ pub struct TileConfig {
     /// (barrier round trips, `wgmma` commit and wait) is paid once per two k-blocks. A unit's
     /// last stage's second k-block lies past K (zero-filled by TMA). For the narrow decode
     /// tiles, whose k-block is mostly that hand-off; never with split-K (a piece may start
-    /// inside a stage).
+    /// inside a stage) or clusters.
     pub k_blocks_per_stage: u32,
 }
 
@@ -315,7 +315,7 @@ impl TileConfig {
     /// 1024-byte aligned: 128-row tiles split by rows (N of 128, 160, 224 or 256), or split by
     /// columns 192×192 tiles (three `m64n96k16` slabs per warpgroup), 64×128 tiles (one
     /// `m64n64k16` slab per warpgroup) and 64×64 tiles (one `m64n32k16` slab per warpgroup),
-    /// or 64×32 and 64×96 tiles for one warpgroup; the transposed product ([`TileConfig::swap_ab`])
+    /// or 64×32 tiles for one warpgroup; the transposed product ([`TileConfig::swap_ab`])
     /// only on 16-row short tiles.
     pub const fn is_valid(&self) -> bool {
         let shape = match self.split {
@@ -331,14 +331,14 @@ impl TileConfig {
                 self.block_m == 128 && self.block_n == 128 && !self.split_k && self.cluster_m == 1
             }
             // One warpgroup's `wgmma` a k16 step, for tiles whose tensor work is too small to
-            // share: the transposed product 64 weight rows wide (`m64n16`), 64×32 (`m64n32`)
-            // or 64×96 (`m64n96`, whose halves, 48 wide, have no 64-byte aligned split).
+            // share: the transposed product 64 weight rows wide (`m64n16`), or 64×32 (`m64n32`).
             ConsumerSplit::Single => {
                 self.block_m == SLAB_M
+                    && self.cluster_m == 1
                     && if self.swap_ab {
-                        self.block_n == 64 && self.cluster_m == 1
+                        self.block_n == 64
                     } else {
-                        self.block_n == 32 || self.block_n == 96
+                        self.block_n == 32
                     }
             }
         };
@@ -355,7 +355,8 @@ impl TileConfig {
                 && self.block_m == SLAB_M
                 && self.a_rows == 16
                 && !self.staged);
-        let depth = self.k_blocks_per_stage == 1 || (self.k_blocks_per_stage == 2 && !self.split_k);
+        let depth = self.k_blocks_per_stage == 1
+            || (self.k_blocks_per_stage == 2 && self.cluster_m == 1 && !self.split_k);
         shape
             && rows
             && swapped
@@ -365,7 +366,7 @@ impl TileConfig {
             && self.b_tile_bytes().is_multiple_of(1024)
             && (self.cluster_m == 1 || self.cluster_m == 2)
             && !(self.split_k && self.cluster_m != 1)
-            && (self.b_block_bytes() / self.cluster_m).is_multiple_of(1024)
+            && (self.b_tile_bytes() / self.cluster_m).is_multiple_of(1024)
     }
 }
 
@@ -527,41 +528,6 @@ pub const TILE_64X32_DEEP: TileConfig = TileConfig {
     k_blocks_per_stage: 2,
     ..TILE_64X32
 };
-/// 64×96 tiles, 11 stages of 20 KiB, computed by one consumer warpgroup
-/// ([`ConsumerSplit::Single`], one `m64n96k16` per k16 step), stored from registers: for
-/// problems of 65–128 rows (two m-tiles) whose 128-wide tiles fill too few SMs and whose
-/// 64-wide ones make a second wave (70B QKV at TP 2, 5120 wide: 80 tiles of 64×128, 160 of
-/// 64×64, 108 of 64×96). cuBLAS runs these shapes with 96 weight rows by 64 tokens and 10
-/// stages (its kernel name at 128 × 5120 × 8192 and 128 × 6144 × 4096; ncu, NOTES step 57).
-pub const TILE_64X96: TileConfig = TileConfig {
-    block_n: 96,
-    split: ConsumerSplit::Single,
-    stages: 11,
-    ..TILE_64X64
-};
-/// [`TILE_64X96`] with two k-blocks a stage: 5 stages of 2 × 20 KiB.
-pub const TILE_64X96_DEEP: TileConfig = TileConfig {
-    stages: 5,
-    k_blocks_per_stage: 2,
-    ..TILE_64X96
-};
-/// [`TILE_64X96`] in 2-block clusters along M sharing B through TMA multicast: at 65–128
-/// rows the two m-tiles of an n-tile run in one cluster and B crosses from L2 once instead
-/// of twice, as cuBLAS's clusters do on these shapes (two blocks along the tokens).
-pub const TILE_64X96_CLUSTER2: TileConfig = TileConfig {
-    cluster_m: 2,
-    ..TILE_64X96
-};
-/// [`TILE_64X96_DEEP`] in 2-block clusters sharing B: the shared B and half the hand-offs.
-pub const TILE_64X96_DEEP_CLUSTER2: TileConfig = TileConfig {
-    cluster_m: 2,
-    ..TILE_64X96_DEEP
-};
-/// [`TILE_64X128`] in 2-block clusters along M sharing B (see [`TILE_64X96_CLUSTER2`]).
-pub const TILE_64X128_CLUSTER2: TileConfig = TileConfig {
-    cluster_m: 2,
-    ..TILE_64X128
-};
 
 /// 16×128 output tiles for problems of at most 16 rows (decode): a 64×128 tile whose stages
 /// load 16 rows of A (2 KiB instead of 8) and whose epilogue stores from registers, so that the
@@ -696,11 +662,6 @@ macro_rules! gemm_variants {
             "64x64k2" => gemm_bf16_64x64k2, gemm_f16_64x64k2, TILE_64X64_DEEP, Tile64x64K2, e4m3 gemm_e4m3_64x64k2;
             "64x32" => gemm_bf16_64x32, gemm_f16_64x32, TILE_64X32, Tile64x32, e4m3 gemm_e4m3_64x32;
             "64x32k2" => gemm_bf16_64x32k2, gemm_f16_64x32k2, TILE_64X32_DEEP, Tile64x32K2, e4m3 gemm_e4m3_64x32k2;
-            "64x96" => gemm_bf16_64x96, gemm_f16_64x96, TILE_64X96, Tile64x96, e4m3 gemm_e4m3_64x96;
-            "64x96k2" => gemm_bf16_64x96k2, gemm_f16_64x96k2, TILE_64X96_DEEP, Tile64x96K2, e4m3 gemm_e4m3_64x96k2;
-            "64x96c2" => gemm_bf16_64x96c2, gemm_f16_64x96c2, TILE_64X96_CLUSTER2, Tile64x96C2, e4m3 gemm_e4m3_64x96c2;
-            "64x96k2c2" => gemm_bf16_64x96k2c2, gemm_f16_64x96k2c2, TILE_64X96_DEEP_CLUSTER2, Tile64x96K2C2, e4m3 gemm_e4m3_64x96k2c2;
-            "64x128c2" => gemm_bf16_64x128c2, gemm_f16_64x128c2, TILE_64X128_CLUSTER2, Tile64x128C2, e4m3 gemm_e4m3_64x128c2;
         }
     };
 }

@@ -100,12 +100,10 @@ fn competes(v: &GemmVariant, m: u64, e4m3: bool) -> bool {
         && (!e4m3 || v.kernel_e4m3.is_some())
 }
 
-/// The 64-row tiles of whole A rows narrower than 128 columns or in clusters (`64x96…`,
-/// `64x64…`, `64x32…`, `64x128c2`): measured only at 17–128 rows, so only this rule picks
-/// them (those among [`CANDIDATES`]); the others run by name.
+/// The candidates narrower than 128 columns (`64x64…`, `64x32…`): measured only at 17–128
+/// rows, so only this rule picks them.
 pub(super) fn is_narrow(v: &GemmVariant) -> bool {
-    let c = v.config;
-    c.block_m == 64 && c.a_rows == 64 && (c.block_n < 128 || c.cluster_m > 1)
+    CANDIDATES.contains(&v.name) && v.config.block_n < 128
 }
 
 /// Time of one ring stage of one block of `c`, µs: the consumers' hand-off or the tensor

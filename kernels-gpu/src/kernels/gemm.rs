@@ -467,7 +467,6 @@ config!(Tile128x128P: TILE_128X128_PINGPONG {
 config!(
     Tile64x128: TILE_64X128,
     Tile64x128S: TILE_64X128_SPLITK,
-    Tile64x128C2: TILE_64X128_CLUSTER2,
     Tile16x128: TILE_16X128,
     Tile16x128S: TILE_16X128_SPLITK {
         slabs: 1,
@@ -477,20 +476,6 @@ config!(
         pairs: 4,
         mma: mma_n64,
         fence: fence_operands_32,
-    }
-);
-config!(
-    Tile64x96: TILE_64X96,
-    Tile64x96K2: TILE_64X96_DEEP,
-    Tile64x96C2: TILE_64X96_CLUSTER2,
-    Tile64x96K2C2: TILE_64X96_DEEP_CLUSTER2 {
-        slabs: 1,
-        regs: 48,
-        blocks: 12,
-        chunks: 3,
-        pairs: 2,
-        mma: mma_n96,
-        fence: fence_operands_48,
     }
 );
 config!(
@@ -834,7 +819,7 @@ unsafe fn produce(ring: Ring, tiles: Tiles, m: u32, a_tail_box_rows: u32) {
     let tile = ring.tile;
     let (map_a_whole, map_b, map_a_tail) = operand_maps();
     let b_share_rows = tile.block_n / tile.cluster_m;
-    let b_share_bytes = tile.b_block_bytes() / tile.cluster_m;
+    let b_share_bytes = tile.b_tile_bytes() / tile.cluster_m;
     let mut slot = PipelineState::new(tile.stages);
     let mut u = tiles.first;
     while u < tiles.end {
@@ -852,31 +837,35 @@ unsafe fn produce(ring: Ring, tiles: Tiles, m: u32, a_tail_box_rows: u32) {
         // 0: never split-K).
         let kps = tile.k_blocks_per_stage;
         for st in kb0 / kps..kb1.div_ceil(kps) {
+            let k = (st * kps * BLOCK_K) as i32;
             unsafe {
                 ring.empty(slot.stage).wait(slot.phase ^ 1);
                 let full = ring.full(slot.stage);
                 full.arrive_expect_tx(stage_bytes);
                 // Two k-blocks a stage (never split-K: a unit is a whole tile): past an odd
                 // count's last k-block TMA fills the second tiles with zeros, which add nothing.
-                for j in 0..kps {
-                    let k = ((st * kps + j) * BLOCK_K) as i32;
+                for j in 1..tile.k_blocks_per_stage {
+                    let kj = k + (j * BLOCK_K) as i32;
                     let a = ring.a_tile(slot.stage) + j * tile.a_block_bytes();
                     let b = ring.b_tile(slot.stage) + j * tile.b_block_bytes();
-                    tma::load_2d(a, map_a, k, row as i32, full.0);
-                    if tile.cluster_m == 1 {
-                        tma::load_2d(b, map_b, k, col as i32, full.0);
-                    } else {
-                        let share = tiles.rank;
-                        let b_row = (col + share * b_share_rows) as i32;
-                        tma::load_2d_multicast(
-                            b + share * b_share_bytes,
-                            map_b,
-                            k,
-                            b_row,
-                            full.0,
-                            (1u16 << tile.cluster_m) - 1,
-                        );
-                    }
+                    tma::load_2d(a, map_a, kj, row as i32, full.0);
+                    tma::load_2d(b, map_b, kj, col as i32, full.0);
+                }
+                tma::load_2d(ring.a_tile(slot.stage), map_a, k, row as i32, full.0);
+                if tile.cluster_m == 1 {
+                    tma::load_2d(ring.b_tile(slot.stage), map_b, k, col as i32, full.0);
+                } else {
+                    let share = tiles.rank;
+                    let dst = ring.b_tile(slot.stage) + share * b_share_bytes;
+                    let b_row = (col + share * b_share_rows) as i32;
+                    tma::load_2d_multicast(
+                        dst,
+                        map_b,
+                        k,
+                        b_row,
+                        full.0,
+                        (1u16 << tile.cluster_m) - 1,
+                    );
                 }
             }
             slot.advance();
