@@ -161,6 +161,16 @@ struct Record {
     /// ... and every extra configuration's.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     variant_sm_mhz: BTreeMap<String, f64>,
+    /// The median of each timed block of ours (the rule's pick), one a round in the order
+    /// the rounds ran: drift over the rounds, or a block unlike the others, shows here
+    /// (ours opens round 0, right after the shape's settling launches, and every other
+    /// round in the opposite place to the round before) ...
+    ours_block_ms: Vec<f64>,
+    /// ... cuBLASLt's ...
+    cublas_block_ms: Vec<f64>,
+    /// ... and every extra configuration's.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    variant_block_ms: BTreeMap<String, Vec<f64>>,
 }
 
 /// The benchmark's shapes: (name, m, n, k).
@@ -273,6 +283,8 @@ struct Measured {
     mj_per_gemm: Option<f64>,
     /// With `--clocks`: the mean SM clock and board power over its blocks.
     clock: Option<ClockPower>,
+    /// Median of each of its timed blocks, one a round, in the order the rounds ran.
+    block_ms: Vec<f64>,
 }
 
 /// Our kernel (chosen configuration first, then each one asked for) and cuBLASLt.
@@ -475,6 +487,8 @@ fn bench_sets<A: DeviceCopy, O: CublasLtElement + DeviceCopy>(
     let mut energy = vec![meter.map(|_| (0u64, 0usize)); contenders];
     // Per contender: the mean SM clock and power of its blocks so far (`--clocks`).
     let mut clocks = vec![h.clocks.map(|_| ClockPower::default()); contenders];
+    // Per contender: each timed block's median, round by round.
+    let mut block_ms = vec![Vec::new(); contenders];
     let samples = interleaved(contenders, timing.rounds, |c, round| {
         // Round 0's first block opens the shape (the GPU idled while its inputs were made).
         let warmup = match (round, c) {
@@ -520,6 +534,7 @@ fn bench_sets<A: DeviceCopy, O: CublasLtElement + DeviceCopy>(
                 _ => None,
             };
         }
+        block_ms[c].push(t.median_ms);
         energy[c] = match (energy[c], before, after) {
             (Some((mj, n)), Some(Ok(b)), Some(Ok(a))) => Some((
                 mj + a.saturating_sub(b),
@@ -552,6 +567,7 @@ fn bench_sets<A: DeviceCopy, O: CublasLtElement + DeviceCopy>(
                 timing: Timing::from_devices(samples)?,
                 mj_per_gemm: per_gemm(c),
                 clock: clocks[c],
+                block_ms: std::mem::take(&mut block_ms[c]),
             })
         })
         .collect::<Result<Vec<_>, BenchError>>()?;
@@ -804,6 +820,10 @@ fn run() -> Result<(), BenchError> {
                 .iter()
                 .filter_map(|v| Some((v.name.clone(), v.clock?.sm_mhz)))
                 .collect();
+            let variant_block_ms: BTreeMap<String, Vec<f64>> = ours[1..]
+                .iter()
+                .map(|v| (v.name.clone(), v.block_ms.clone()))
+                .collect();
             // Weights: B, N × K elements of 2 bytes; GB/s = bytes / (ms · 1e6).
             let weight_gbps = |ms: f64| {
                 (m <= WEIGHT_BOUND_MAX_M)
@@ -836,6 +856,9 @@ fn run() -> Result<(), BenchError> {
                 ours_sm_mhz: chosen.clock.map(|c| c.sm_mhz),
                 cublas_sm_mhz: cublas.clock.map(|c| c.sm_mhz),
                 variant_sm_mhz,
+                ours_block_ms: chosen.block_ms.clone(),
+                cublas_block_ms: cublas.block_ms.clone(),
+                variant_block_ms,
             };
             let variants_cell: Vec<String> = r
                 .variant_ms
