@@ -44,9 +44,10 @@
 //!   (unless [`HOOK_DEFER_GRID_WAIT`] moves it to the end, for thread 0); thread 0 then
 //!   signals/waits on cross-GPU flags as [`StageHook`] says. The producer issues
 //!   `griddepcontrol.launch_dependents` after its last load.
-//! - **proxies**: tensor maps live in global memory and are acquired for the tensormap proxy
-//!   (`fence.proxy.tensormap::generic.acquire`) by every thread that uses one, before its first
-//!   use: thread 0 all four (prefetch, A/B loads), the consumer leaders D and C. After the
+//! - **proxies**: A's and B's tensor maps come in the parameter block (nothing writes them in
+//!   memory: no proxy fence); D's and C's live in device memory and are acquired for the
+//!   tensormap proxy (`fence.proxy.tensormap::generic.acquire`) by every thread that uses one,
+//!   before its first use: thread 0 (to prefetch them) and the consumer leaders. After the
 //!   hook's flag acquire, thread 0 and each C-loading leader run their own
 //!   `fence.proxy.async.global` before their TMA reads of what the flag guards.
 use crate::device::flags::{self, WaitOutcome};
