@@ -7,9 +7,10 @@
 //! cuBLASLt are timed in `--rounds` interleaved rounds (default 3; order reversed each round)
 //! of warm-up launches and ≥ `--reps` repetitions (default 30), and at least `--min-block-ms`
 //! (default 100 ms) of them, bracketed by CUDA events; we report the median over all rounds.
-//! A shape's first block starts with at least `--settle-ms` (default 200 ms) of untimed
-//! launches, so that it does not run in the boost-clock burst after the idle GPU time of the
-//! shape's setup. Where NVML reports board energy, each contender's energy per launch (mJ) is
+//! A shape's rounds start after at least `--settle-ms` (default 200 ms) of untimed launches,
+//! so that its first block does not run in the boost-clock burst after the idle GPU time of
+//! the shape's setup; they end with the host's synchronisation, like a block, so that the
+//! first timed block starts as every other one does. Where NVML reports board energy, each contender's energy per launch (mJ) is
 //! its timed blocks' energy over their launches ([`distgemm_benches::energy`]): coarse, ±8 %
 //! at 0.6 s blocks, so raise `--reps` until each block lasts seconds.
 //!
@@ -43,7 +44,7 @@ use distgemm::gemm::{
 use distgemm::problem::Preset;
 use distgemm::runtime::{CudaStream, DeviceBuffer, DeviceCopy, Gpu, Module};
 use distgemm_benches::distgemm_report::non_negative_ms;
-use distgemm_benches::energy::{ClockPower, EnergyMeter, PowerSampler, power_skip};
+use distgemm_benches::energy::{ClockPower, EnergyMeter, PowerSampler};
 use distgemm_benches::{
     BenchError, DenseOperands, Provenance, ROUNDS, RotatingInputs, RunnerFlags, Timing,
     TimingConfig, gemm_tflops, interleaved, parse_reps, results_dir, time_on_stream,
@@ -291,8 +292,8 @@ struct Measured {
 type ShapeTimings = (Vec<Measured>, Measured);
 
 /// How a shape is timed: each contender's blocks (warm-up and timed repetitions), the
-/// untimed launches that open the shape's first block (`--settle-ms` at the estimated rate)
-/// and the interleaved rounds of blocks (`--rounds`).
+/// untimed launches that open the shape before its first block (`--settle-ms` at the
+/// estimated rate) and the interleaved rounds of blocks (`--rounds`).
 #[derive(Clone, Copy)]
 struct ShapeTiming {
     blocks: TimingConfig,
@@ -331,9 +332,8 @@ struct Harness {
     /// Board energy, when NVML is there.
     meter: Option<EnergyMeter>,
     extras: Vec<Extra>,
-    /// `--clocks`: sample the SM clock while each block runs (with the settle, `--settle-ms`,
-    /// left out of a shape's first block).
-    clocks: Option<f64>,
+    /// `--clocks`: sample the SM clock while each timed block runs.
+    clocks: bool,
 }
 
 impl Harness {
@@ -486,46 +486,49 @@ fn bench_sets<A: DeviceCopy, O: CublasLtElement + DeviceCopy>(
     // Per contender: (millijoules, launches) of its timed blocks, while NVML answers.
     let mut energy = vec![meter.map(|_| (0u64, 0usize)); contenders];
     // Per contender: the mean SM clock and power of its blocks so far (`--clocks`).
-    let mut clocks = vec![h.clocks.map(|_| ClockPower::default()); contenders];
+    let mut clocks = vec![h.clocks.then(ClockPower::default); contenders];
     // Per contender: each timed block's median, round by round.
     let mut block_ms = vec![Vec::new(); contenders];
+    // One launch of contender `c` on input set `rep`.
+    let launch = |c: usize, rep: usize| -> Result<(), BenchError> {
+        let s = sets.get(rep);
+        if c == contenders - 1 {
+            let d = s.d.device_ptr();
+            // SAFETY: the set's buffers hold the planned shape's operands on this GPU and
+            // outlive the launches (`sets` lives until this function returns, after the
+            // timing has synchronised).
+            unsafe { lt.run_raw(s.a.device_ptr(), s.b.device_ptr(), d, d, 1.0, 0.0) }
+                .map_err(|e| BenchError::Config(e.to_string()))
+        } else {
+            // SAFETY: each prepared GEMM points into its live input set `sets.get(rep)`.
+            Ok(unsafe { s.ours[c].launch(&stream, pdl[c]) }?)
+        }
+    };
     let samples = interleaved(contenders, timing.rounds, |c, round| {
-        // Round 0's first block opens the shape (the GPU idled while its inputs were made).
-        let warmup = match (round, c) {
-            (0, 0) => timing.blocks.warmup.max(timing.settle),
-            (0, _) => timing.blocks.warmup,
-            _ => 2,
-        };
+        if (round, c) == (0, 0) {
+            // The shape opens with its settling launches (the GPU idled while its inputs were
+            // made), untimed and synchronised like a block of their own: the first timed block
+            // then starts as every other block does, after the host's round trip between
+            // blocks, not straight out of 200 ms of load (which measured up to 6 % slower
+            // than the same kernel's blocks elsewhere in the rounds; NOTES step 59).
+            for rep in 0..timing.settle {
+                launch(c, rep)?;
+            }
+            distgemm::runtime::stream::synchronize(&stream)?;
+        }
         let round_timing = TimingConfig {
-            warmup,
+            warmup: if round == 0 { timing.blocks.warmup } else { 2 },
             reps: timing.blocks.reps,
         };
         let before = meter.map(EnergyMeter::read_mj);
-        // Only a shape's first block settles (its settling launches enqueued at once).
-        let sampler = h.clocks.map(|settle_ms| {
-            let skip = if (round, c) == (0, 0) {
-                power_skip(settle_ms)
-            } else {
-                Duration::ZERO
-            };
-            PowerSampler::start(vec![gpu.pci_bus_id().to_owned()], CLOCK_SAMPLE_PERIOD, skip)
+        let sampler = h.clocks.then(|| {
+            PowerSampler::start(
+                vec![gpu.pci_bus_id().to_owned()],
+                CLOCK_SAMPLE_PERIOD,
+                Duration::ZERO,
+            )
         });
-        let t = if c == contenders - 1 {
-            time_on_stream(gpu, &stream, round_timing, |rep| {
-                let s = sets.get(rep);
-                let d = s.d.device_ptr();
-                // SAFETY: the set's buffers hold the planned shape's operands on this GPU and
-                // outlive the timed launches (`sets` lives until this function returns, after
-                // the timing has synchronised).
-                unsafe { lt.run_raw(s.a.device_ptr(), s.b.device_ptr(), d, d, 1.0, 0.0) }
-                    .map_err(|e| BenchError::Config(e.to_string()))
-            })?
-        } else {
-            time_on_stream(gpu, &stream, round_timing, |rep| {
-                // SAFETY: each prepared GEMM points into its live input set `sets.get(rep)`.
-                Ok(unsafe { sets.get(rep).ours[c].launch(&stream, pdl[c]) }?)
-            })?
-        };
+        let t = time_on_stream(gpu, &stream, round_timing, |rep| launch(c, rep))?;
         let after = meter.map(EnergyMeter::read_mj);
         if let Some(sampler) = sampler {
             // A failed sampler (NVML gone) drops the contender's clock, not the timing.
@@ -736,7 +739,7 @@ fn run() -> Result<(), BenchError> {
         kernel,
         meter,
         extras: extra,
-        clocks: args.clocks.then_some(settle_ms),
+        clocks: args.clocks,
     };
     let mut records = Vec::new();
     // The markdown report: every line printed as it is measured, and kept for the .md file.
