@@ -312,7 +312,7 @@ impl TileConfig {
         (self.epilogue_cols(), EPILOGUE_CHUNK)
     }
     /// Whether the configuration is one the kernel implements, fits, and keeps every tile
-    /// 1024-byte aligned: 128-row tiles split by rows (N of 128, 160, 224 or 256), or split by
+    /// 1024-byte aligned: 128-row tiles split by rows (N of 128, 160, 192, 224 or 256), or split by
     /// columns 192×192 tiles (three `m64n96k16` slabs per warpgroup), 64×128 tiles (one
     /// `m64n64k16` slab per warpgroup) and 64×64 tiles (one `m64n32k16` slab per warpgroup),
     /// or 64×32 tiles for one warpgroup; the transposed product ([`TileConfig::swap_ab`])
@@ -320,7 +320,7 @@ impl TileConfig {
     pub const fn is_valid(&self) -> bool {
         let shape = match self.split {
             ConsumerSplit::Rows => {
-                self.block_m == 128 && matches!(self.block_n, 128 | 160 | 224 | 256)
+                self.block_m == 128 && matches!(self.block_n, 128 | 160 | 192 | 224 | 256)
             }
             ConsumerSplit::Columns => {
                 (self.block_m == 192 && self.block_n == 192)
@@ -410,6 +410,14 @@ pub const TILE_192X192: TileConfig = TileConfig {
 /// problem are 3.9 waves of 132, 448 wide ones 3.4).
 pub const TILE_128X224: TileConfig = TileConfig {
     block_n: 224,
+    ..TILE_128X256
+};
+/// 128×192 tiles, 4 stages (40 KiB each; five do not fit beside the staging buffers): for
+/// widths that 192 divides into about a wave of tiles where 224 and 256 leave SMs idle
+/// (6144 = 32 · 192: a 512-row problem is 128 tiles on 132 SMs, where 224-wide tiles make 112
+/// and 256-wide ones 96).
+pub const TILE_128X192: TileConfig = TileConfig {
+    block_n: 192,
     ..TILE_128X256
 };
 /// 128×160 tiles, 5 stages (36 KiB each): for widths that 160 divides into about a wave of
@@ -640,6 +648,7 @@ macro_rules! gemm_variants {
             "128x256c2" => gemm_bf16_128x256c2, gemm_f16_128x256c2, TILE_128X256_CLUSTER2, Tile128x256C2;
             "192x192" => gemm_bf16_192x192, gemm_f16_192x192, TILE_192X192, Tile192x192;
             "128x224" => gemm_bf16_128x224, gemm_f16_128x224, TILE_128X224, Tile128x224;
+            "128x192" => gemm_bf16_128x192, gemm_f16_128x192, TILE_128X192, Tile128x192;
             "128x160" => gemm_bf16_128x160, gemm_f16_128x160, TILE_128X160, Tile128x160;
             "128x128" => gemm_bf16_128x128, gemm_f16_128x128, TILE_128X128, Tile128x128, e4m3 gemm_e4m3_128x128;
             "128x128c2" => gemm_bf16_128x128c2, gemm_f16_128x128c2, TILE_128X128_CLUSTER2, Tile128x128C2;

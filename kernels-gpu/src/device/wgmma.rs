@@ -136,6 +136,10 @@ seq!(I in 1..112 {
     mma_ss!(mma_m64n224k16_f32_bf16, "wgmma.mma_async.sync.aligned.m64n224k16.f32.bf16.bf16", "1, 1, 0, 0", 112, 0 #(I)*);
     mma_ss!(mma_m64n224k16_f32_f16, "wgmma.mma_async.sync.aligned.m64n224k16.f32.f16.f16", "1, 1, 0, 0", 112, 0 #(I)*);
 });
+seq!(I in 1..96 {
+    mma_ss!(mma_m64n192k16_f32_bf16, "wgmma.mma_async.sync.aligned.m64n192k16.f32.bf16.bf16", "1, 1, 0, 0", 96, 0 #(I)*);
+    mma_ss!(mma_m64n192k16_f32_f16, "wgmma.mma_async.sync.aligned.m64n192k16.f32.f16.f16", "1, 1, 0, 0", 96, 0 #(I)*);
+});
 seq!(I in 1..128 {
     mma_ss!(mma_m64n256k16_f32_bf16, "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16", "1, 1, 0, 0", 128, 0 #(I)*);
     mma_ss!(mma_m64n256k16_f32_f16, "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16", "1, 1, 0, 0", 128, 0 #(I)*);
@@ -164,6 +168,9 @@ seq!(I in 1..80 {
 seq!(I in 1..112 {
     mma_ss!(mma_m64n224k32_f32_e4m3, "wgmma.mma_async.sync.aligned.m64n224k32.f32.e4m3.e4m3", "1, 1", 112, 0 #(I)*);
 });
+seq!(I in 1..96 {
+    mma_ss!(mma_m64n192k32_f32_e4m3, "wgmma.mma_async.sync.aligned.m64n192k32.f32.e4m3.e4m3", "1, 1", 96, 0 #(I)*);
+});
 seq!(I in 1..128 {
     mma_ss!(mma_m64n256k32_f32_e4m3, "wgmma.mma_async.sync.aligned.m64n256k32.f32.e4m3.e4m3", "1, 1", 128, 0 #(I)*);
 });
@@ -173,6 +180,7 @@ seq!(I in 0..32 { register_fence!(fence_operands_32, 32, #(I)*); });
 seq!(I in 0..48 { register_fence!(fence_operands_48, 48, #(I)*); });
 seq!(I in 0..64 { register_fence!(fence_operands_64, 64, #(I)*); });
 seq!(I in 0..80 { register_fence!(fence_operands_80, 80, #(I)*); });
+seq!(I in 0..96 { register_fence!(fence_operands_96, 96, #(I)*); });
 seq!(I in 0..112 { register_fence!(fence_operands_112, 112, #(I)*); });
 seq!(I in 0..128 { register_fence!(fence_operands_128, 128, #(I)*); });
 
@@ -211,6 +219,11 @@ pub trait InputType {
     /// # Safety
     /// The contract of the `mma_m64n160k16` (e4m3: `k32`) function it lowers to.
     unsafe fn mma_n160(acc: &mut [f32; 80], desc_a: u64, desc_b: u64, scale_d: u32);
+    /// `m64n192k16`: 96 accumulators per thread.
+    ///
+    /// # Safety
+    /// The contract of the `mma_m64n192k16` (e4m3: `k32`) function it lowers to.
+    unsafe fn mma_n192(acc: &mut [f32; 96], desc_a: u64, desc_b: u64, scale_d: u32);
     /// `m64n224k16`: 112 accumulators per thread.
     ///
     /// # Safety
@@ -256,6 +269,10 @@ impl InputType for Bf16 {
     #[inline(always)]
     unsafe fn mma_n160(acc: &mut [f32; 80], a: u64, b: u64, s: u32) {
         unsafe { mma_m64n160k16_f32_bf16(acc, a, b, s) }
+    }
+    #[inline(always)]
+    unsafe fn mma_n192(acc: &mut [f32; 96], a: u64, b: u64, s: u32) {
+        unsafe { mma_m64n192k16_f32_bf16(acc, a, b, s) }
     }
     #[inline(always)]
     unsafe fn mma_n224(acc: &mut [f32; 112], a: u64, b: u64, s: u32) {
@@ -306,6 +323,10 @@ impl InputType for F16 {
     #[inline(always)]
     unsafe fn mma_n160(acc: &mut [f32; 80], a: u64, b: u64, s: u32) {
         unsafe { mma_m64n160k16_f32_f16(acc, a, b, s) }
+    }
+    #[inline(always)]
+    unsafe fn mma_n192(acc: &mut [f32; 96], a: u64, b: u64, s: u32) {
+        unsafe { mma_m64n192k16_f32_f16(acc, a, b, s) }
     }
     #[inline(always)]
     unsafe fn mma_n224(acc: &mut [f32; 112], a: u64, b: u64, s: u32) {
@@ -371,6 +392,10 @@ impl<O: InputType> InputType for E4m3<O> {
     #[inline(always)]
     unsafe fn mma_n160(acc: &mut [f32; 80], a: u64, b: u64, s: u32) {
         unsafe { mma_m64n160k32_f32_e4m3(acc, a, b, s) }
+    }
+    #[inline(always)]
+    unsafe fn mma_n192(acc: &mut [f32; 96], a: u64, b: u64, s: u32) {
+        unsafe { mma_m64n192k32_f32_e4m3(acc, a, b, s) }
     }
     #[inline(always)]
     unsafe fn mma_n224(acc: &mut [f32; 112], a: u64, b: u64, s: u32) {

@@ -431,6 +431,15 @@ config!(Tile128x224: TILE_128X224 {
     mma: mma_n224,
     fence: fence_operands_112,
 });
+config!(Tile128x192: TILE_128X192 {
+    slabs: 1,
+    regs: 96,
+    blocks: 24,
+    chunks: 3,
+    pairs: 4,
+    mma: mma_n192,
+    fence: fence_operands_96,
+});
 config!(
     Tile128x160: TILE_128X160,
     Tile128x160S: TILE_128X160_SPLITK {
