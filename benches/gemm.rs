@@ -10,8 +10,8 @@
 //! A shape's rounds start after at least `--settle-ms` (default 200 ms) of untimed launches,
 //! so that its first block does not run in the boost-clock burst after the idle GPU time of
 //! the shape's setup; they end with the host's synchronisation, like a block, so that the
-//! first timed block starts as every other one does. Where NVML reports board energy, each contender's energy per launch (mJ) is
-//! its timed blocks' energy over their launches ([`distgemm_benches::energy`]): coarse, ±8 %
+//! first timed block starts as every other one does. Where NVML reports board energy, each
+//! contender's energy per launch (mJ) is its timed blocks' energy over their launches ([`distgemm_benches::energy`]): coarse, ±8 %
 //! at 0.6 s blocks, so raise `--reps` until each block lasts seconds.
 //!
 //! With `--grid`, the shapes are instead the grid of the shapes a model runs (issue 23):
@@ -164,8 +164,8 @@ struct Record {
     variant_sm_mhz: BTreeMap<String, f64>,
     /// The median of each timed block of ours (the rule's pick), one a round in the order
     /// the rounds ran: drift over the rounds, or a block unlike the others, shows here
-    /// (ours opens round 0, right after the shape's settling launches, and every other
-    /// round in the opposite place to the round before) ...
+    /// (ours opens round 0, after the shape's settling launches, and each later round at the
+    /// other end from the round before) ...
     ours_block_ms: Vec<f64>,
     /// ... cuBLASLt's ...
     cublas_block_ms: Vec<f64>,
@@ -509,8 +509,8 @@ fn bench_sets<A: DeviceCopy, O: CublasLtElement + DeviceCopy>(
             // The shape opens with its settling launches (the GPU idled while its inputs were
             // made), untimed and synchronised like a block of their own: the first timed block
             // then starts as every other block does, after the host's round trip between
-            // blocks, not straight out of 200 ms of load (which measured up to 6 % slower
-            // than the same kernel's blocks elsewhere in the rounds; NOTES step 59).
+            // blocks, not straight out of 200 ms of load (the rule's pick, which alone
+            // started so, read 1–6 % slower than the same kernel as an extra; NOTES step 59).
             for rep in 0..timing.settle {
                 launch(c, rep)?;
             }
