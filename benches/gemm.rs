@@ -938,6 +938,22 @@ fn run() -> Result<(), BenchError> {
             line.join(", ")
         ));
     }
+    // Where the rule's pick also ran as an extra (`--variant`), the same kernel was timed in
+    // two slots of the same rounds: their ratio is the run's noise between contenders, the
+    // scale against which its other ratios are read (kernels-gpu/NOTES.md step 59).
+    let twice: Vec<f64> = records
+        .iter()
+        .filter_map(|r| Some(r.ours_ms / r.variant_ms.get(&r.tile)?))
+        .collect();
+    if !twice.is_empty() {
+        let (geo, lowest) = geo_mean_and_min(&twice);
+        let highest = twice.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        emit(format!(
+            "the rule's pick timed twice (as ours and as an extra), ours over the extra: {geo:.3} \
+             in the geometric mean ({lowest:.3}–{highest:.3} over {} rows)",
+            twice.len()
+        ));
+    }
     let dir = results_dir();
     std::fs::create_dir_all(&dir).map_err(|source| BenchError::Io {
         path: dir.clone(),
