@@ -35,10 +35,13 @@ fn cost_per_element(variant: &GemmVariant) -> f64 {
         // by the wgmmas, 14 % more pipeline handshakes and 7 epilogue chunks of 32 columns
         // instead of 4 of 64.
         "128x224" => 1.02,
-        // Not yet measured on full waves; estimated from operand bytes as 128×160 was: 11 %
-        // more per output element than 128×256 (1/192 + 1/128 against 1/256 + 1/128), between
-        // 128×224's 5 % (1.02) and 128×160's 20 % (1.045).
-        "128x192" => 1.03,
+        // Not yet run on a GPU: priced out of the rule until it has been measured (it runs
+        // by name). From operand bytes it would cost ~1.03 (11 % more per output element than
+        // 128×256: 1/192 + 1/128 against 1/256 + 1/128, between 128×224's 5 % at 1.02 and
+        // 128×160's 20 % at 1.045), which would move the rule on 512 × 6144 × 4096 (8B QKV:
+        // 128 tiles in one wave where 128×224 makes 112) and 3000 × 5000 × 4096
+        // (kernels-gpu/NOTES.md step 60).
+        "128x192" => 2.0,
         // Estimated from operand bytes before it was measured: 128×160 reads 20 % more per
         // output element than 128×256 (1/160 + 1/128 against 1/256 + 1/128), between
         // 128×224's 5 % (1.02) and 128×128's 33 % (1.06). Measured 1.035–1.046 per output
