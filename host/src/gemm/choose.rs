@@ -35,13 +35,14 @@ fn cost_per_element(variant: &GemmVariant) -> f64 {
         // by the wgmmas, 14 % more pipeline handshakes and 7 epilogue chunks of 32 columns
         // instead of 4 of 64.
         "128x224" => 1.02,
-        // Not yet run on a GPU: priced out of the rule until it has been measured (it runs
-        // by name). From operand bytes it would cost ~1.03 (11 % more per output element than
-        // 128×256: 1/192 + 1/128 against 1/256 + 1/128, between 128×224's 5 % at 1.02 and
-        // 128×160's 20 % at 1.045), which would move the rule on 512 × 6144 × 4096 (8B QKV:
-        // 128 tiles in one wave where 128×224 makes 112) and 3000 × 5000 × 4096
-        // (kernels-gpu/NOTES.md step 60).
-        "128x192" => 2.0,
+        // Measured per k-block of one wave at 512 × 6144 × K (ncu, boost clocks, K = 1024 …
+        // 16384; ncu-2026-12-02-df32b06-512x6144-k-sweep): 0.504 µs a k-block of a 128×192
+        // tile against 0.559 of a 128×224 one, 5.2 % more per output element, so 1.02 · 1.052
+        // (NOTES step 60). It wins where 192 divides N into one wave that 224 and 256 leave
+        // short: 512 × 6144 × 4096 (8B QKV, 128 tiles) 41.5 µs against 128×224's 45.5. At
+        // 3000 × 5000 × 4096 it measured 1–4 % faster than 128×160 (5 waves against 6), which
+        // this cost does not see (it would need 1.045 or less).
+        "128x192" => 1.07,
         // Estimated from operand bytes before it was measured: 128×160 reads 20 % more per
         // output element than 128×256 (1/160 + 1/128 against 1/256 + 1/128), between
         // 128×224's 5 % (1.02) and 128×128's 33 % (1.06). Measured 1.035–1.046 per output
@@ -508,6 +509,20 @@ mod tests {
         assert_eq!(choose_variant(512, 5120, 8192, 132).name, "128x160");
         // 8192 columns: 52 tiles of 160 a row against 32 of 256: the wide tiles stay.
         assert_eq!(choose_variant(8192, 8192, 8192, 132).name, "128x256");
+    }
+
+    #[test]
+    fn widths_that_192_divides_fill_the_wave() {
+        // 8B QKV (6144 = 32 · 192), 512 rows: 128 tiles of 128×192, one wave (24 576 · 1.07 =
+        // 26 296), against 112 of 128×224 (one wave, 29 245) and 192 of 128×160 (two waves):
+        // measured 41.5 µs against 128×224's 45.5 (gemm-grid-2026-12-02-df32b06-m512).
+        assert_eq!(choose_variant(512, 6144, 4096, 132).name, "128x192");
+        // 3000 × 5000: 648 tiles of 128×192 in 5 waves (5 · 24 576 · (1.07 + 3/64) = 137 300)
+        // against 768 of 128×160 in 6 (134 190): 128×160 stays, though 128×192 measured 1–4 %
+        // faster there (the cost of a wave's tail is not in the model).
+        assert_eq!(choose_variant(3000, 5000, 4096, 132).name, "128x160");
+        // 70B QKV (5120 columns): 27 tiles of 192 a row, the last 128 wide; 128×160 stays.
+        assert_eq!(choose_variant(512, 5120, 8192, 132).name, "128x160");
     }
 
     #[test]
