@@ -513,12 +513,13 @@ mod tests {
 
     #[test]
     fn widths_that_192_divides_fill_the_wave() {
-        // 8B QKV (6144 = 32 · 192), 512 rows: 128 tiles of 128×192, one wave (24 576 · 1.07 =
-        // 26 296), against 112 of 128×224 (one wave, 29 245) and 192 of 128×160 (two waves):
+        // 8B QKV (6144 = 32 · 192), 512 rows, 64 k-blocks: 128 tiles of 128×192, one wave
+        // (24 576 · (1.07 + 3/64) = 27 448 with the epilogue), against 112 of 128×224 (one
+        // wave, 28 672 · (1.02 + 3/64) = 30 589) and 192 of 128×160 (two waves):
         // measured 41.5 µs against 128×224's 45.5 (gemm-grid-2026-12-02-df32b06-m512).
         assert_eq!(choose_variant(512, 6144, 4096, 132).name, "128x192");
-        // 3000 × 5000: 648 tiles of 128×192 in 5 waves (5 · 24 576 · (1.07 + 3/64) = 137 300)
-        // against 768 of 128×160 in 6 (134 190): 128×160 stays, though 128×192 measured 1–4 %
+        // 3000 × 5000: 648 tiles of 128×192 in 5 waves (5 · 24 576 · (1.07 + 3/64) = 137 242)
+        // against 768 of 128×160 in 6 (134 170): 128×160 stays, though 128×192 measured 1–4 %
         // faster there (the cost of a wave's tail is not in the model).
         assert_eq!(choose_variant(3000, 5000, 4096, 132).name, "128x160");
         // 70B QKV (5120 columns): 27 tiles of 192 a row, the last 128 wide; 128×160 stays.
