@@ -81,8 +81,9 @@ fn cost_per_element(variant: &GemmVariant) -> f64 {
         // quarter of their tensor work per byte of B): measured 1–10 % faster than those at
         // 1 and 16 tokens on every decode shape of the grid, and the split `16x128ts` 2–7 %
         // faster than `64x128s` (gemm-grid-2026-12-02-90ee5a3-m1; kernels-gpu/NOTES.md step
-        // 51). Costed 3 % below them, so at most 16 rows the rule takes the transposed form
-        // wherever it would take the plain one.
+        // 51). Costed 3 % below them, so at most 16 rows this model (FP8's decode rule; in 16
+        // bits the weight-stream model decides there since NOTES step 70) takes the
+        // transposed form wherever it would take the plain one.
         //
         // `16x64t2`, `16x64t` with two k-blocks a stage, in its place: measured 1–12 % faster
         // than it at 1 and 16 tokens on all but one grid shape (8B o-proj 14.2 against 16.2
@@ -226,7 +227,7 @@ fn split_hand_off(variant: &GemmVariant, m: u64, pieces: u32) -> f64 {
 
 /// Rows up to which a k-block of the main loop is a pure stream of weights (8–16 KiB of B,
 /// ~0.23 µs at decode): the rows the 16-row tiles serve.
-const DECODE_ROWS: u64 = TILE_16X128.max_rows() as u64;
+pub(super) const DECODE_ROWS: u64 = TILE_16X128.max_rows() as u64;
 
 /// What the rest of a split's hand-off costs where k-blocks are that short, in k-blocks: the
 /// chain after the main loop (partials stored, a fence and the counted arrival, the finisher's
@@ -257,13 +258,13 @@ const SPLIT_PARTIAL_K_BLOCKS: f64 = 6.0;
 /// The configuration the rule picks for an `m × n × k` problem on a GPU with `sm_count` SMs:
 /// the cheapest by [`estimated_cost`], split-K ones only where they split (`s ≥ 2`, i.e. the
 /// tiles fill at most half the SMs), ping-pong never (it runs by name in 16 bits), the narrow
-/// 64-row tiles never (measured only where the weights stream). From 17 to 128 rows, instead,
-/// the fastest tile by a model of the weight stream (`host/src/gemm/weight_stream.rs`), where
-/// that model holds (above 64 rows, where some candidate's tiles fit one wave).
+/// 64-row tiles never (measured only where the weights stream). Up to 128 rows, instead, the
+/// fastest tile by a model of the weight stream (`host/src/gemm/weight_stream.rs`: the decode
+/// tiles at most 16 rows, the 64-row ones above), where that model holds (above 64 rows,
+/// where some candidate's tiles fit one wave).
 #[must_use]
 pub fn choose_variant(m: u64, n: u64, k: u64, sm_count: u32) -> &'static GemmVariant {
-    if m > DECODE_ROWS
-        && m <= weight_stream::MAX_ROWS
+    if m <= weight_stream::MAX_ROWS
         && let Some(v) = weight_stream::choose(m, n, k, sm_count)
     {
         return v;
@@ -602,12 +603,11 @@ mod tests {
 
     #[test]
     fn split_k_runs_where_the_tiles_leave_sms_idle() {
-        // 405B QKV at TP 8 (2304 × 16384): 18 or 36 tiles of 64×128 at 1–128 tokens; 8B fc2
-        // (4096 × 14336) at 16: 32 tiles. A split costs 1/s of the main loop plus its
-        // hand-off (4 k-blocks per round trip of the sum, which 64×128 does for 4 splits at
-        // once, and 6 per split and 64 rows of partials).
+        // 405B QKV at TP 8 (2304 × 16384): 18 or 36 tiles of 64×128 at 1–128 tokens. A split
+        // costs 1/s of the main loop plus its hand-off (4 k-blocks per round trip of the sum,
+        // which 64×128 does for 4 splits at once, and 6 per split and 64 rows of partials).
         // At most 16 rows the split is the 16-row transposed tile's (`16x128ts`).
-        for (m, n, k) in [(1, 2304, 16384), (128, 2304, 16384), (16, 4096, 14336)] {
+        for (m, n, k) in [(1, 2304, 16384), (128, 2304, 16384), (16, 2304, 16384)] {
             let split = if m <= 16 { "16x128ts" } else { "64x128s" };
             assert_eq!(choose_variant(m, n, k, 132).name, split, "{m}x{n}x{k}");
         }
@@ -692,17 +692,24 @@ mod tests {
         // `16x64t` runs with two k-blocks a stage, `16x64t2`, measured faster still
         // (gemm-2026-12-02-86ae8ad-1x4096x4096-and-4-more: 8B o-proj 14.5 against 16.1, 8B
         // QKV 19.6 against 20.8, 70B fc2 61.0 against 61.8).
+        // Since NOTES step 70 the weight-stream model picks among the transposed tiles, with
+        // every one of them timed in the same rounds (gemm-grid-2026-12-03-600d1cb4589c-m1-settle100,
+        // bf16 at one token): `16x64t2` at 8B fc2 (33.3 against the area model's `16x128ts`,
+        // 36.6: 64 blocks already at the DRAM floor), `16x128t2` where `16x128t` ran (level
+        // or up to 1 % faster: 405B fc2 56.9 against 57.0, 405B o-proj 21.6 against 21.7) and
+        // at 405B fc1 (108.2 against `16x128ts`' 111.3).
         let cases = [
             (6144, 4096, "16x64t2"),
             (4096, 4096, "16x64t2"),
             (5120, 8192, "16x64t2"),
             (8192, 4096, "16x64t2"),
             (8192, 14336, "16x64t2"),
-            (28672, 4096, "16x128t"),
-            (28672, 8192, "16x128t"),
-            (16384, 6656, "16x128t"),
-            (16384, 2048, "16x128t"),
-            (4096, 14336, "16x128ts"),
+            (4096, 14336, "16x64t2"),
+            (28672, 4096, "16x128t2"),
+            (28672, 8192, "16x128t2"),
+            (16384, 6656, "16x128t2"),
+            (16384, 2048, "16x128t2"),
+            (13312, 16384, "16x128t2"),
             (2304, 16384, "16x128ts"),
         ];
         for m in [1, 16] {
@@ -781,7 +788,7 @@ mod tests {
     #[test]
     fn the_16_row_tiles_take_the_64_row_tiles_problems_of_at_most_16_rows() {
         // At most 16 rows, wherever the rule would run a 64-row tile it runs a 16-row one in
-        // its transposed form (`16x128t`, `16x64t`, split `16x128ts`: never `16x128`, `16x64`
+        // its transposed form (`16x128t2`, `16x64t2`, split `16x128ts`: never `16x128`, `16x64`
         // or `16x128s`, which run by name); never a short tile on more rows than it serves.
         for n in [1001, 2304, 4096, 8192, 28672] {
             for k in [512, 4096, 16384] {
@@ -803,8 +810,8 @@ mod tests {
             }
         }
         // 8B fc1 (28672 × 4096) and 405B fc2 at TP 8 (16384 × 6656), one token: unsplit.
-        assert_eq!(choose_variant(1, 28672, 4096, 132).name, "16x128t");
-        assert_eq!(choose_variant(1, 16384, 6656, 132).name, "16x128t");
+        assert_eq!(choose_variant(1, 28672, 4096, 132).name, "16x128t2");
+        assert_eq!(choose_variant(1, 16384, 6656, 132).name, "16x128t2");
     }
 
     #[test]

@@ -1,5 +1,6 @@
-//! The rule for small-batch problems (17–128 rows): a model of the run as a stream of the
-//! weights, in microseconds, among the 64-row tiles and (above 64 rows) the 128-row ones.
+//! The rule for decode and small-batch problems (1–128 rows): a model of the run as a stream
+//! of the weights, in microseconds, among the transposed-product decode tiles (at most 16
+//! rows), the 64-row tiles and (above 64 rows) the 128-row ones.
 //!
 //! At these rows a GEMM reads B (the weights, `N × K`) once and does little else, and
 //! [`estimated_cost`](super::estimated_cost)'s model — tile area times a per-configuration
@@ -14,6 +15,12 @@
 //! finishing block's hand-off ([`split_hand_off_us`]). Over that grid's twelve shapes this
 //! model picks within 4 % of the fastest of the seven 64-row tiles on every shape.
 //!
+//! At most 16 rows ([`DECODE_ROWS`]) the candidates are the decode tiles of
+//! [`DECODE_CANDIDATES`], whose stages cost what the 64-row tiles' do (their k-block is the
+//! same hand-off with a quarter of the tensor work): the area model, which has no DRAM floor,
+//! split 8B fc2's 32 tiles of 128 columns (36.6 µs at one token) where 64 unsplit tiles of 64
+//! columns at the floor measured 33.3 (NOTES step 70).
+//!
 //! From 65 to 128 rows a problem has two m-tiles of 64 rows, or one of 128. The tiles of a
 //! pair of m-tiles read the same B, the second mostly from L2 while both run in one wave, so
 //! the DRAM floor counts each n-tile once; that holds in one wave (within ~1.5 µs on the
@@ -25,11 +32,11 @@
 //! Among the configurations within [`TIE`] of the fastest estimate, the rule prefers fewer
 //! waves, then more blocks (more of the weight stream in flight: at the DRAM floor 128 blocks
 //! of `64x32k2` measured 4 % faster than 64 of `64x64k2`), then the shorter stage-bound time.
-use super::choose::split_grid;
+use super::choose::{DECODE_ROWS, split_grid};
 use kernels_gpu::gemm_abi::{BLOCK_K, GemmVariant, TileConfig, VARIANTS};
 use kernels_gpu::layout::stream_k::StreamK;
 
-/// The most rows this rule serves; fewer than 17 run the 16-row tiles.
+/// The most rows this rule serves.
 pub(super) const MAX_ROWS: u64 = 128;
 
 /// The most rows of one 64-row m-tile: up to here every candidate is a 64-row tile and may
@@ -92,10 +99,27 @@ const CANDIDATES: [&str; 10] = [
     "128x224",
 ];
 
-/// Whether `v` competes at `m` rows: a candidate, 128-row tiles only above
+/// The tiles this rule chooses among at most [`DECODE_ROWS`] rows: the transposed-product
+/// decode tiles (`TileConfig::swap_ab`), 128 or 64 weight rows wide, one or two k-blocks a
+/// stage, and the split one; every one measured at 1 and 16 tokens in the same rounds on the
+/// grid's twelve weights (`gemm-grid-2026-12-03-600d1cb4589c-m1-settle100`, NOTES step 70).
+/// `16x64t` (one k-block a stage) is left out: it measured within 1 % of `16x64t2` only at 70B
+/// QKV and slower elsewhere, where the model cannot tell the two apart.
+const DECODE_CANDIDATES: [&str; 4] = ["16x128t", "16x128t2", "16x64t2", "16x128ts"];
+
+/// The candidates at `m` rows: the decode tiles up to [`DECODE_ROWS`], else [`CANDIDATES`].
+fn candidates(m: u64) -> &'static [&'static str] {
+    if m <= DECODE_ROWS {
+        &DECODE_CANDIDATES
+    } else {
+        &CANDIDATES
+    }
+}
+
+/// Whether `v` competes at `m` rows: a candidate there, 128-row tiles only above
 /// [`ONE_M_TILE_ROWS`], and with `e4m3` only those compiled for it.
 fn competes(v: &GemmVariant, m: u64, e4m3: bool) -> bool {
-    CANDIDATES.contains(&v.name)
+    candidates(m).contains(&v.name)
         && (v.config.block_m == 64 || m > ONE_M_TILE_ROWS)
         && (!e4m3 || v.kernel_e4m3.is_some())
 }
@@ -163,7 +187,7 @@ fn estimate(variant: &GemmVariant, m: u64, n: u64, k: u64, sm_count: u32) -> Opt
     })
 }
 
-/// The configuration for an `m × n × k` problem of 17–[`MAX_ROWS`] rows on `sm_count` SMs:
+/// The configuration for an `m × n × k` problem of 1–[`MAX_ROWS`] rows on `sm_count` SMs:
 /// among the candidates that compete there, the fastest by the weight-stream estimate, ties
 /// broken as the module says (then by the order of [`VARIANTS`]); `None` above 64 rows where
 /// no candidate fits one wave.
@@ -248,8 +272,13 @@ mod tests {
         for r in &records {
             let dim = |key: &str| r[key].as_u64().unwrap();
             let (m, n, k) = (dim("m"), dim("n"), dim("k"));
-            let max_rows = if e4m3 { FP8_MAX_ROWS } else { MAX_ROWS };
-            if m <= 16 || m > max_rows {
+            // FP8 decode (at most `DECODE_ROWS`) is the area model's.
+            let (min_rows, max_rows) = if e4m3 {
+                (DECODE_ROWS + 1, FP8_MAX_ROWS)
+            } else {
+                (1, MAX_ROWS)
+            };
+            if m < min_rows || m > max_rows {
                 continue;
             }
             let pick = if e4m3 {
@@ -264,7 +293,7 @@ mod tests {
                     (r["tile"].as_str() == Some(name)).then(|| r["ours_ms"].as_f64().unwrap())
                 })
             };
-            let fastest = CANDIDATES
+            let fastest = candidates(m)
                 .iter()
                 .filter_map(|name| measured(name))
                 .fold(f64::INFINITY, f64::min);
@@ -281,6 +310,31 @@ mod tests {
             checked += 1;
         }
         checked
+    }
+
+    /// Every decode candidate at 1 and 16 tokens on the grid's twelve weights, bf16 and f16,
+    /// in the same rounds: within 3 % of the fastest on the 40 records of ten of them (8B QKV:
+    /// `16x64t2` 2.4–2.8 % behind `16x128t2`, which the model cannot tell apart), within 8 %
+    /// on the two-wave fc1 weights of 8B and 70B (28672 × 4096 and × 8192), where the model's
+    /// `16x128t2` measured 5–8 % behind `16x64t2` or the stream-K `16x128ts` in three of four
+    /// records each (and `16x128t` alone ranged over 117–127 µs from round to round at 70B
+    /// fc1: NOTES step 70).
+    #[test]
+    fn picks_within_8_percent_of_the_fastest_measured_at_decode() {
+        let json = include_str!(
+            "../../../benches/results/gemm-grid-2026-12-03-600d1cb4589c-m1-settle100.json"
+        );
+        let records: Vec<serde_json::Value> = serde_json::from_str(json).unwrap();
+        let decode: Vec<serde_json::Value> = records
+            .into_iter()
+            .filter(|r| r["m"].as_u64().unwrap() <= DECODE_ROWS)
+            .collect();
+        let (fc1, rest): (Vec<_>, Vec<_>) = decode
+            .into_iter()
+            .partition(|r| r["n"].as_u64() == Some(28672));
+        let json = |v: &Vec<serde_json::Value>| serde_json::to_string(v).unwrap();
+        assert_eq!(check_record(&json(&rest), false, 0.03), 40);
+        assert_eq!(check_record(&json(&fc1), false, 0.08), 8);
     }
 
     /// The run the 64-row model was fitted to, every 64-row tile in the same rounds (bf16
@@ -316,6 +370,18 @@ mod tests {
     }
 
     #[test]
+    fn the_decode_candidates_are_the_transposed_tiles_of_16_rows() {
+        for name in DECODE_CANDIDATES {
+            let v = VARIANTS.iter().find(|v| v.name == name).expect(name);
+            let c = v.config;
+            assert!(
+                c.swap_ab && u64::from(c.max_rows()) == DECODE_ROWS,
+                "{name}"
+            );
+        }
+    }
+
+    #[test]
     fn the_candidates_are_compiled_unclustered_tiles_of_64_or_128_rows() {
         for name in CANDIDATES {
             let v = VARIANTS.iter().find(|v| v.name == name).expect(name);
@@ -329,7 +395,7 @@ mod tests {
 
     #[test]
     fn more_rows_are_more_tiles_and_every_row_count_gets_a_tile() {
-        for m in 17..=MAX_ROWS {
+        for m in 1..=MAX_ROWS {
             for (n, k) in [(8, 64), (1000, 1000), (4096, 4096), (28672, 8192)] {
                 match choose(m, n, k, 132) {
                     Some(v) => assert!(competes(v, m, false), "{m} x {n} x {k}: {}", v.name),
