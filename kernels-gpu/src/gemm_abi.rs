@@ -124,12 +124,16 @@ impl TileConfig {
         }
     }
     /// Split-K: how many splits' partial sums the finishing warpgroup loads at once (1 ..=
-    /// [`MAX_SUM_GROUP`]) before adding them in split order. Each split is
+    /// [`MAX_SUM_GROUP`]; [`SWAPPED_SUM_GROUP`] for the transposed decode tiles) before adding
+    /// them in split order. Each split is
     /// `block_m · block_n / 256` floats per consumer thread (its accumulators); a group keeps
     /// `sum_group` of those in flight beside the accumulators, within 160 of the consumers'
     /// 232 registers (more spilled: `128x128s` with 2 groups of 64). One L2 round trip per
     /// group, so the sum of `s` splits costs `⌈s / sum_group⌉` round trips.
     pub const fn sum_group(&self) -> u32 {
+        if self.swap_ab {
+            return SWAPPED_SUM_GROUP;
+        }
         let per_split = self.block_m * self.block_n / 256;
         let g = 160 / per_split;
         if g <= 1 {
@@ -613,8 +617,16 @@ pub const TILE_16X128_SWAPPED_DEEP: TileConfig = TileConfig {
     ..TILE_16X128_SWAPPED
 };
 
-/// The largest [`TileConfig::sum_group`] (the kernel unrolls its group loop to this bound).
+/// The largest [`TileConfig::sum_group`] of the tiles with 64-row accumulator slabs (the
+/// kernel unrolls their group loop to this bound).
 pub const MAX_SUM_GROUP: u32 = 4;
+
+/// [`TileConfig::sum_group`] of the transposed-product decode tiles ([`TileConfig::swap_ab`]):
+/// a split is 8 floats a consumer thread, so eight splits' loads take 64 registers beside the
+/// 8 accumulators, and the 7 splits of 405B QKV at TP 8 with one token (18 tiles on 126
+/// blocks) are summed in one L2 round trip instead of two (measured 28.1 → 27.2 µs: NOTES
+/// step 71).
+pub const SWAPPED_SUM_GROUP: u32 = 8;
 
 /// One compiled configuration: its entry points and tile configuration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -103,8 +103,9 @@ trait Config {
     );
 }
 
-// `seq!(G in 0..4)` in `sum_partials` spells the bound of its group loop as a literal.
-const _: () = assert!(MAX_SUM_GROUP == 4);
+// `seq!(G in 0..4)` and, for the transposed tiles, `seq!(G in 0..8)` in `sum_partials` spell
+// the bounds of their group loops as literals.
+const _: () = assert!(MAX_SUM_GROUP == 4 && SWAPPED_SUM_GROUP == 8);
 
 /// Split-K: adds split `x` to the running sum `acc`, or starts it with split 0 (`first`).
 #[inline(always)]
@@ -555,7 +556,7 @@ macro_rules! swapped_config {
                     }
                 });
             }
-            /// Four splits' loads at a time ([`MAX_SUM_GROUP`]: 32 registers beside the 8
+            /// Eight splits' loads at a time ([`SWAPPED_SUM_GROUP`]: 64 registers beside the 8
             /// accumulators), added in split order.
             #[inline(always)]
             unsafe fn sum_partials(
@@ -568,9 +569,9 @@ macro_rules! swapped_config {
             ) {
                 let t = index::thread_in_warpgroup();
                 let keep = |r: u32| row + fragment::accumulator_element(t, r).1 < m;
-                for j0 in (0..splits).step_by(MAX_SUM_GROUP as usize) {
-                    let mut v = [[0.0f32; 8]; 4];
-                    seq!(G in 0..4 {
+                for j0 in (0..splits).step_by(SWAPPED_SUM_GROUP as usize) {
+                    let mut v = [[0.0f32; 8]; SWAPPED_SUM_GROUP as usize];
+                    seq!(G in 0..8 {
                         if j0 + G < splits {
                             let slot = unsafe { first.add((j0 + G) as usize * stride) };
                             seq!(R in 0..8 {
@@ -580,7 +581,7 @@ macro_rules! swapped_config {
                             });
                         }
                     });
-                    seq!(G in 0..4 {
+                    seq!(G in 0..8 {
                         if j0 + G < splits {
                             seq!(R in 0..8 {
                                 if keep(R) {
