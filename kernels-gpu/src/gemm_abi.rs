@@ -323,8 +323,11 @@ impl TileConfig {
     /// only on 16-row short tiles.
     pub const fn is_valid(&self) -> bool {
         let shape = match self.split {
+            // 144 wide only from registers: no staged chunk width (64 or 32) divides it.
             ConsumerSplit::Rows => {
-                self.block_m == 128 && matches!(self.block_n, 128 | 160 | 192 | 224 | 256)
+                self.block_m == 128
+                    && (matches!(self.block_n, 128 | 160 | 192 | 224 | 256)
+                        || (self.block_n == 144 && !self.staged))
             }
             ConsumerSplit::Columns => {
                 (self.block_m == 192 && self.block_n == 192)
@@ -471,6 +474,18 @@ pub const TILE_128X128_SPLITK: TileConfig = TileConfig {
 pub const TILE_128X160_SPLITK: TileConfig = TileConfig {
     split_k: true,
     ..TILE_128X160
+};
+
+/// 128×144 tiles with split-K, 6 stages of 34 KiB, stored from registers (no staged chunk
+/// width divides 144): cuBLASLt's tile at 405B QKV at TP 8 with 512 rows, where 144 divides
+/// the 2304 columns into 16 tiles — 64 tiles of a 512-row problem, two splits on 128 blocks —
+/// where `128x160s` runs 15 tiles a row, the last 64 wide (60 tiles on 120 blocks).
+pub const TILE_128X144_SPLITK: TileConfig = TileConfig {
+    block_n: 144,
+    stages: 6,
+    staged: false,
+    split_k: true,
+    ..TILE_128X256
 };
 
 /// 64×128 tiles, 8 stages, split by columns (each consumer warpgroup one `m64n64k16` slab):
@@ -667,6 +682,7 @@ macro_rules! gemm_variants {
             "128x256s" => gemm_bf16_128x256s, gemm_f16_128x256s, TILE_128X256_SPLITK, Tile128x256S, e4m3 gemm_e4m3_128x256s;
             "128x128s" => gemm_bf16_128x128s, gemm_f16_128x128s, TILE_128X128_SPLITK, Tile128x128S;
             "128x160s" => gemm_bf16_128x160s, gemm_f16_128x160s, TILE_128X160_SPLITK, Tile128x160S;
+            "128x144s" => gemm_bf16_128x144s, gemm_f16_128x144s, TILE_128X144_SPLITK, Tile128x144S;
             "16x128" => gemm_bf16_16x128, gemm_f16_16x128, TILE_16X128, Tile16x128, e4m3 gemm_e4m3_16x128;
             "64x128" => gemm_bf16_64x128, gemm_f16_64x128, TILE_64X128, Tile64x128, e4m3 gemm_e4m3_64x128;
             "16x64" => gemm_bf16_16x64, gemm_f16_16x64, TILE_16X64, Tile16x64, e4m3 gemm_e4m3_16x64;

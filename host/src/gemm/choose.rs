@@ -50,6 +50,14 @@ fn cost_per_element(variant: &GemmVariant) -> f64 {
         // f16: gemm-grid-2026-12-02-2c11ec7-qkv). It wins where 160 divides N into about a
         // wave: 70B QKV with 512 rows, 128 tiles, 66.7 µs against 128×224's 79.4.
         "128x160" => 1.045,
+        // Split only (`128x144s`, stored from registers). Fitted to 512 × 2304 × 16384 (405B
+        // QKV at TP 8), 64 tiles in two splits against `128x160s`' 60, five interleaved
+        // rounds: 66.2 against 68.2 µs (bf16), 68.2 against 73.5 (f16), 0.95 of its time for
+        // 0.90 of its area a block, so 1.045 · 0.95 / 0.90 ≈ 1.10; level with it at K = 8192
+        // and with `128x128s` at 256 rows, slower than `128x128s` at 384 rows and at 1152
+        // columns, where this cost keeps `128x128s` (gemm-2026-12-03-e6fedea-512x2304x16384-and-5-more;
+        // NOTES step 72).
+        "128x144" => 1.10,
         // Measured 0.97–1.01 (mean 0.993) of 128×256 per output element on the full-wave
         // shapes (8192³ and the TP=2 stage shapes, bf16 and f16: the measured time ratio over
         // this model's, benches/results/gemm-2026-11-30-d18f3ea-variants.md): the 12 % fewer
@@ -466,7 +474,7 @@ pub fn split_grid(variant: &GemmVariant, m: u64, n: u64, k: u64, sm_count: u32) 
 
 /// The configuration named `name` (`128x256`, `128x256c2`, `192x192`, `128x224`, `128x160`,
 /// `128x128`, `128x128c2`, `64x128`, `16x128` and `16x64` (at most 16 rows), the split-K
-/// `128x256s`, `128x128s`, `128x160s`, `64x128s`, `16x128s`, the ping-pong `128x128p`, and
+/// `128x256s`, `128x128s`, `128x160s`, `128x144s`, `64x128s`, `16x128s`, the ping-pong `128x128p`, and
 /// the transposed-product decode tiles `16x128t`, `16x128ts`, `16x64t` and their two-k-block
 /// forms `16x128t2`, `16x64t2`, at most 16 rows).
 #[must_use]
@@ -615,14 +623,15 @@ mod tests {
         // than 40 of 128×128 split 3 ways (hand-off 3 · 4 + 6 · 3 · 2 = 48 k-blocks:
         // 16 384 · 1.06 · (43 + 48) / 128 = 12 347); 8B fc2 (4096 × 14336) splits 32 tiles of
         // 128×128 4 ways (16 384 · 1.06 · (56 + 64) / 224 = 9 304 against 11 469); 405B QKV at
-        // 512 rows splits 60 tiles of 128×160 2 ways (20 480 · 1.045 · (128 + 2 · 4 + 6 · 2 · 2)
-        // / 256 = 13 376, two splits being allowed from `TWO_SPLIT_MIN_ROWS`) against 36 tiles
-        // of 128×256 split 3 ways (32 768 · (86 + 48) / 256 = 17 152) and 72 unsplit 128×128
-        // tiles' 17 367. The first two as measured (NOTES step 37); the third predicted. Since
+        // 512 rows splits 64 tiles of 128×144 2 ways (18 432 · 1.10 · (128 + 2 · 4 + 6 · 2 · 2)
+        // / 256 = 12 672, two splits being allowed from `TWO_SPLIT_MIN_ROWS`) against 60 tiles
+        // of 128×160 split 2 ways (20 480 · 1.045 · 160 / 256 = 13 376), 36 tiles of 128×256
+        // split 3 ways (32 768 · (86 + 48) / 256 = 17 152) and 72 unsplit 128×128 tiles'
+        // 17 367. The first two as measured (NOTES step 37), the third too (step 72). Since
         // NOTES step 56 the weight stream decides at 128 rows: the first as here, the second
         // on 128 tiles of `64x64k2` in one wave (39.8 µs against `128x128s`' 44.7).
         assert_eq!(choose_variant(128, 5120, 8192, 132).name, "64x128");
-        assert_eq!(choose_variant(512, 2304, 16384, 132).name, "128x160s");
+        assert_eq!(choose_variant(512, 2304, 16384, 132).name, "128x144s");
         assert_eq!(choose_variant(128, 4096, 14336, 132).name, "64x64k2");
         // The 64-row tiles take two waves and K is too short for stream-K to pay (8B fc1, 16
         // tokens), K too short to split (8 k-blocks), or prefill: no split.

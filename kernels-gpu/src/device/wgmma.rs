@@ -128,6 +128,10 @@ seq!(I in 1..64 {
     mma_ss!(mma_m64n128k16_f32_bf16, "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16", "1, 1, 0, 0", 64, 0 #(I)*);
     mma_ss!(mma_m64n128k16_f32_f16, "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16", "1, 1, 0, 0", 64, 0 #(I)*);
 });
+seq!(I in 1..72 {
+    mma_ss!(mma_m64n144k16_f32_bf16, "wgmma.mma_async.sync.aligned.m64n144k16.f32.bf16.bf16", "1, 1, 0, 0", 72, 0 #(I)*);
+    mma_ss!(mma_m64n144k16_f32_f16, "wgmma.mma_async.sync.aligned.m64n144k16.f32.f16.f16", "1, 1, 0, 0", 72, 0 #(I)*);
+});
 seq!(I in 1..80 {
     mma_ss!(mma_m64n160k16_f32_bf16, "wgmma.mma_async.sync.aligned.m64n160k16.f32.bf16.bf16", "1, 1, 0, 0", 80, 0 #(I)*);
     mma_ss!(mma_m64n160k16_f32_f16, "wgmma.mma_async.sync.aligned.m64n160k16.f32.f16.f16", "1, 1, 0, 0", 80, 0 #(I)*);
@@ -162,6 +166,9 @@ seq!(I in 1..48 {
 seq!(I in 1..64 {
     mma_ss!(mma_m64n128k32_f32_e4m3, "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3", "1, 1", 64, 0 #(I)*);
 });
+seq!(I in 1..72 {
+    mma_ss!(mma_m64n144k32_f32_e4m3, "wgmma.mma_async.sync.aligned.m64n144k32.f32.e4m3.e4m3", "1, 1", 72, 0 #(I)*);
+});
 seq!(I in 1..80 {
     mma_ss!(mma_m64n160k32_f32_e4m3, "wgmma.mma_async.sync.aligned.m64n160k32.f32.e4m3.e4m3", "1, 1", 80, 0 #(I)*);
 });
@@ -179,6 +186,7 @@ seq!(I in 0..16 { register_fence!(fence_operands_16, 16, #(I)*); });
 seq!(I in 0..32 { register_fence!(fence_operands_32, 32, #(I)*); });
 seq!(I in 0..48 { register_fence!(fence_operands_48, 48, #(I)*); });
 seq!(I in 0..64 { register_fence!(fence_operands_64, 64, #(I)*); });
+seq!(I in 0..72 { register_fence!(fence_operands_72, 72, #(I)*); });
 seq!(I in 0..80 { register_fence!(fence_operands_80, 80, #(I)*); });
 seq!(I in 0..96 { register_fence!(fence_operands_96, 96, #(I)*); });
 seq!(I in 0..112 { register_fence!(fence_operands_112, 112, #(I)*); });
@@ -214,6 +222,11 @@ pub trait InputType {
     /// # Safety
     /// The contract of the `mma_m64n128k16` (e4m3: `k32`) function it lowers to.
     unsafe fn mma_n128(acc: &mut [f32; 64], desc_a: u64, desc_b: u64, scale_d: u32);
+    /// `m64n144k16`: 72 accumulators per thread.
+    ///
+    /// # Safety
+    /// The contract of the `mma_m64n144k16` (e4m3: `k32`) function it lowers to.
+    unsafe fn mma_n144(acc: &mut [f32; 72], desc_a: u64, desc_b: u64, scale_d: u32);
     /// `m64n160k16`: 80 accumulators per thread.
     ///
     /// # Safety
@@ -265,6 +278,10 @@ impl InputType for Bf16 {
     #[inline(always)]
     unsafe fn mma_n128(acc: &mut [f32; 64], a: u64, b: u64, s: u32) {
         unsafe { mma_m64n128k16_f32_bf16(acc, a, b, s) }
+    }
+    #[inline(always)]
+    unsafe fn mma_n144(acc: &mut [f32; 72], a: u64, b: u64, s: u32) {
+        unsafe { mma_m64n144k16_f32_bf16(acc, a, b, s) }
     }
     #[inline(always)]
     unsafe fn mma_n160(acc: &mut [f32; 80], a: u64, b: u64, s: u32) {
@@ -319,6 +336,10 @@ impl InputType for F16 {
     #[inline(always)]
     unsafe fn mma_n128(acc: &mut [f32; 64], a: u64, b: u64, s: u32) {
         unsafe { mma_m64n128k16_f32_f16(acc, a, b, s) }
+    }
+    #[inline(always)]
+    unsafe fn mma_n144(acc: &mut [f32; 72], a: u64, b: u64, s: u32) {
+        unsafe { mma_m64n144k16_f32_f16(acc, a, b, s) }
     }
     #[inline(always)]
     unsafe fn mma_n160(acc: &mut [f32; 80], a: u64, b: u64, s: u32) {
@@ -388,6 +409,10 @@ impl<O: InputType> InputType for E4m3<O> {
     #[inline(always)]
     unsafe fn mma_n128(acc: &mut [f32; 64], a: u64, b: u64, s: u32) {
         unsafe { mma_m64n128k32_f32_e4m3(acc, a, b, s) }
+    }
+    #[inline(always)]
+    unsafe fn mma_n144(acc: &mut [f32; 72], a: u64, b: u64, s: u32) {
+        unsafe { mma_m64n144k32_f32_e4m3(acc, a, b, s) }
     }
     #[inline(always)]
     unsafe fn mma_n160(acc: &mut [f32; 80], a: u64, b: u64, s: u32) {

@@ -121,7 +121,8 @@ const SLAB_A_BYTES: u32 = SLAB_M * BLOCK_K * 2;
 /// warpgroup share is `slabs` slabs of 64 × `WN` outputs (`WN = TileConfig::wg_cols()`):
 /// `regs = WN / 2` accumulators per slab and thread, `blocks = WN / 8` column blocks, and an
 /// epilogue of `chunks = WN / W` staged chunks per slab of `W = TileConfig::epilogue_cols()`
-/// columns, each written as `pairs = W / 16` `stmatrix.x4` (16 columns each) per warp; `mma` and
+/// columns, each written as `pairs = W / 16` `stmatrix.x4` (16 columns each) per warp (a tile
+/// stored from registers, `!staged`, leaves those two unused); `mma` and
 /// `fence` name the `wgmma` wrappers of width `WN`. The counts are literals because `seq!`
 /// unrolls over them (every register index is then a constant); a compile-time assertion
 /// checks each against the tile.
@@ -142,7 +143,10 @@ macro_rules! config {
         const _: () = {
             let t = $tile;
             assert!($slabs == t.slabs() && $regs == t.wg_cols() / 2 && $blocks == t.wg_cols() / 8);
-            assert!($chunks * t.epilogue_cols() == t.wg_cols() && $pairs * 16 == t.epilogue_cols());
+            assert!(
+                !t.staged
+                    || ($chunks * t.epilogue_cols() == t.wg_cols() && $pairs * 16 == t.epilogue_cols())
+            );
         };
         impl Config for $name {
             const TILE: TileConfig = $tile;
@@ -453,6 +457,16 @@ config!(
         fence: fence_operands_80,
     }
 );
+// Stored from registers: `chunks` and `pairs` are unused.
+config!(Tile128x144S: TILE_128X144_SPLITK {
+    slabs: 1,
+    regs: 72,
+    blocks: 18,
+    chunks: 1,
+    pairs: 2,
+    mma: mma_n144,
+    fence: fence_operands_72,
+});
 config!(
     Tile128x128: TILE_128X128,
     Tile128x128C2: TILE_128X128_CLUSTER2,
