@@ -55,8 +55,8 @@ fn cost_per_element(variant: &GemmVariant) -> f64 {
         // rounds: 66.2 against 68.2 µs (bf16), 68.2 against 73.5 (f16), 0.95 of its time for
         // 0.90 of its area a block, so 1.045 · 0.95 / 0.90 ≈ 1.10; level with it at K = 8192
         // and with `128x128s` at 256 rows, slower than `128x128s` at 384 rows and at 1152
-        // columns, where this cost keeps `128x128s` (gemm-2026-12-03-e6fedea-512x2304x16384-and-5-more;
-        // NOTES step 72).
+        // columns, where this cost keeps `128x128s`
+        // (gemm-2026-12-03-e6fedea-dirty-512x2304x16384-and-5-more-128x144s; NOTES step 72).
         "128x144" => 1.10,
         // Measured 0.97–1.01 (mean 0.993) of 128×256 per output element on the full-wave
         // shapes (8192³ and the TP=2 stage shapes, bf16 and f16: the measured time ratio over
