@@ -11,8 +11,10 @@
 //! so that its first block does not run in the boost-clock burst after the idle GPU time of
 //! the shape's setup; they end with the host's synchronisation, like a block, so that the
 //! first timed block starts as every other one does. Where NVML reports board energy, each
-//! contender's energy per launch (mJ) is its timed blocks' energy over their launches ([`distgemm_benches::energy`]): coarse, ±8 %
-//! at 0.6 s blocks, so raise `--reps` until each block lasts seconds.
+//! contender's energy per launch (mJ) is its timed blocks' energy over their launches
+//! ([`distgemm_benches::energy`]): coarse, ±8 % at 0.6 s blocks, and left out ("—") where a
+//! contender's blocks add up to less than a second ([`MIN_METERED`]: the grid's 40 ms blocks),
+//! so raise `--min-block-ms` or `--rounds` for it.
 //!
 //! With `--grid`, the shapes are instead the grid of the shapes a model runs (issue 23):
 //! M ∈ {1, 16, 64, 128, 512, 2048, 8192} tokens × the QKV, output-projection, fused gate+up
@@ -44,7 +46,7 @@ use distgemm::gemm::{
 use distgemm::problem::Preset;
 use distgemm::runtime::{CudaStream, DeviceBuffer, DeviceCopy, Gpu, Module};
 use distgemm_benches::distgemm_report::non_negative_ms;
-use distgemm_benches::energy::{ClockPower, EnergyMeter, PowerSampler};
+use distgemm_benches::energy::{ClockPower, EnergyMeter, MIN_METERED, PowerSampler};
 use distgemm_benches::{
     BenchError, DenseOperands, Provenance, ROUNDS, RotatingInputs, RunnerFlags, Timing,
     TimingConfig, gemm_tflops, interleaved, parse_reps, results_dir, time_on_stream,
@@ -52,7 +54,7 @@ use distgemm_benches::{
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Default shortest timed block (ms), `--min-block-ms`.
 const DEFAULT_MIN_BLOCK_MS: f64 = 100.0;
@@ -142,7 +144,8 @@ struct Record {
     driver: String,
     commit: String,
     date: String,
-    /// Board energy of one launch (NVML), when available.
+    /// Board energy of one launch (NVML), when available and metered for at least
+    /// [`MIN_METERED`].
     ours_mj: Option<f64>,
     cublas_mj: Option<f64>,
     /// With `--variants` / `--raster`: TFLOP/s of every extra configuration.
@@ -276,8 +279,9 @@ struct Operands<A: DeviceCopy, O: DeviceCopy> {
     _scales: Vec<DeviceBuffer<f32>>,
 }
 
-/// One contender's measurement: its timing and, where NVML reports board energy, the energy
-/// of one launch (the energy of its timed blocks, warm-up included, over their launches).
+/// One contender's measurement: its timing and, where NVML reports board energy over at least
+/// [`MIN_METERED`] of blocks, the energy of one launch (the energy of its timed blocks, warm-up
+/// included, over their launches).
 struct Measured {
     name: String,
     timing: Timing,
@@ -483,8 +487,9 @@ fn bench_sets<A: DeviceCopy, O: CublasLtElement + DeviceCopy>(
     let pdl: Vec<bool> = std::iter::once(false)
         .chain(extras.iter().map(|e| e.pdl()))
         .collect();
-    // Per contender: (millijoules, launches) of its timed blocks, while NVML answers.
-    let mut energy = vec![meter.map(|_| (0u64, 0usize)); contenders];
+    // Per contender: (millijoules, launches, metered time) of its timed blocks, while NVML
+    // answers.
+    let mut energy = vec![meter.map(|_| (0u64, 0usize, Duration::ZERO)); contenders];
     // Per contender: the mean SM clock and power of its blocks so far (`--clocks`).
     let mut clocks = vec![h.clocks.then(ClockPower::default); contenders];
     // Per contender: each timed block's median, round by round.
@@ -521,6 +526,7 @@ fn bench_sets<A: DeviceCopy, O: CublasLtElement + DeviceCopy>(
             reps: timing.blocks.reps,
         };
         let before = meter.map(EnergyMeter::read_mj);
+        let metered = Instant::now();
         let sampler = h.clocks.then(|| {
             PowerSampler::start(
                 vec![gpu.pci_bus_id().to_owned()],
@@ -530,6 +536,7 @@ fn bench_sets<A: DeviceCopy, O: CublasLtElement + DeviceCopy>(
         });
         let t = time_on_stream(gpu, &stream, round_timing, |rep| launch(c, rep))?;
         let after = meter.map(EnergyMeter::read_mj);
+        let metered = metered.elapsed();
         if let Some(sampler) = sampler {
             // A failed sampler (NVML gone) drops the contender's clock, not the timing.
             clocks[c] = match (clocks[c], sampler.finish()) {
@@ -539,9 +546,10 @@ fn bench_sets<A: DeviceCopy, O: CublasLtElement + DeviceCopy>(
         }
         block_ms[c].push(t.median_ms);
         energy[c] = match (energy[c], before, after) {
-            (Some((mj, n)), Some(Ok(b)), Some(Ok(a))) => Some((
+            (Some((mj, n, time)), Some(Ok(b)), Some(Ok(a))) => Some((
                 mj + a.saturating_sub(b),
                 n + round_timing.warmup + round_timing.reps,
+                time + metered,
             )),
             _ => None,
         };
@@ -549,7 +557,11 @@ fn bench_sets<A: DeviceCopy, O: CublasLtElement + DeviceCopy>(
     })
     .into_iter()
     .collect::<Result<Vec<_>, _>>()?;
-    let per_gemm = |c: usize| energy[c].map(|(mj, n)| mj as f64 / n.max(1) as f64);
+    let per_gemm = |c: usize| {
+        energy[c]
+            .filter(|&(_, _, time)| time >= MIN_METERED)
+            .map(|(mj, n, _)| mj as f64 / n.max(1) as f64)
+    };
     let mut measured = samples
         .into_iter()
         .enumerate()

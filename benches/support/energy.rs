@@ -20,6 +20,14 @@ use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+/// The least metered time behind an energy figure: NVML's counter advances in steps too coarse
+/// for shorter windows. `benches/gemm --grid`'s 40 ms blocks read zero in some blocks and 2–4×
+/// the board's power in others (8B o-proj at 512 rows: 25.8 mJ a 30.6 µs launch, 843 W on a
+/// 700 W board; gemm-grid-2026-12-03-e6fedea-whole-m512-settle100-rounds5), where 0.6 s blocks
+/// read within ±8 % of each other (gemm-2026-11-30-2886ee3-energy). A benchmark reports no
+/// energy for a contender metered for less.
+pub const MIN_METERED: Duration = Duration::from_secs(1);
+
 /// NVML, initialised once per process on first use (or why it could not be).
 fn nvml() -> Result<&'static Nvml, String> {
     static NVML: OnceLock<Result<Nvml, String>> = OnceLock::new();
