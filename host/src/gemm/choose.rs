@@ -472,11 +472,10 @@ pub fn split_grid(variant: &GemmVariant, m: u64, n: u64, k: u64, sm_count: u32) 
         .map(|(grid, _)| grid as u32)
 }
 
-/// The configuration named `name` (`128x256`, `128x256c2`, `192x192`, `128x224`, `128x160`,
-/// `128x128`, `128x128c2`, `64x128`, `16x128` and `16x64` (at most 16 rows), the split-K
-/// `128x256s`, `128x128s`, `128x160s`, `128x144s`, `64x128s`, `16x128s`, the ping-pong
-/// `128x128p`, and the transposed-product decode tiles `16x128t`, `16x128ts`, `16x64t` and
-/// their two-k-block forms `16x128t2`, `16x64t2`, at most 16 rows).
+/// The compiled configuration named `name`: any [`GemmVariant::name`] in [`VARIANTS`] (the
+/// table `gemm_abi::gemm_variants!` generates), e.g. `128x256`, the split-K `128x144s`, the
+/// ping-pong `128x128p` or the decode tile `16x64t2` (the short tiles serve at most
+/// `TileConfig::max_rows` rows).
 #[must_use]
 pub fn variant_named(name: &str) -> Option<&'static GemmVariant> {
     VARIANTS.iter().find(|v| v.name == name)
