@@ -944,7 +944,12 @@ mod tests {
                 "{}",
                 v.name
             );
-            assert_eq!(t.wg_cols() % t.epilogue_cols(), 0, "{}", v.name);
+            // Staged chunks tile the share's columns (a tile stored from registers has none).
+            assert!(
+                !t.staged || t.wg_cols() % t.epilogue_cols() == 0,
+                "{}",
+                v.name
+            );
         }
         let t = TILE_192X192;
         assert_eq!((t.slabs(), t.wg_cols(), t.epilogue_cols()), (3, 96, 32));
@@ -972,7 +977,8 @@ mod tests {
 
     #[test]
     fn chunks_tile_each_share_once() {
-        for v in &VARIANTS {
+        // The staged epilogue's chunks (tiles stored from registers stage none).
+        for v in VARIANTS.iter().filter(|v| v.config.staged) {
             let t = v.config;
             let mut covered = [[false; 256]; 192];
             for i in 0..t.chunks_per_tile() {
