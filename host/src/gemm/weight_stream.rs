@@ -236,6 +236,7 @@ fn choose_among(m: u64, n: u64, k: u64, sm_count: u32, e4m3: bool) -> Option<&'s
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::gemm::choose::variant_named;
 
     /// The grid's twelve shapes at 64 rows, each with the tile that measured fastest in
     /// bf16 (`gemm-grid-2026-12-02-3be1dff-m64`, one H200; every 64-row tile in the same
@@ -376,7 +377,7 @@ mod tests {
     #[test]
     fn the_decode_candidates_are_the_transposed_tiles_of_16_rows() {
         for name in DECODE_CANDIDATES {
-            let v = VARIANTS.iter().find(|v| v.name == name).expect(name);
+            let v = variant_named(name).expect(name);
             let c = v.config;
             assert!(
                 c.swap_ab && u64::from(c.max_rows()) == DECODE_ROWS,
@@ -388,7 +389,7 @@ mod tests {
     #[test]
     fn the_candidates_are_compiled_unclustered_tiles_of_64_or_128_rows() {
         for name in CANDIDATES {
-            let v = VARIANTS.iter().find(|v| v.name == name).expect(name);
+            let v = variant_named(name).expect(name);
             let c = v.config;
             assert!(
                 (c.block_m == 64 || c.block_m == 128) && c.a_rows == c.block_m && c.cluster_m == 1,
@@ -410,7 +411,7 @@ mod tests {
         }
         // At the DRAM floor the time is the bytes: 132 blocks of 64 × 64 tiles on K = 4096
         // (stages 64 · 0.175 = 11.2 µs) read 17.3 µs of weights, 100 blocks 13.1 µs.
-        let v = VARIANTS.iter().find(|v| v.name == "64x64").unwrap();
+        let v = variant_named("64x64").unwrap();
         let few = estimate(v, 64, 100 * 64, 4096, 132).unwrap();
         let wave = estimate(v, 64, 132 * 64, 4096, 132).unwrap();
         assert!((wave.total_us / few.total_us - 1.32).abs() < 1e-9);
@@ -425,8 +426,7 @@ mod tests {
     /// A 128-row tile's stage is its tensor work; a 64-row tile's the hand-off.
     #[test]
     fn stage_times_are_the_hand_off_or_the_tensor_work() {
-        let stage =
-            |name: &str| stage_us(&VARIANTS.iter().find(|v| v.name == name).unwrap().config);
+        let stage = |name: &str| stage_us(&variant_named(name).unwrap().config);
         assert_eq!(stage("64x128"), STAGE_US);
         assert_eq!(stage("64x32k2"), TWO_K_BLOCK_STAGE_US);
         assert!((stage("128x128") - 0.28).abs() < 0.01);
