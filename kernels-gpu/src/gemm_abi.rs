@@ -316,18 +316,20 @@ impl TileConfig {
         (self.epilogue_cols(), EPILOGUE_CHUNK)
     }
     /// Whether the configuration is one the kernel implements, fits, and keeps every tile
-    /// 1024-byte aligned: 128-row tiles split by rows (N of 128, 160, 192, 224 or 256), or split by
+    /// 1024-byte aligned: 128-row tiles split by rows (N of 96, 128, 160, 192, 224 or 256; 80 or
+    /// 144 stored from registers), or split by
     /// columns 192×192 tiles (three `m64n96k16` slabs per warpgroup), 64×128 tiles (one
     /// `m64n64k16` slab per warpgroup) and 64×64 tiles (one `m64n32k16` slab per warpgroup),
     /// or 64×32 tiles for one warpgroup; the transposed product ([`TileConfig::swap_ab`])
     /// only on 16-row short tiles.
     pub const fn is_valid(&self) -> bool {
         let shape = match self.split {
-            // 144 wide only from registers: no staged chunk width (64 or 32) divides it.
+            // 80 and 144 wide only from registers: no staged chunk width (64 or 32) divides
+            // them.
             ConsumerSplit::Rows => {
                 self.block_m == 128
-                    && (matches!(self.block_n, 128 | 160 | 192 | 224 | 256)
-                        || (self.block_n == 144 && !self.staged))
+                    && (matches!(self.block_n, 96 | 128 | 160 | 192 | 224 | 256)
+                        || (matches!(self.block_n, 80 | 144) && !self.staged))
             }
             ConsumerSplit::Columns => {
                 (self.block_m == 192 && self.block_n == 192)
@@ -485,6 +487,24 @@ pub const TILE_128X144_SPLITK: TileConfig = TileConfig {
     stages: 6,
     staged: false,
     split_k: true,
+    ..TILE_128X256
+};
+
+/// 128×80 tiles, 8 stages of 26 KiB, stored from registers (no staged chunk width divides
+/// 80): cuBLASLt's tile for a few hundred rows of 1–3 k columns at long K, where 80 cuts the
+/// columns into enough tiles for one wave without split-K (512 × 2304: 116 tiles, where
+/// 128×128 makes 72 and 128×144 needs two splits of 64).
+pub const TILE_128X80: TileConfig = TileConfig {
+    block_n: 80,
+    stages: 8,
+    staged: false,
+    ..TILE_128X256
+};
+/// 128×96 tiles, 6 stages of 28 KiB: 96 cuts 1536 and 3072 columns into 16 and 32 tiles (a
+/// wave of 128 tiles at 1024 and 512 rows).
+pub const TILE_128X96: TileConfig = TileConfig {
+    block_n: 96,
+    stages: 6,
     ..TILE_128X256
 };
 
@@ -679,6 +699,8 @@ macro_rules! gemm_variants {
             "128x160" => gemm_bf16_128x160, gemm_f16_128x160, TILE_128X160, Tile128x160;
             "128x128" => gemm_bf16_128x128, gemm_f16_128x128, TILE_128X128, Tile128x128, e4m3 gemm_e4m3_128x128;
             "128x128c2" => gemm_bf16_128x128c2, gemm_f16_128x128c2, TILE_128X128_CLUSTER2, Tile128x128C2;
+            "128x96" => gemm_bf16_128x96, gemm_f16_128x96, TILE_128X96, Tile128x96;
+            "128x80" => gemm_bf16_128x80, gemm_f16_128x80, TILE_128X80, Tile128x80;
             "128x256s" => gemm_bf16_128x256s, gemm_f16_128x256s, TILE_128X256_SPLITK, Tile128x256S, e4m3 gemm_e4m3_128x256s;
             "128x128s" => gemm_bf16_128x128s, gemm_f16_128x128s, TILE_128X128_SPLITK, Tile128x128S;
             "128x160s" => gemm_bf16_128x160s, gemm_f16_128x160s, TILE_128X160_SPLITK, Tile128x160S;

@@ -58,6 +58,17 @@ fn cost_per_element(variant: &GemmVariant) -> f64 {
         // columns, where this cost keeps `128x128s`
         // (gemm-2026-12-03-e6fedea-dirty-512x2304x16384-and-5-more-128x144s; NOTES step 72).
         "128x144" => 1.10,
+        // Fitted to one-wave shapes of a few hundred to a thousand rows, each against
+        // `128x128` in the same rounds (gemm-2026-12-03-2d1454d-dirty-512x2304x8192-and-10-more;
+        // NOTES step 73): `128x80` 1.31 at 512 × 2304 × 8192 (35.1 against 45.6 µs) and 1.38
+        // at K = 4096 (21.2 against 26.3), where the block's fixed cost weighs more; `128x96`
+        // 1.21–1.29 at 512 × 3072 × 8192, 1024 × 1152 × 8192 and 1024 × 1536 × 4096. Narrower
+        // tiles read more operand bytes per output (1/80 + 1/128 against 128×256's 1/256 +
+        // 1/128: 2.5 times) and are stored from registers (80) or in 32-column chunks (96), but
+        // they cut 1–3 k columns into a wave of tiles without a split's hand-off: cuBLASLt's
+        // 128×80 tile, unsplit, at such shapes (ncu-2026-12-03-2d1454d-off-grid).
+        "128x80" => 1.33,
+        "128x96" => 1.24,
         // Measured 0.97–1.01 (mean 0.993) of 128×256 per output element on the full-wave
         // shapes (8192³ and the TP=2 stage shapes, bf16 and f16: the measured time ratio over
         // this model's, benches/results/gemm-2026-11-30-d18f3ea-variants.md): the 12 % fewer
@@ -642,6 +653,21 @@ mod tests {
         ] {
             assert!(!choose_variant(m, n, k, 132).config.split_k, "{m}x{n}x{k}");
         }
+    }
+
+    #[test]
+    fn narrow_128_row_tiles_fill_a_wave_of_few_columns() {
+        // 512 × 2304: 116 tiles of 80 columns in one wave, where 128×128 fills 72 SMs and
+        // 128×144 needs two splits (measured 35.1 against 45.6 and 39.1 µs, NOTES step 73).
+        assert_eq!(choose_variant(512, 2304, 8192, 132).name, "128x80");
+        assert_eq!(choose_variant(768, 1536, 8192, 132).name, "128x80");
+        // 96 divides 3072 and 1536 into a wave of 128 tiles at 512 and 1024 rows.
+        assert_eq!(choose_variant(512, 3072, 8192, 132).name, "128x96");
+        assert_eq!(choose_variant(1024, 1536, 4096, 132).name, "128x96");
+        // Long K at 512 rows keeps the split 144-wide tile (405B QKV at TP 8), and a full
+        // wave of wide tiles keeps them.
+        assert_eq!(choose_variant(512, 2304, 16384, 132).name, "128x144s");
+        assert_eq!(choose_variant(2048, 2304, 16384, 132).name, "192x192");
     }
 
     #[test]

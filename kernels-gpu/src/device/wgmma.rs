@@ -120,6 +120,10 @@ seq!(I in 1..32 {
     mma_ss!(mma_m64n64k16_f32_bf16, "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16", "1, 1, 0, 0", 32, 0 #(I)*);
     mma_ss!(mma_m64n64k16_f32_f16, "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16", "1, 1, 0, 0", 32, 0 #(I)*);
 });
+seq!(I in 1..40 {
+    mma_ss!(mma_m64n80k16_f32_bf16, "wgmma.mma_async.sync.aligned.m64n80k16.f32.bf16.bf16", "1, 1, 0, 0", 40, 0 #(I)*);
+    mma_ss!(mma_m64n80k16_f32_f16, "wgmma.mma_async.sync.aligned.m64n80k16.f32.f16.f16", "1, 1, 0, 0", 40, 0 #(I)*);
+});
 seq!(I in 1..48 {
     mma_ss!(mma_m64n96k16_f32_bf16, "wgmma.mma_async.sync.aligned.m64n96k16.f32.bf16.bf16", "1, 1, 0, 0", 48, 0 #(I)*);
     mma_ss!(mma_m64n96k16_f32_f16, "wgmma.mma_async.sync.aligned.m64n96k16.f32.f16.f16", "1, 1, 0, 0", 48, 0 #(I)*);
@@ -160,6 +164,9 @@ seq!(I in 1..16 {
 seq!(I in 1..32 {
     mma_ss!(mma_m64n64k32_f32_e4m3, "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3", "1, 1", 32, 0 #(I)*);
 });
+seq!(I in 1..40 {
+    mma_ss!(mma_m64n80k32_f32_e4m3, "wgmma.mma_async.sync.aligned.m64n80k32.f32.e4m3.e4m3", "1, 1", 40, 0 #(I)*);
+});
 seq!(I in 1..48 {
     mma_ss!(mma_m64n96k32_f32_e4m3, "wgmma.mma_async.sync.aligned.m64n96k32.f32.e4m3.e4m3", "1, 1", 48, 0 #(I)*);
 });
@@ -184,6 +191,7 @@ seq!(I in 1..128 {
 seq!(I in 0..8 { register_fence!(fence_operands_8, 8, #(I)*); });
 seq!(I in 0..16 { register_fence!(fence_operands_16, 16, #(I)*); });
 seq!(I in 0..32 { register_fence!(fence_operands_32, 32, #(I)*); });
+seq!(I in 0..40 { register_fence!(fence_operands_40, 40, #(I)*); });
 seq!(I in 0..48 { register_fence!(fence_operands_48, 48, #(I)*); });
 seq!(I in 0..64 { register_fence!(fence_operands_64, 64, #(I)*); });
 seq!(I in 0..72 { register_fence!(fence_operands_72, 72, #(I)*); });
@@ -212,6 +220,11 @@ pub trait InputType {
     /// # Safety
     /// The contract of the `mma_m64n64k16` (e4m3: `k32`) function it lowers to.
     unsafe fn mma_n64(acc: &mut [f32; 32], desc_a: u64, desc_b: u64, scale_d: u32);
+    /// `m64n80k16`: 40 accumulators per thread.
+    ///
+    /// # Safety
+    /// The contract of the `mma_m64n80k16` (e4m3: `k32`) function it lowers to.
+    unsafe fn mma_n80(acc: &mut [f32; 40], desc_a: u64, desc_b: u64, scale_d: u32);
     /// `m64n96k16`: 48 accumulators per thread.
     ///
     /// # Safety
@@ -272,6 +285,10 @@ impl InputType for Bf16 {
         unsafe { mma_m64n64k16_f32_bf16(acc, a, b, s) }
     }
     #[inline(always)]
+    unsafe fn mma_n80(acc: &mut [f32; 40], a: u64, b: u64, s: u32) {
+        unsafe { mma_m64n80k16_f32_bf16(acc, a, b, s) }
+    }
+    #[inline(always)]
     unsafe fn mma_n96(acc: &mut [f32; 48], a: u64, b: u64, s: u32) {
         unsafe { mma_m64n96k16_f32_bf16(acc, a, b, s) }
     }
@@ -328,6 +345,10 @@ impl InputType for F16 {
     #[inline(always)]
     unsafe fn mma_n64(acc: &mut [f32; 32], a: u64, b: u64, s: u32) {
         unsafe { mma_m64n64k16_f32_f16(acc, a, b, s) }
+    }
+    #[inline(always)]
+    unsafe fn mma_n80(acc: &mut [f32; 40], a: u64, b: u64, s: u32) {
+        unsafe { mma_m64n80k16_f32_f16(acc, a, b, s) }
     }
     #[inline(always)]
     unsafe fn mma_n96(acc: &mut [f32; 48], a: u64, b: u64, s: u32) {
@@ -401,6 +422,10 @@ impl<O: InputType> InputType for E4m3<O> {
     #[inline(always)]
     unsafe fn mma_n64(acc: &mut [f32; 32], a: u64, b: u64, s: u32) {
         unsafe { mma_m64n64k32_f32_e4m3(acc, a, b, s) }
+    }
+    #[inline(always)]
+    unsafe fn mma_n80(acc: &mut [f32; 40], a: u64, b: u64, s: u32) {
+        unsafe { mma_m64n80k32_f32_e4m3(acc, a, b, s) }
     }
     #[inline(always)]
     unsafe fn mma_n96(acc: &mut [f32; 48], a: u64, b: u64, s: u32) {

@@ -467,6 +467,25 @@ config!(Tile128x144S: TILE_128X144_SPLITK {
     mma: mma_n144,
     fence: fence_operands_72,
 });
+config!(Tile128x96: TILE_128X96 {
+    slabs: 1,
+    regs: 48,
+    blocks: 12,
+    chunks: 3,
+    pairs: 2,
+    mma: mma_n96,
+    fence: fence_operands_48,
+});
+// Stored from registers: `chunks` and `pairs` are unused.
+config!(Tile128x80: TILE_128X80 {
+    slabs: 1,
+    regs: 40,
+    blocks: 10,
+    chunks: 1,
+    pairs: 2,
+    mma: mma_n80,
+    fence: fence_operands_40,
+});
 config!(
     Tile128x128: TILE_128X128,
     Tile128x128C2: TILE_128X128_CLUSTER2,
