@@ -58,6 +58,13 @@ fn cost_per_element(variant: &GemmVariant) -> f64 {
         // columns, where this cost keeps `128x128s`
         // (gemm-2026-12-03-e6fedea-dirty-512x2304x16384-and-5-more-128x144s; NOTES step 72).
         "128x144" => 1.10,
+        // Fitted to five one-wave shapes of 160–300 rows, each against `64x128` in the same
+        // rounds (gemm-2026-12-03-e595b2b-dirty-128x5120x8192-and-8-more-64x96-k2; NOTES step
+        // 75): time over `64x128`'s times 1.4 · 128 / 96 gives 1.73 at 192 × 2304 × 8192 (27.6
+        // against 29.7 µs), 1.75 at 256 rows, 1.74 at 300, 1.76 at 160 × 3072 × 14336 and 1.77
+        // at 256 × 3072 × 8192. Its ring stage takes a one-k-block stage's time for two
+        // k-blocks' work, so the cost of a 64-row tile's period is spread over more of them.
+        "64x96k2" => 1.75,
         // Fitted to one-wave shapes of a few hundred to a thousand rows, each against
         // `128x128` in the same rounds
         // (gemm-2026-12-03-2d1454d-dirty-512x2304x8192-and-10-more-128x80-probe; NOTES step 73): `128x80` 1.31 at 512 × 2304 × 8192 (35.1 against 45.6 µs) and 1.38
@@ -668,6 +675,28 @@ mod tests {
         // wave of wide tiles keeps them.
         assert_eq!(choose_variant(512, 2304, 16384, 132).name, "128x144s");
         assert_eq!(choose_variant(2048, 2304, 16384, 132).name, "192x192");
+    }
+
+    #[test]
+    fn two_k_block_64x96_tiles_take_a_few_hundred_rows_of_narrow_columns() {
+        // One wave either way, 72–120 tiles of 64 × 96 against 54–90 of 64 × 128: measured
+        // 6–7 % faster (192 × 2304 × 8192 27.6 against 29.7 µs; NOTES step 75).
+        for (m, n, k) in [
+            (192, 2304, 8192),
+            (256, 2304, 8192),
+            (300, 2304, 8192),
+            (256, 3072, 8192),
+        ] {
+            assert_eq!(choose_variant(m, n, k, 132).name, "64x96k2", "{m}x{n}x{k}");
+        }
+        // A second wave of them keeps the 128-row tile; 128 rows and fewer are the weight
+        // stream's (`weight_stream`), which does not list it; nor does FP8 compile it.
+        assert_eq!(choose_variant(512, 4096, 4096, 132).name, "128x128");
+        assert_ne!(choose_variant(128, 5120, 8192, 132).name, "64x96k2");
+        assert_ne!(
+            choose_fp8_variant(256, 2304, 4096, 132, ScaleMode::Tensorwise).name,
+            "64x96k2"
+        );
     }
 
     #[test]

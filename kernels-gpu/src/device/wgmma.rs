@@ -124,6 +124,10 @@ seq!(I in 1..40 {
     mma_ss!(mma_m64n80k16_f32_bf16, "wgmma.mma_async.sync.aligned.m64n80k16.f32.bf16.bf16", "1, 1, 0, 0", 40, 0 #(I)*);
     mma_ss!(mma_m64n80k16_f32_f16, "wgmma.mma_async.sync.aligned.m64n80k16.f32.f16.f16", "1, 1, 0, 0", 40, 0 #(I)*);
 });
+seq!(I in 1..24 {
+    mma_ss!(mma_m64n48k16_f32_bf16, "wgmma.mma_async.sync.aligned.m64n48k16.f32.bf16.bf16", "1, 1, 0, 0", 24, 0 #(I)*);
+    mma_ss!(mma_m64n48k16_f32_f16, "wgmma.mma_async.sync.aligned.m64n48k16.f32.f16.f16", "1, 1, 0, 0", 24, 0 #(I)*);
+});
 seq!(I in 1..48 {
     mma_ss!(mma_m64n96k16_f32_bf16, "wgmma.mma_async.sync.aligned.m64n96k16.f32.bf16.bf16", "1, 1, 0, 0", 48, 0 #(I)*);
     mma_ss!(mma_m64n96k16_f32_f16, "wgmma.mma_async.sync.aligned.m64n96k16.f32.f16.f16", "1, 1, 0, 0", 48, 0 #(I)*);
@@ -167,6 +171,9 @@ seq!(I in 1..32 {
 seq!(I in 1..40 {
     mma_ss!(mma_m64n80k32_f32_e4m3, "wgmma.mma_async.sync.aligned.m64n80k32.f32.e4m3.e4m3", "1, 1", 40, 0 #(I)*);
 });
+seq!(I in 1..24 {
+    mma_ss!(mma_m64n48k32_f32_e4m3, "wgmma.mma_async.sync.aligned.m64n48k32.f32.e4m3.e4m3", "1, 1", 24, 0 #(I)*);
+});
 seq!(I in 1..48 {
     mma_ss!(mma_m64n96k32_f32_e4m3, "wgmma.mma_async.sync.aligned.m64n96k32.f32.e4m3.e4m3", "1, 1", 48, 0 #(I)*);
 });
@@ -190,6 +197,7 @@ seq!(I in 1..128 {
 });
 seq!(I in 0..8 { register_fence!(fence_operands_8, 8, #(I)*); });
 seq!(I in 0..16 { register_fence!(fence_operands_16, 16, #(I)*); });
+seq!(I in 0..24 { register_fence!(fence_operands_24, 24, #(I)*); });
 seq!(I in 0..32 { register_fence!(fence_operands_32, 32, #(I)*); });
 seq!(I in 0..40 { register_fence!(fence_operands_40, 40, #(I)*); });
 seq!(I in 0..48 { register_fence!(fence_operands_48, 48, #(I)*); });
@@ -225,6 +233,11 @@ pub trait InputType {
     /// # Safety
     /// The contract of the `mma_m64n80k16` (e4m3: `k32`) function it lowers to.
     unsafe fn mma_n80(acc: &mut [f32; 40], desc_a: u64, desc_b: u64, scale_d: u32);
+    /// `m64n48k16`: 24 accumulators per thread.
+    ///
+    /// # Safety
+    /// The contract of the `mma_m64n48k16` (e4m3: `k32`) function it lowers to.
+    unsafe fn mma_n48(acc: &mut [f32; 24], desc_a: u64, desc_b: u64, scale_d: u32);
     /// `m64n96k16`: 48 accumulators per thread.
     ///
     /// # Safety
@@ -289,6 +302,10 @@ impl InputType for Bf16 {
         unsafe { mma_m64n80k16_f32_bf16(acc, a, b, s) }
     }
     #[inline(always)]
+    unsafe fn mma_n48(acc: &mut [f32; 24], a: u64, b: u64, s: u32) {
+        unsafe { mma_m64n48k16_f32_bf16(acc, a, b, s) }
+    }
+    #[inline(always)]
     unsafe fn mma_n96(acc: &mut [f32; 48], a: u64, b: u64, s: u32) {
         unsafe { mma_m64n96k16_f32_bf16(acc, a, b, s) }
     }
@@ -349,6 +366,10 @@ impl InputType for F16 {
     #[inline(always)]
     unsafe fn mma_n80(acc: &mut [f32; 40], a: u64, b: u64, s: u32) {
         unsafe { mma_m64n80k16_f32_f16(acc, a, b, s) }
+    }
+    #[inline(always)]
+    unsafe fn mma_n48(acc: &mut [f32; 24], a: u64, b: u64, s: u32) {
+        unsafe { mma_m64n48k16_f32_f16(acc, a, b, s) }
     }
     #[inline(always)]
     unsafe fn mma_n96(acc: &mut [f32; 48], a: u64, b: u64, s: u32) {
@@ -426,6 +447,10 @@ impl<O: InputType> InputType for E4m3<O> {
     #[inline(always)]
     unsafe fn mma_n80(acc: &mut [f32; 40], a: u64, b: u64, s: u32) {
         unsafe { mma_m64n80k32_f32_e4m3(acc, a, b, s) }
+    }
+    #[inline(always)]
+    unsafe fn mma_n48(acc: &mut [f32; 24], a: u64, b: u64, s: u32) {
+        unsafe { mma_m64n48k32_f32_e4m3(acc, a, b, s) }
     }
     #[inline(always)]
     unsafe fn mma_n96(acc: &mut [f32; 48], a: u64, b: u64, s: u32) {

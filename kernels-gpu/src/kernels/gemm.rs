@@ -539,6 +539,16 @@ config!(
     }
 );
 
+config!(Tile64x96K2: TILE_64X96_DEEP {
+    slabs: 1,
+    regs: 24,
+    blocks: 6,
+    chunks: 1,
+    pairs: 2,
+    mma: mma_n48,
+    fence: fence_operands_24,
+});
+
 /// Implements [`Config`] for each transposed-product configuration listed
 /// ([`TileConfig::swap_ab`]): a consumer warpgroup's accumulator is one 64 × 16 `wgmma`
 /// fragment of the share's product with its rows and columns traded — fragment row `i` is
