@@ -301,11 +301,23 @@ pub fn choose_variant(m: u64, n: u64, k: u64, sm_count: u32) -> &'static GemmVar
     // (gemm-grid-2026-12-02-9e4c1dd-405b-tp8-o-proj-*,
     // gemm-2026-12-02-9e4c1dd-8192x8192x1024-and-5-more; kernels-gpu/NOTES.md step 47
     // outcome), while in e4m3 the same model's picks measured 3–5 % faster.
-    let sixteen_bit = VARIANTS
-        .iter()
-        .filter(|v| v.config.split != ConsumerSplit::Tiles && !weight_stream::is_narrow(v));
+    let k_blocks = k.div_ceil(u64::from(BLOCK_K));
+    let sixteen_bit = VARIANTS.iter().filter(|v| {
+        v.config.split != ConsumerSplit::Tiles
+            && !weight_stream::is_narrow(v)
+            && (v.name != "64x96k2" || TWO_K_BLOCK_64X96_K_BLOCKS.contains(&k_blocks))
+    });
     cheapest(sixteen_bit, m, n, k, sm_count, EPILOGUE_K_BLOCKS)
 }
+
+/// The depths, in 64-deep k-blocks, at which `64x96k2` competes in [`choose_variant`]: K =
+/// 4096–8192, where it measured 1–7 % faster than the rule's other picks (20 shapes of
+/// 129–768 rows, each against them in the same rounds: NOTES steps 75 and 76). Outside, its
+/// cost (one per output element) misleads: at K ≤ 2048 its five deep stages fill later and it
+/// ran 2–4 % slower than `64x128` (768 × 1024 × 2048 13.4 against 13.0 µs, 176 × 3584 × 1024
+/// 10.3 against 10.0), and at K ≥ 14336 on a full wave of tiles 4–18 % slower than the split
+/// `128x128s` (768 × 1024 × 16384 63.5 against 53.7, 384 × 2048 × 14336 51.2 against 49.1).
+const TWO_K_BLOCK_64X96_K_BLOCKS: std::ops::RangeInclusive<u64> = 64..=128;
 
 /// The candidate with the smallest [`estimated_cost`]; within 0.1 % the earlier one (the
 /// order of [`VARIANTS`]: the simpler launch first). A split-K candidate that would not split
@@ -693,6 +705,11 @@ mod tests {
         // stream's (`weight_stream`), which does not list it; nor does FP8 compile it.
         assert_eq!(choose_variant(512, 4096, 4096, 132).name, "128x128");
         assert_ne!(choose_variant(128, 5120, 8192, 132).name, "64x96k2");
+        // Outside K = 4096–8192 (`TWO_K_BLOCK_64X96_K_BLOCKS`) the tiles it measured slower
+        // than stay: `64x128` at 2048, the split `128x128s` at 14336 and 16384.
+        assert_eq!(choose_variant(768, 1024, 2048, 132).name, "64x128");
+        assert_eq!(choose_variant(768, 1024, 16384, 132).name, "128x128s");
+        assert_eq!(choose_variant(384, 2048, 14336, 132).name, "128x128s");
         assert_ne!(
             choose_fp8_variant(256, 2304, 4096, 132, ScaleMode::Tensorwise).name,
             "64x96k2"
