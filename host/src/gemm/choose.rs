@@ -305,18 +305,23 @@ pub fn choose_variant(m: u64, n: u64, k: u64, sm_count: u32) -> &'static GemmVar
     let sixteen_bit = VARIANTS.iter().filter(|v| {
         v.config.split != ConsumerSplit::Tiles
             && !weight_stream::is_narrow(v)
-            && (v.name != "64x96k2" || TWO_K_BLOCK_64X96_K_BLOCKS.contains(&k_blocks))
+            && (v.name != "64x96k2"
+                || (TWO_K_BLOCK_64X96_K_BLOCKS.contains(&k_blocks)
+                    && tile_count(v, m, n) < u64::from(sm_count)))
     });
     cheapest(sixteen_bit, m, n, k, sm_count, EPILOGUE_K_BLOCKS)
 }
 
-/// The depths, in 64-deep k-blocks, at which `64x96k2` competes in [`choose_variant`]: K =
-/// 4096–8192, where it measured 1–7 % faster than the rule's other picks (20 shapes of
-/// 129–768 rows, each against them in the same rounds: NOTES steps 75 and 76). Outside, its
-/// cost (one per output element) misleads: at K ≤ 2048 its five deep stages fill later and it
-/// ran 2–4 % slower than `64x128` (768 × 1024 × 2048 13.4 against 13.0 µs, 176 × 3584 × 1024
-/// 10.3 against 10.0), and at K ≥ 14336 on a full wave of tiles 4–18 % slower than the split
-/// `128x128s` (768 × 1024 × 16384 63.5 against 53.7, 384 × 2048 × 14336 51.2 against 49.1).
+/// The depths, in 64-deep k-blocks, at which `64x96k2` competes in [`choose_variant`] (and
+/// only where its tiles leave an SM free): K = 4096–8192, where it measured 2–9 % faster than
+/// `64x128` on 26 of 29 shapes of 129–768 rows (each against it in the same rounds; NOTES
+/// steps 75 and 76). Outside, its cost (one per output element)
+/// misleads: at K ≤ 2048 its five deep stages fill later and it ran 2–4 % slower than
+/// `64x128` (768 × 1024 × 2048 13.4 against 13.0 µs, 176 × 3584 × 1024 10.3 against 10.0),
+/// and at K ≥ 14336 4–18 % slower than the split `128x128s` (768 × 1024 × 16384 63.5 against
+/// 53.7, 384 × 2048 × 14336 51.2 against 49.1). Those two and 768 × 1024 × 8192 (35.0 against
+/// `64x128`'s 30.3) are waves of tiles that fill every SM; 704 × 1152 × 8192, one too, ran 5 %
+/// faster (29.8 against 31.5). Until the loss is understood, a full wave keeps `64x128`.
 const TWO_K_BLOCK_64X96_K_BLOCKS: std::ops::RangeInclusive<u64> = 64..=128;
 
 /// The candidate with the smallest [`estimated_cost`]; within 0.1 % the earlier one (the
@@ -708,6 +713,8 @@ mod tests {
         // Outside K = 4096–8192 (`TWO_K_BLOCK_64X96_K_BLOCKS`) the tiles it measured slower
         // than stay: `64x128` at 2048, the split `128x128s` at 14336 and 16384.
         assert_eq!(choose_variant(768, 1024, 2048, 132).name, "64x128");
+        // Nor where its tiles fill every SM (12 × 11 of them).
+        assert_eq!(choose_variant(768, 1024, 8192, 132).name, "64x128");
         assert_eq!(choose_variant(768, 1024, 16384, 132).name, "128x128s");
         assert_eq!(choose_variant(384, 2048, 14336, 132).name, "128x128s");
         assert_ne!(
