@@ -313,15 +313,17 @@ pub fn choose_variant(m: u64, n: u64, k: u64, sm_count: u32) -> &'static GemmVar
 }
 
 /// The depths, in 64-deep k-blocks, at which `64x96k2` competes in [`choose_variant`] (and
-/// only where its tiles leave an SM free): K = 4096–8192, where it measured 2–9 % faster than
-/// `64x128` on 26 of 29 shapes of 129–768 rows (each against it in the same rounds; NOTES
-/// steps 75 and 76). Outside, its cost (one per output element)
-/// misleads: at K ≤ 2048 its five deep stages fill later and it ran 2–4 % slower than
-/// `64x128` (768 × 1024 × 2048 13.4 against 13.0 µs, 176 × 3584 × 1024 10.3 against 10.0),
-/// and at K ≥ 14336 4–18 % slower than the split `128x128s` (768 × 1024 × 16384 63.5 against
-/// 53.7, 384 × 2048 × 14336 51.2 against 49.1). Those two and 768 × 1024 × 8192 (35.0 against
-/// `64x128`'s 30.3) are waves of tiles that fill every SM; 704 × 1152 × 8192, one too, ran 5 %
-/// faster (29.8 against 31.5). Until the loss is understood, a full wave keeps `64x128`.
+/// only where its tiles leave an SM free): K = 4096–8192. Of 21 of the rule's moves to it
+/// sampled at 129–704 rows, each against `64x128` in the same rounds
+/// (gemm-2026-12-03-4dffe51-129x2048x6144-and-17-more-64x96k2-moves and the survey
+/// gemm-2026-12-03-d348a15-*-survey; NOTES step 76), 19 ran 1–9 % faster, one level and one
+/// 2.8 % slower (704 × 1024 × 4096). Outside, its cost (one per output element) misleads: at
+/// K ≤ 2048 its five deep stages fill later and it ran 2–4 % slower than `64x128` (768 ×
+/// 1024 × 2048 13.4 against 13.0 µs, 176 × 3584 × 1024 10.3 against 10.0), and at K ≥ 14336
+/// 4–18 % slower than the split `128x128s` (768 × 1024 × 16384 63.5 against 53.7, 384 × 2048
+/// × 14336 51.2 against 49.1). Those two and 768 × 1024 × 8192 (35.0 against `64x128`'s
+/// 30.3) are waves of tiles that fill every SM; 704 × 1152 × 8192, one too, ran 5 % faster
+/// (29.8 against 31.5). Until that loss is understood, a full wave keeps `64x128`.
 const TWO_K_BLOCK_64X96_K_BLOCKS: std::ops::RangeInclusive<u64> = 64..=128;
 
 /// The candidate with the smallest [`estimated_cost`]; within 0.1 % the earlier one (the
