@@ -715,10 +715,10 @@ mod tests {
         // Outside K = 4096–8192 (`TWO_K_BLOCK_64X96_K_BLOCKS`) the tiles it measured slower
         // than stay: `64x128` at 2048, the split `128x128s` at 14336 and 16384.
         assert_eq!(choose_variant(768, 1024, 2048, 132).name, "64x128");
-        // Nor where its tiles fill every SM (12 × 11 of them).
-        assert_eq!(choose_variant(768, 1024, 8192, 132).name, "64x128");
         assert_eq!(choose_variant(768, 1024, 16384, 132).name, "128x128s");
         assert_eq!(choose_variant(384, 2048, 14336, 132).name, "128x128s");
+        // Nor where its tiles fill every SM (12 × 11 of them).
+        assert_eq!(choose_variant(768, 1024, 8192, 132).name, "64x128");
         assert_ne!(
             choose_fp8_variant(256, 2304, 4096, 132, ScaleMode::Tensorwise).name,
             "64x96k2"
