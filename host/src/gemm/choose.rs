@@ -67,7 +67,8 @@ fn cost_per_element(variant: &GemmVariant) -> f64 {
         "64x96k2" => 1.75,
         // Fitted to one-wave shapes of a few hundred to a thousand rows, each against
         // `128x128` in the same rounds
-        // (gemm-2026-12-03-2d1454d-dirty-512x2304x8192-and-10-more-128x80-probe; NOTES step 73): `128x80` 1.31 at 512 × 2304 × 8192 (35.1 against 45.6 µs) and 1.38
+        // (gemm-2026-12-03-2d1454d-dirty-512x2304x8192-and-10-more-128x80-probe; NOTES step
+        // 73): `128x80` 1.31 at 512 × 2304 × 8192 (35.1 against 45.6 µs) and 1.38
         // at K = 4096 (21.2 against 26.3), where the block's fixed cost weighs more; `128x96`
         // 1.21–1.29 at 512 × 3072 × 8192, 1024 × 1152 × 8192 and 1024 × 1536 × 4096. Narrower
         // tiles read more operand bytes per output (1/80 + 1/128 against 128×256's 1/256 +

@@ -539,6 +539,7 @@ config!(
     }
 );
 
+// Stored from registers: `chunks` and `pairs` are unused.
 config!(Tile64x96K2: TILE_64X96_DEEP {
     slabs: 1,
     regs: 24,
