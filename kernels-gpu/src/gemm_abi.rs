@@ -179,11 +179,13 @@ impl TileConfig {
         self.a_tile_bytes() + self.b_tile_bytes()
     }
     /// Bytes TMA delivers into one block's slot per stage, announced on its `full` barrier:
-    /// the B tiles and `a_box_rows` rows of each A tile (`a_rows`, or in a partial last
-    /// m-tile [`GemmParams::a_tail_box_rows`]; a second k-block past K is zero-filled and
-    /// still counts).
-    pub const fn loaded_stage_bytes(&self, a_box_rows: u32) -> u32 {
-        a_box_rows * BLOCK_K * 2 * self.k_blocks_per_stage + self.b_tile_bytes()
+    /// `a_box_rows` rows of each A tile (`a_rows`, or in a partial last m-tile
+    /// [`GemmParams::a_tail_box_rows`]) and `b_box_rows` of each B tile from each block of
+    /// the cluster (`block_n / cluster_m`, or in a partial last n-tile
+    /// [`GemmParams::b_tail_box_rows`]); a second k-block past K is zero-filled and still
+    /// counts.
+    pub const fn loaded_stage_bytes(&self, a_box_rows: u32, b_box_rows: u32) -> u32 {
+        (a_box_rows + b_box_rows * self.cluster_m) * BLOCK_K * 2 * self.k_blocks_per_stage
     }
     /// Ring stages that `k_blocks` consecutive k-blocks of one unit take.
     pub const fn stages_for(&self, k_blocks: u32) -> u32 {
@@ -251,19 +253,7 @@ impl TileConfig {
     /// The slot's rows past the box keep whatever the ring held before; they feed only
     /// accumulator rows (tokens) at or past M, which are never stored.
     pub const fn a_tail_box_rows(&self, m: u32) -> u32 {
-        let above = if m == 0 {
-            0
-        } else {
-            (m - 1) / self.block_m * self.block_m
-        };
-        let rows = (m - above).div_ceil(8) * 8;
-        if rows == 0 {
-            8
-        } else if rows > self.a_rows {
-            self.a_rows
-        } else {
-            rows
-        }
+        tail_box_rows(m, self.block_m, self.a_rows)
     }
     /// Box of the A tensor map of the last m-tile for a problem of `m` rows: `{64 columns,
     /// a_tail_box_rows(m) rows}`.
@@ -283,6 +273,25 @@ impl TileConfig {
     /// cluster loads its share of the B tile).
     pub const fn b_box(&self) -> (u32, u32) {
         (BLOCK_K, self.block_n / self.cluster_m)
+    }
+    /// Rows of B the TMA box of the *last* n-tile loads for a problem of `n` columns, as
+    /// [`TileConfig::a_tail_box_rows`] does for A: the rows that tile has rounded up to 8, at
+    /// most `block_n`, so that TMA zero-fills no rows past N. The slot's rows past the box
+    /// keep whatever the ring held before; B row `j` of a slot feeds only output column `j`
+    /// of the tile (accumulator columns, or with the transposed product accumulator rows),
+    /// and columns at or past N are never stored. In clusters, where each block multicasts
+    /// a share of the tile, the box stays [`TileConfig::b_box`].
+    pub const fn b_tail_box_rows(&self, n: u32) -> u32 {
+        if self.cluster_m == 1 {
+            tail_box_rows(n, self.block_n, self.block_n)
+        } else {
+            self.block_n / self.cluster_m
+        }
+    }
+    /// Box of the B tensor map of the last n-tile for a problem of `n` columns: `{64 columns,
+    /// b_tail_box_rows(n) rows}`.
+    pub const fn b_tail_box(&self, n: u32) -> (u32, u32) {
+        (BLOCK_K, self.b_tail_box_rows(n))
     }
     /// Columns of one staged epilogue chunk: 64 (rows of 128 bytes, stored with the 128-byte
     /// swizzle) when they divide a warpgroup's width, else 32 (rows of 64 bytes, 64-byte
@@ -894,6 +903,26 @@ pub struct RowScales {
     pub b: u64,
 }
 
+/// Rows of the TMA box of the last tile along a dimension of `extent` rows cut into tiles of
+/// `tile` rows, whose full box is `box_rows`: the rows past the whole tiles before it, rounded
+/// up to a 128-byte swizzle atom's 8 rows, at most `box_rows` ([`TileConfig::a_tail_box_rows`],
+/// [`TileConfig::b_tail_box_rows`]).
+const fn tail_box_rows(extent: u32, tile: u32, box_rows: u32) -> u32 {
+    let before = if extent == 0 {
+        0
+    } else {
+        (extent - 1) / tile * tile
+    };
+    let rows = (extent - before).div_ceil(8) * 8;
+    if rows == 0 {
+        8
+    } else if rows > box_rows {
+        box_rows
+    } else {
+        rows
+    }
+}
+
 /// The A and B tensor maps by value (128-byte `CUtensorMap` encodings), at the start of the
 /// parameter block: the producer reads them from parameter space (the build gives the block
 /// 128-byte alignment, `xtask` `patch_entry_param_0`), so they arrive with the launch instead
@@ -908,6 +937,9 @@ pub struct OperandMaps {
     /// A again, box `TileConfig::a_tail_box` of M: the last m-tile's, whose box stops at M
     /// (the same as `a` where M is a multiple of the tile).
     pub a_tail: [u64; 16],
+    /// B again, box `TileConfig::b_tail_box` of N: the last n-tile's, whose box stops at N
+    /// (the same as `b` where N is a multiple of the tile, and in clusters).
+    pub b_tail: [u64; 16],
 }
 
 /// The GEMM kernels' single by-value parameter.
@@ -946,6 +978,10 @@ pub struct GemmParams {
     /// ([`TileConfig::a_tail_box_rows`] of `m`): `maps.a_tail`'s box height, from which the
     /// producer announces that tile's stage bytes (every other tile loads `a_rows`).
     pub a_tail_box_rows: u32,
+    /// Rows of B each k-block's TMA box loads in the last n-tile
+    /// ([`TileConfig::b_tail_box_rows`] of `n`): `maps.b_tail`'s box height (every other
+    /// tile loads `block_n / cluster_m`).
+    pub b_tail_box_rows: u32,
     pub hook: StageHook,
     /// Split-K, read only by `split_k` configurations.
     pub split: SplitParams,
@@ -1080,11 +1116,45 @@ mod tests {
             // A full box fills the whole slot.
             assert_eq!(c.a_box(), (BLOCK_K, c.a_rows), "{}", v.name);
             assert_eq!(
-                c.loaded_stage_bytes(c.a_rows),
+                c.loaded_stage_bytes(c.a_rows, c.block_n / c.cluster_m),
                 c.stage_bytes(),
                 "{}",
                 v.name
             );
+        }
+    }
+
+    #[test]
+    fn b_boxes_stop_at_the_problem_s_columns_outside_clusters() {
+        let (narrow, wide) = (TILE_64X96_DEEP, TILE_128X256);
+        for (n, narrow_rows, wide_rows) in [
+            (8, 8, 8),
+            (96, 96, 96),
+            (100, 8, 104),
+            (1024, 64, 256),
+            (1152, 96, 128),
+            (5000, 8, 136),
+        ] {
+            assert_eq!(narrow.b_tail_box(n), (BLOCK_K, narrow_rows), "{n}");
+            assert_eq!(wide.b_tail_box_rows(n), wide_rows, "{n}");
+        }
+        for v in &VARIANTS {
+            let c = v.config;
+            for n in (8..=1200).step_by(8) {
+                let rows = c.b_tail_box_rows(n);
+                if c.cluster_m == 1 {
+                    // Whole swizzle atoms within the slot, covering every column of the last
+                    // n-tile.
+                    let last = n - (n - 1) / c.block_n * c.block_n;
+                    assert!(
+                        rows % 8 == 0 && rows <= c.block_n && rows >= last,
+                        "{} {n}",
+                        v.name
+                    );
+                } else {
+                    assert_eq!((BLOCK_K, rows), c.b_box(), "{} {n}", v.name);
+                }
+            }
         }
     }
 
@@ -1095,7 +1165,7 @@ mod tests {
         assert_eq!(core::mem::size_of::<SplitParams>(), 16);
         assert_eq!(
             core::mem::size_of::<GemmParams>(),
-            384 + 32 + 48 + 48 + 64 + 16 + 16
+            512 + 32 + 48 + 48 + 64 + 16 + 16
         );
         assert_eq!(core::mem::align_of::<GemmParams>(), 16);
         assert_eq!(core::mem::offset_of!(GemmParams, maps), 0);

@@ -220,14 +220,20 @@ impl GemmKernel {
         let operand_map = |v: &MatrixView, box_dims: (u32, u32)| {
             TensorMapEncoding::new(&self.gpu, v.ptr, spec(v, box_dims, Swizzle::B128))
         };
-        let map_a = operand_map(&args.a, config.a_box())?;
-        let map_b = operand_map(&args.b, config.b_box())?;
-        // The last m-tile's A box stops at M (`TileConfig::a_tail_box_rows`): a map of its
-        // own only where M ends inside a tile.
-        let tail_box = config.a_tail_box(m as u32);
-        let map_a_tail = (tail_box != config.a_box())
-            .then(|| operand_map(&args.a, tail_box))
-            .transpose()?;
+        let operands = [
+            operand_map(&args.a, config.a_box())?,
+            operand_map(&args.b, config.b_box())?,
+        ];
+        // The last m-tile's A box stops at M and the last n-tile's B box at N
+        // (`TileConfig::a_tail_box_rows`, `b_tail_box_rows`): a map of its own only where the
+        // dimension ends inside a tile.
+        let tail_map = |v: &MatrixView, full: (u32, u32), tail: (u32, u32)| {
+            (tail != full).then(|| operand_map(v, tail)).transpose()
+        };
+        let tail_maps = [
+            tail_map(&args.a, config.a_box(), config.a_tail_box(m as u32))?,
+            tail_map(&args.b, config.b_box(), config.b_tail_box(n as u32))?,
+        ];
         // D and C move in the epilogue's chunks, swizzled as the kernel stages them; the
         // parameter block holds their maps' device addresses.
         let chunk_swizzle = Swizzle::with_span_bytes(config.epilogue_row_bytes())
@@ -260,11 +266,7 @@ impl GemmKernel {
             })
         };
         let mut params = GemmParams {
-            maps: OperandMaps {
-                a: map_a.words(),
-                b: map_b.words(),
-                a_tail: map_a_tail.as_ref().unwrap_or(&map_a).words(),
-            },
+            maps: operand_maps(&operands, &tail_maps),
             map_d: map_d.as_ref().map_or(0, TensorMap2d::device_address),
             map_c: map_c.as_ref().map_or(0, TensorMap2d::device_address),
             d: args.d.ptr,
@@ -278,6 +280,7 @@ impl GemmKernel {
             beta: args.beta,
             raster_group_m: raster_group_m(variant, m, n, compiled.resident_clusters),
             a_tail_box_rows: config.a_tail_box_rows(m as u32),
+            b_tail_box_rows: config.b_tail_box_rows(n as u32),
             hook: StageHook::default(),
             split: SplitParams::default(),
             row_scales: match inputs {
@@ -317,8 +320,8 @@ impl GemmKernel {
             variant: compiled.variant,
             params,
             grid,
-            operand_maps: [map_a, map_b],
-            a_tail_map: map_a_tail,
+            operand_maps: operands,
+            tail_maps,
             chunk_maps: [map_d, map_c],
             _split: split,
         })
@@ -428,6 +431,20 @@ fn launch_config(variant: &GemmVariant, grid: u32, pdl: bool) -> LaunchConfig {
     }
 }
 
+/// The parameter block's tensor maps: A's and B's, and each tail map or, where the dimension
+/// has none, the whole map again.
+fn operand_maps(
+    [a, b]: &[TensorMapEncoding; 2],
+    [a_tail, b_tail]: &[Option<TensorMapEncoding>; 2],
+) -> OperandMaps {
+    OperandMaps {
+        a: a.words(),
+        b: b.words(),
+        a_tail: a_tail.as_ref().unwrap_or(a).words(),
+        b_tail: b_tail.as_ref().unwrap_or(b).words(),
+    }
+}
+
 /// A GEMM ready to launch: its kernel, parameter block and grid, and its tensor maps.
 pub struct PreparedGemm {
     kernel: Kernel,
@@ -436,9 +453,10 @@ pub struct PreparedGemm {
     grid: u32,
     /// A's and B's maps, whose encodings the parameter block carries by value.
     operand_maps: [TensorMapEncoding; 2],
-    /// A's map for the last m-tile where its box differs from A's (M ends inside a tile);
-    /// otherwise the parameter block carries A's map twice.
-    a_tail_map: Option<TensorMapEncoding>,
+    /// A's map for the last m-tile and B's for the last n-tile where their boxes differ from
+    /// the others' (M or N ends inside a tile); otherwise the parameter block carries A's or
+    /// B's map twice.
+    tail_maps: [Option<TensorMapEncoding>; 2],
     /// D's and C's maps where the epilogue stages them: device copies the parameter block
     /// points to (kept alive here).
     chunk_maps: [Option<TensorMap2d>; 2],
@@ -543,11 +561,14 @@ impl PreparedGemm {
         // Only moved maps are re-encoded: A's and B's on the host (the parameter block
         // carries them by value), D's and C's device copies in stream order.
         let [map_a, map_b] = &mut self.operand_maps;
+        let [a_tail, b_tail] = &mut self.tail_maps;
         let a_moved = (args.a.ptr, previous.a.ptr);
+        let b_moved = (args.b.ptr, previous.b.ptr);
         let moves = [
             (Some(map_a), a_moved),
-            (Some(map_b), (args.b.ptr, previous.b.ptr)),
-            (self.a_tail_map.as_mut(), a_moved),
+            (Some(map_b), b_moved),
+            (a_tail.as_mut(), a_moved),
+            (b_tail.as_mut(), b_moved),
         ];
         for (map, (base, old)) in moves {
             if let Some(map) = map
@@ -568,12 +589,7 @@ impl PreparedGemm {
                 unsafe { map.retarget_async(gpu, base, stream)? };
             }
         }
-        let [map_a, map_b] = &self.operand_maps;
-        self.params.maps = OperandMaps {
-            a: map_a.words(),
-            b: map_b.words(),
-            a_tail: self.a_tail_map.as_ref().unwrap_or(map_a).words(),
-        };
+        self.params.maps = operand_maps(&self.operand_maps, &self.tail_maps);
         self.params.d = args.d.ptr;
         self.params.c = args.c.map_or(0, |c| c.ptr);
         self.params.alpha = args.alpha;

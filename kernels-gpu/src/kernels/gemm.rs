@@ -6,8 +6,10 @@
 //!   the block's tiles and, per 64-wide k-block, waits for a free ring slot (`empty` mbarrier),
 //!   announces the stage's bytes on its `full` mbarrier and issues the TMA loads (A `BM`×64,
 //!   in a partial last m-tile only the rows up to M: [`GemmParams::a_tail_box_rows`], and B
-//!   `BN`×64, 128-byte swizzle). Loads past the matrix edge are zero-filled by TMA, so
-//!   ragged M, N and K need no special case in the main loop.
+//!   `BN`×64, in a partial last n-tile only the rows up to N: [`GemmParams::b_tail_box_rows`];
+//!   128-byte swizzle). Loads past K are zero-filled by TMA, and a slot's rows past a tail
+//!   box feed only outputs past M or N, which are never stored, so ragged M, N and K need no
+//!   special case in the main loop.
 //! - **warpgroups 1 and 2, the consumers** (`setmaxnreg.inc 232`): warpgroup `1 + h` owns half
 //!   of the tile ([`ConsumerSplit`]): rows `64h..64h+63` of a 128-row tile, or columns
 //!   `96h..96h+95` of a 192×192 one, kept in registers as f32 accumulator *slabs* of 64 rows
@@ -848,31 +850,46 @@ unsafe fn prologue_hook(hook: &StageHook, ring: Ring) -> bool {
     }
 }
 
-/// Generic addresses of the A, B and last-m-tile A tensor maps in this entry's parameter
-/// block ([`OperandMaps`], at its start).
+/// Generic addresses of the tensor maps in this entry's parameter block ([`OperandMaps`], at
+/// its start).
+#[derive(Clone, Copy)]
+struct MapAddresses {
+    a: u64,
+    b: u64,
+    /// The last m-tile's A map.
+    a_tail: u64,
+    /// The last n-tile's B map.
+    b_tail: u64,
+}
+
 #[inline(always)]
-fn operand_maps() -> (u64, u64, u64) {
+fn operand_maps() -> MapAddresses {
     let base = tma::entry_params_address() + core::mem::offset_of!(GemmParams, maps) as u64;
-    (
-        base + core::mem::offset_of!(OperandMaps, a) as u64,
-        base + core::mem::offset_of!(OperandMaps, b) as u64,
-        base + core::mem::offset_of!(OperandMaps, a_tail) as u64,
-    )
+    MapAddresses {
+        a: base + core::mem::offset_of!(OperandMaps, a) as u64,
+        b: base + core::mem::offset_of!(OperandMaps, b) as u64,
+        a_tail: base + core::mem::offset_of!(OperandMaps, a_tail) as u64,
+        b_tail: base + core::mem::offset_of!(OperandMaps, b_tail) as u64,
+    }
 }
 
 /// Producer: one thread streams (A, B) k-blocks of every tile of this block into the ring;
 /// each k-block's A box is the whole slot (`a_rows` rows, `maps.a`), but in the last m-tile
 /// where M ends inside it, `a_tail_box_rows` rows (`maps.a_tail`: TMA would otherwise
-/// zero-fill the rows past M, which costs time; [`TileConfig::a_tail_box_rows`]).
+/// zero-fill the rows past M, which costs time; [`TileConfig::a_tail_box_rows`]); likewise
+/// B's box is the block's share of the tile (`maps.b`), but in the last n-tile where N ends
+/// inside it `b_tail_box_rows` rows (`maps.b_tail`; [`TileConfig::b_tail_box_rows`]).
 ///
 /// # Safety
 /// One thread of the producer warpgroup, after the ring's barriers are initialised and the
-/// tensor maps acquired; `m` must be the A maps' row count and `a_tail_box_rows` the
-/// `a_tail` map's box height, or the `full` barriers' byte counts never complete.
+/// tensor maps acquired; `p.m` and `p.n` must be the A and B maps' row counts and
+/// `p.a_tail_box_rows`, `p.b_tail_box_rows` the tail maps' box heights, or the `full`
+/// barriers' byte counts never complete.
 #[inline(always)]
-unsafe fn produce(ring: Ring, tiles: Tiles, m: u32, a_tail_box_rows: u32) {
+unsafe fn produce(p: &GemmParams, ring: Ring, tiles: Tiles) {
     let tile = ring.tile;
-    let (map_a_whole, map_b, map_a_tail) = operand_maps();
+    let maps = operand_maps();
+    let (m, n) = (p.m, p.n);
     let b_share_rows = tile.block_n / tile.cluster_m;
     let b_share_bytes = tile.b_tile_bytes() / tile.cluster_m;
     let mut slot = PipelineState::new(tile.stages);
@@ -883,11 +900,18 @@ unsafe fn produce(ring: Ring, tiles: Tiles, m: u32, a_tail_box_rows: u32) {
         // Only the last m-tile can end past M (the tiles' count is M over `block_m`, rounded
         // up; a cluster's second block may even start past it).
         let (map_a, a_box_rows) = if row + tile.block_m > m {
-            (map_a_tail, a_tail_box_rows)
+            (maps.a_tail, p.a_tail_box_rows)
         } else {
-            (map_a_whole, tile.a_rows)
+            (maps.a, tile.a_rows)
         };
-        let stage_bytes = tile.loaded_stage_bytes(a_box_rows);
+        // Only the last n-tile can end past N (in clusters its box is the share's, as
+        // every other tile's).
+        let (map_b, b_box_rows) = if col + tile.block_n > n {
+            (maps.b_tail, p.b_tail_box_rows)
+        } else {
+            (maps.b, b_share_rows)
+        };
+        let stage_bytes = tile.loaded_stage_bytes(a_box_rows, b_box_rows);
         // Stage `st` holds k-blocks `st·kps ..` (`kps` = k-blocks per stage; with 2, `kb0` is
         // 0: never split-K).
         let kps = tile.k_blocks_per_stage;
@@ -1384,7 +1408,7 @@ unsafe fn local_gemm<T: InputType, C: Config>(p: &GemmParams, ring: Ring, tid: u
     if index::warpgroup_idx() == 0 {
         regs::decrease_to::<40>();
         if tid == 0 {
-            unsafe { produce(ring, tiles, p.m, p.a_tail_box_rows) };
+            unsafe { produce(p, ring, tiles) };
         }
     } else {
         regs::increase_to::<232>();
@@ -1426,10 +1450,11 @@ unsafe fn gemm<T: InputType, C: Config>(p: &GemmParams) {
             if p.map_c != 0 {
                 fence::tensormap_acquire(p.map_c);
             }
-            let (map_a, map_b, map_a_tail) = operand_maps();
-            tma::prefetch_descriptor(map_a);
-            tma::prefetch_descriptor(map_b);
-            tma::prefetch_descriptor(map_a_tail);
+            let maps = operand_maps();
+            tma::prefetch_descriptor(maps.a);
+            tma::prefetch_descriptor(maps.b);
+            tma::prefetch_descriptor(maps.a_tail);
+            tma::prefetch_descriptor(maps.b_tail);
             if p.map_d != 0 {
                 tma::prefetch_descriptor(p.map_d);
             }
