@@ -32,7 +32,7 @@
 //! is cuBLASLt's FP8 GEMM; "% of peak" is then of 1979 TFLOP/s.
 //!
 //! Usage: `gemm [--quick | --grid | --shape MxNxK[,…]] [--fp8] [--variants | --variant NAME[,NAME…]]
-//! [--raster G[,G…]] [--pdl] [--clocks] [--filter SUBSTRING | SUBSTRING] [--reps N] [--min-block-ms T]
+//! [--raster G[,G…]] [--pdl] [--clocks] [--no-energy] [--filter SUBSTRING | SUBSTRING] [--reps N] [--min-block-ms T]
 //! [--settle-ms S] [--rounds N]`. Writes
 //! `benches/results/gemm[-grid][-fp8]-<date>-<commit>[-<shapes>][-<filter>][-settle<ms>][-rounds<N>]`
 //! `.{json,md}` (or under `DISTGEMM_BENCH_RESULTS`).
@@ -629,6 +629,10 @@ struct Args {
     /// at a lower one (the board's power cap sets the clock under load).
     #[arg(long)]
     clocks: bool,
+    /// No board energy: leave NVML's energy counter unread between blocks (no "mJ" columns),
+    /// so that no NVML call sits between the blocks of a shape.
+    #[arg(long)]
+    no_energy: bool,
     /// Keep only shapes whose name contains this.
     #[arg(long)]
     filter: Option<String>,
@@ -742,9 +746,13 @@ fn run() -> Result<(), BenchError> {
         "resident clusters (blocks) per tile configuration: {:?}",
         kernel.resident_clusters()
     );
-    let meter = EnergyMeter::open(&gpu)
-        .inspect_err(|e| println!("no energy columns: {e}"))
-        .ok();
+    let meter = if args.no_energy {
+        None
+    } else {
+        EnergyMeter::open(&gpu)
+            .inspect_err(|e| println!("no energy columns: {e}"))
+            .ok()
+    };
     let h = Harness {
         gpu,
         module,
