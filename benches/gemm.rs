@@ -6,7 +6,8 @@
 //! their total exceeds 3× L2. Our kernel (and with `--variants` every tile configuration) and
 //! cuBLASLt are timed in `--rounds` interleaved rounds (default 3; order reversed each round)
 //! of warm-up launches and ≥ `--reps` repetitions (default 30), and at least `--min-block-ms`
-//! (default 100 ms) of them, bracketed by CUDA events; we report the median over all rounds.
+//! (default 100 ms) of them, bracketed by CUDA events; we report the median of the blocks'
+//! medians (one block a round per contender).
 //! A shape's rounds start after at least `--settle-ms` (default 200 ms) of untimed launches,
 //! so that its first block does not run in the boost-clock burst after the idle GPU time of
 //! the shape's setup; they end with the host's synchronisation, like a block, so that the
@@ -284,6 +285,11 @@ struct Operands<A: DeviceCopy, O: DeviceCopy> {
 /// included, over their launches).
 struct Measured {
     name: String,
+    /// The median of its block medians (`block_ms` as one device's samples), not of its
+    /// launches pooled over the rounds: the first timed block of a shape runs 5–12 % slow
+    /// whichever contender runs it, and with or without NVML reads between blocks (NOTES step
+    /// 78); pooled, that one block moved its contender's median by up to 1.5 %, while one
+    /// block out of three or more cannot move a median of the blocks.
     timing: Timing,
     mj_per_gemm: Option<f64>,
     /// With `--clocks`: the mean SM clock and board power over its blocks.
@@ -509,7 +515,9 @@ fn bench_sets<A: DeviceCopy, O: CublasLtElement + DeviceCopy>(
             Ok(unsafe { s.ours[c].launch(&stream, pdl[c]) }?)
         }
     };
-    let samples = interleaved(contenders, timing.rounds, |c, round| {
+    // A contender's first failed block is its error; its samples are kept as `block_ms`, the
+    // median of each block (what is reported: `Measured::timing`).
+    let blocks = interleaved(contenders, timing.rounds, |c, round| {
         if (round, c) == (0, 0) {
             // The shape opens with its settling launches (the GPU idled while its inputs were
             // made), untimed and synchronised like a block of their own: the first timed block
@@ -554,18 +562,17 @@ fn bench_sets<A: DeviceCopy, O: CublasLtElement + DeviceCopy>(
             _ => None,
         };
         Ok::<_, BenchError>(t.per_device_ms)
-    })
-    .into_iter()
-    .collect::<Result<Vec<_>, _>>()?;
+    });
+    for block in blocks {
+        block?;
+    }
     let per_gemm = |c: usize| {
         energy[c]
             .filter(|&(_, _, time)| time >= MIN_METERED)
             .map(|(mj, n, _)| mj as f64 / n.max(1) as f64)
     };
-    let mut measured = samples
-        .into_iter()
-        .enumerate()
-        .map(|(c, samples)| {
+    let mut measured = (0..contenders)
+        .map(|c| {
             let name = if c == contenders - 1 {
                 "cuBLASLt".to_owned()
             } else {
@@ -579,7 +586,7 @@ fn bench_sets<A: DeviceCopy, O: CublasLtElement + DeviceCopy>(
             };
             Ok(Measured {
                 name,
-                timing: Timing::from_devices(samples)?,
+                timing: Timing::from_devices(vec![block_ms[c].clone()])?,
                 mj_per_gemm: per_gemm(c),
                 clock: clocks[c],
                 block_ms: std::mem::take(&mut block_ms[c]),

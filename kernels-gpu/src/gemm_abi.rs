@@ -346,6 +346,8 @@ impl TileConfig {
                     || (self.block_m == 64 && (self.block_n == 128 || self.block_n == 64))
                     // Halves 48 wide: no staged chunk width (64 or 32) divides them.
                     || (self.block_m == 64 && self.block_n == 96 && !self.staged)
+                    // Halves 104 and 120 wide (`64x208`, `64x240`): likewise.
+                    || (self.block_m == 64 && matches!(self.block_n, 208 | 240) && !self.staged)
             }
             // Two 64×128 slabs a warpgroup: 128 accumulator registers, as 128×256's share.
             ConsumerSplit::Tiles => {
@@ -582,6 +584,24 @@ pub const TILE_64X96_DEEP: TileConfig = TileConfig {
     k_blocks_per_stage: 2,
     ..TILE_64X64
 };
+/// 64×208 tiles, 6 stages of 34 KiB, split by columns (each consumer warpgroup one
+/// `m64n104k16` slab), stored from registers: a 64-row granularity whose tiles make about one
+/// wave at a few hundred ragged rows of 5–9 k columns (260 × 5120: 5 × 25 = 125 blocks), where
+/// 128-row tiles compute up to a third of their rows as padding and 64×256 tiles' 100 blocks
+/// leave SMs idle (NOTES steps 77–78).
+pub const TILE_64X208: TileConfig = TileConfig {
+    block_n: 208,
+    stages: 6,
+    staged: false,
+    ..TILE_64X128
+};
+/// 64×240 tiles, 5 stages of 38 KiB (`m64n120k16` halves), stored from registers: the same
+/// for 6–10 k columns (280 × 6144: 5 × 26 = 130 blocks).
+pub const TILE_64X240: TileConfig = TileConfig {
+    block_n: 240,
+    stages: 5,
+    ..TILE_64X208
+};
 /// 64×32 tiles, 18 stages of 12 KiB, computed by one consumer warpgroup
 /// ([`ConsumerSplit::Single`], one `m64n32k16` per k16 step): for shapes whose 64-wide
 /// tiles fill at most half the SMs (8B o-proj at 64 rows: 128 tiles instead of 64), where
@@ -745,6 +765,8 @@ macro_rules! gemm_variants {
             "64x32" => gemm_bf16_64x32, gemm_f16_64x32, TILE_64X32, Tile64x32, e4m3 gemm_e4m3_64x32;
             "64x32k2" => gemm_bf16_64x32k2, gemm_f16_64x32k2, TILE_64X32_DEEP, Tile64x32K2, e4m3 gemm_e4m3_64x32k2;
             "64x96k2" => gemm_bf16_64x96k2, gemm_f16_64x96k2, TILE_64X96_DEEP, Tile64x96K2;
+            "64x208" => gemm_bf16_64x208, gemm_f16_64x208, TILE_64X208, Tile64x208;
+            "64x240" => gemm_bf16_64x240, gemm_f16_64x240, TILE_64X240, Tile64x240;
         }
     };
 }

@@ -65,6 +65,18 @@ fn cost_per_element(variant: &GemmVariant) -> f64 {
         // at 256 × 3072 × 8192. Its ring stage takes a one-k-block stage's time for two
         // k-blocks' work, so the cost of a 64-row tile's period is spread over more of them.
         "64x96k2" => 1.75,
+        // 64-row tiles as wide as make about one wave of a few hundred ragged rows (260 ×
+        // 5120: 5 × 25 = 125 tiles of 64×208; 280 × 6144: 5 × 26 = 130 of 64×240), where the
+        // 128-row tiles compute up to a third of their rows as padding. Fitted to one-wave
+        // shapes against the 128-row pick in the same rounds (NOTES step 78): `64x208` 1.19–1.20
+        // at 260 and 300 × 5120 × 8192 (45.2 against `128x128`'s 49.1 µs), `64x240` 1.26 at
+        // 260 × 6144 × 8192 (51.7 against `128x160`'s 57.0) and 1.37 at K = 4096 (280 and 320
+        // × 6144), where the block's fixed time weighs twice as much; priced a little above
+        // the K = 8192 fits, so that they take only the clear cases. Like `64x96k2` they
+        // compete only at K = 4096–8192 and in one wave (`ONE_WAVE_64_ROW`): on two waves
+        // `64x208` ran 1.6 times `64x240`'s one (260 × 6144 × 8192, 84.7 against 51.7 µs).
+        "64x208" => 1.22,
+        "64x240" => 1.30,
         // Fitted to one-wave shapes of a few hundred to a thousand rows, each against
         // `128x128` in the same rounds
         // (gemm-2026-12-03-2d1454d-dirty-512x2304x8192-and-10-more-128x80-probe; NOTES step
@@ -306,15 +318,20 @@ pub fn choose_variant(m: u64, n: u64, k: u64, sm_count: u32) -> &'static GemmVar
     let sixteen_bit = VARIANTS.iter().filter(|v| {
         v.config.split != ConsumerSplit::Tiles
             && !weight_stream::is_narrow(v)
-            && (v.name != "64x96k2"
-                || (TWO_K_BLOCK_64X96_K_BLOCKS.contains(&k_blocks)
+            && (!ONE_WAVE_64_ROW.contains(&v.name)
+                || (ONE_WAVE_64_ROW_K_BLOCKS.contains(&k_blocks)
                     && tile_count(v, m, n) < u64::from(sm_count)))
     });
     cheapest(sixteen_bit, m, n, k, sm_count, EPILOGUE_K_BLOCKS)
 }
 
-/// The depths, in 64-deep k-blocks, at which `64x96k2` competes in [`choose_variant`] (and
-/// only where its tiles leave an SM free): K = 4096–8192. Of 21 of the rule's moves to it
+/// The 64-row tiles that compete in [`choose_variant`] only at [`ONE_WAVE_64_ROW_K_BLOCKS`]
+/// and where their tiles leave an SM free: `64x96k2` (two k-blocks a stage, for narrow N) and
+/// the wide `64x208` and `64x240` (a 64-row granularity for ragged rows of 5–10 k columns).
+const ONE_WAVE_64_ROW: [&str; 3] = ["64x96k2", "64x208", "64x240"];
+
+/// The depths, in 64-deep k-blocks, at which the [`ONE_WAVE_64_ROW`] tiles compete in
+/// [`choose_variant`]: K = 4096–8192, where they were measured. For `64x96k2`: of 21 of the rule's moves to it
 /// sampled at 129–704 rows, each against `64x128` in the same rounds
 /// (gemm-2026-12-03-4dffe51-129x2048x6144-and-17-more-64x96k2-moves and the survey
 /// gemm-2026-12-03-d348a15-*-survey; NOTES step 76), 19 ran 1–9 % faster, one level and one
@@ -325,7 +342,8 @@ pub fn choose_variant(m: u64, n: u64, k: u64, sm_count: u32) -> &'static GemmVar
 /// × 14336 51.2 against 49.1). Those two and 768 × 1024 × 8192 (35.0 against `64x128`'s
 /// 30.3) are waves of tiles that fill every SM; 704 × 1152 × 8192, one too, ran 5 % faster
 /// (29.8 against 31.5). Until that loss is understood, a full wave keeps `64x128`.
-const TWO_K_BLOCK_64X96_K_BLOCKS: std::ops::RangeInclusive<u64> = 64..=128;
+/// `64x208` and `64x240` were measured at K = 4096 and 8192 only (NOTES step 78).
+const ONE_WAVE_64_ROW_K_BLOCKS: std::ops::RangeInclusive<u64> = 64..=128;
 
 /// The candidate with the smallest [`estimated_cost`]; within 0.1 % the earlier one (the
 /// order of [`VARIANTS`]: the simpler launch first). A split-K candidate that would not split
@@ -698,6 +716,32 @@ mod tests {
     }
 
     #[test]
+    fn wide_64_row_tiles_take_ragged_rows_of_one_wave() {
+        // A few rows past a multiple of 128, where they make about one wave (NOTES step 78).
+        for (m, n, k, tile) in [
+            (260, 5120, 8192, "64x208"),
+            (300, 5120, 8192, "64x208"),
+            (260, 6144, 8192, "64x240"),
+            (280, 6144, 4096, "64x240"),
+        ] {
+            assert_eq!(choose_variant(m, n, k, 132).name, tile, "{m}x{n}x{k}");
+        }
+        // Two waves of them (9 × 26 tiles), a K outside 4096–8192, or rows a 128-row tile
+        // divides keep the 128-row tiles.
+        for (m, n, k) in [
+            (520, 6144, 4096),
+            (260, 5120, 2048),
+            (260, 5120, 16384),
+            (256, 5120, 8192),
+        ] {
+            assert!(
+                !choose_variant(m, n, k, 132).name.starts_with("64x2"),
+                "{m}x{n}x{k}"
+            );
+        }
+    }
+
+    #[test]
     fn two_k_block_64x96_tiles_take_a_few_hundred_rows_of_narrow_columns() {
         // One wave either way, 72–120 tiles of 64 × 96 against 54–90 of 64 × 128: measured
         // 6–7 % faster (192 × 2304 × 8192 27.6 against 29.7 µs; NOTES step 75).
@@ -713,7 +757,7 @@ mod tests {
         // stream's (`weight_stream`), which does not list it; nor does FP8 compile it.
         assert_eq!(choose_variant(512, 4096, 4096, 132).name, "128x128");
         assert_ne!(choose_variant(128, 5120, 8192, 132).name, "64x96k2");
-        // Outside K = 4096–8192 (`TWO_K_BLOCK_64X96_K_BLOCKS`) the tiles it measured slower
+        // Outside K = 4096–8192 (`ONE_WAVE_64_ROW_K_BLOCKS`) the tiles it measured slower
         // than stay: `64x128` at 2048, the split `128x128s` at 14336 and 16384.
         assert_eq!(choose_variant(768, 1024, 2048, 132).name, "64x128");
         assert_eq!(choose_variant(768, 1024, 16384, 132).name, "128x128s");

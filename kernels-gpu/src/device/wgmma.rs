@@ -132,6 +132,14 @@ seq!(I in 1..48 {
     mma_ss!(mma_m64n96k16_f32_bf16, "wgmma.mma_async.sync.aligned.m64n96k16.f32.bf16.bf16", "1, 1, 0, 0", 48, 0 #(I)*);
     mma_ss!(mma_m64n96k16_f32_f16, "wgmma.mma_async.sync.aligned.m64n96k16.f32.f16.f16", "1, 1, 0, 0", 48, 0 #(I)*);
 });
+seq!(I in 1..52 {
+    mma_ss!(mma_m64n104k16_f32_bf16, "wgmma.mma_async.sync.aligned.m64n104k16.f32.bf16.bf16", "1, 1, 0, 0", 52, 0 #(I)*);
+    mma_ss!(mma_m64n104k16_f32_f16, "wgmma.mma_async.sync.aligned.m64n104k16.f32.f16.f16", "1, 1, 0, 0", 52, 0 #(I)*);
+});
+seq!(I in 1..60 {
+    mma_ss!(mma_m64n120k16_f32_bf16, "wgmma.mma_async.sync.aligned.m64n120k16.f32.bf16.bf16", "1, 1, 0, 0", 60, 0 #(I)*);
+    mma_ss!(mma_m64n120k16_f32_f16, "wgmma.mma_async.sync.aligned.m64n120k16.f32.f16.f16", "1, 1, 0, 0", 60, 0 #(I)*);
+});
 seq!(I in 1..64 {
     mma_ss!(mma_m64n128k16_f32_bf16, "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16", "1, 1, 0, 0", 64, 0 #(I)*);
     mma_ss!(mma_m64n128k16_f32_f16, "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16", "1, 1, 0, 0", 64, 0 #(I)*);
@@ -177,6 +185,12 @@ seq!(I in 1..24 {
 seq!(I in 1..48 {
     mma_ss!(mma_m64n96k32_f32_e4m3, "wgmma.mma_async.sync.aligned.m64n96k32.f32.e4m3.e4m3", "1, 1", 48, 0 #(I)*);
 });
+seq!(I in 1..52 {
+    mma_ss!(mma_m64n104k32_f32_e4m3, "wgmma.mma_async.sync.aligned.m64n104k32.f32.e4m3.e4m3", "1, 1", 52, 0 #(I)*);
+});
+seq!(I in 1..60 {
+    mma_ss!(mma_m64n120k32_f32_e4m3, "wgmma.mma_async.sync.aligned.m64n120k32.f32.e4m3.e4m3", "1, 1", 60, 0 #(I)*);
+});
 seq!(I in 1..64 {
     mma_ss!(mma_m64n128k32_f32_e4m3, "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3", "1, 1", 64, 0 #(I)*);
 });
@@ -201,6 +215,8 @@ seq!(I in 0..24 { register_fence!(fence_operands_24, 24, #(I)*); });
 seq!(I in 0..32 { register_fence!(fence_operands_32, 32, #(I)*); });
 seq!(I in 0..40 { register_fence!(fence_operands_40, 40, #(I)*); });
 seq!(I in 0..48 { register_fence!(fence_operands_48, 48, #(I)*); });
+seq!(I in 0..52 { register_fence!(fence_operands_52, 52, #(I)*); });
+seq!(I in 0..60 { register_fence!(fence_operands_60, 60, #(I)*); });
 seq!(I in 0..64 { register_fence!(fence_operands_64, 64, #(I)*); });
 seq!(I in 0..72 { register_fence!(fence_operands_72, 72, #(I)*); });
 seq!(I in 0..80 { register_fence!(fence_operands_80, 80, #(I)*); });
@@ -243,6 +259,16 @@ pub trait InputType {
     /// # Safety
     /// The contract of the `mma_m64n96k16` (e4m3: `k32`) function it lowers to.
     unsafe fn mma_n96(acc: &mut [f32; 48], desc_a: u64, desc_b: u64, scale_d: u32);
+    /// `m64n104k16`: 52 accumulators per thread.
+    ///
+    /// # Safety
+    /// The contract of the `mma_m64n104k16` (e4m3: `k32`) function it lowers to.
+    unsafe fn mma_n104(acc: &mut [f32; 52], desc_a: u64, desc_b: u64, scale_d: u32);
+    /// `m64n120k16`: 60 accumulators per thread.
+    ///
+    /// # Safety
+    /// The contract of the `mma_m64n120k16` (e4m3: `k32`) function it lowers to.
+    unsafe fn mma_n120(acc: &mut [f32; 60], desc_a: u64, desc_b: u64, scale_d: u32);
     /// `m64n128k16`: 64 accumulators per thread.
     ///
     /// # Safety
@@ -310,6 +336,14 @@ impl InputType for Bf16 {
         unsafe { mma_m64n96k16_f32_bf16(acc, a, b, s) }
     }
     #[inline(always)]
+    unsafe fn mma_n104(acc: &mut [f32; 52], a: u64, b: u64, s: u32) {
+        unsafe { mma_m64n104k16_f32_bf16(acc, a, b, s) }
+    }
+    #[inline(always)]
+    unsafe fn mma_n120(acc: &mut [f32; 60], a: u64, b: u64, s: u32) {
+        unsafe { mma_m64n120k16_f32_bf16(acc, a, b, s) }
+    }
+    #[inline(always)]
     unsafe fn mma_n128(acc: &mut [f32; 64], a: u64, b: u64, s: u32) {
         unsafe { mma_m64n128k16_f32_bf16(acc, a, b, s) }
     }
@@ -374,6 +408,14 @@ impl InputType for F16 {
     #[inline(always)]
     unsafe fn mma_n96(acc: &mut [f32; 48], a: u64, b: u64, s: u32) {
         unsafe { mma_m64n96k16_f32_f16(acc, a, b, s) }
+    }
+    #[inline(always)]
+    unsafe fn mma_n104(acc: &mut [f32; 52], a: u64, b: u64, s: u32) {
+        unsafe { mma_m64n104k16_f32_f16(acc, a, b, s) }
+    }
+    #[inline(always)]
+    unsafe fn mma_n120(acc: &mut [f32; 60], a: u64, b: u64, s: u32) {
+        unsafe { mma_m64n120k16_f32_f16(acc, a, b, s) }
     }
     #[inline(always)]
     unsafe fn mma_n128(acc: &mut [f32; 64], a: u64, b: u64, s: u32) {
@@ -455,6 +497,14 @@ impl<O: InputType> InputType for E4m3<O> {
     #[inline(always)]
     unsafe fn mma_n96(acc: &mut [f32; 48], a: u64, b: u64, s: u32) {
         unsafe { mma_m64n96k32_f32_e4m3(acc, a, b, s) }
+    }
+    #[inline(always)]
+    unsafe fn mma_n104(acc: &mut [f32; 52], a: u64, b: u64, s: u32) {
+        unsafe { mma_m64n104k32_f32_e4m3(acc, a, b, s) }
+    }
+    #[inline(always)]
+    unsafe fn mma_n120(acc: &mut [f32; 60], a: u64, b: u64, s: u32) {
+        unsafe { mma_m64n120k32_f32_e4m3(acc, a, b, s) }
     }
     #[inline(always)]
     unsafe fn mma_n128(acc: &mut [f32; 64], a: u64, b: u64, s: u32) {

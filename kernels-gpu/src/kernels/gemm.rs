@@ -541,7 +541,7 @@ config!(
     }
 );
 
-// Stored from registers: `chunks` and `pairs` are unused.
+// These three are stored from registers: `chunks` and `pairs` are unused.
 config!(Tile64x96K2: TILE_64X96_DEEP {
     slabs: 1,
     regs: 24,
@@ -550,6 +550,24 @@ config!(Tile64x96K2: TILE_64X96_DEEP {
     pairs: 2,
     mma: mma_n48,
     fence: fence_operands_24,
+});
+config!(Tile64x208: TILE_64X208 {
+    slabs: 1,
+    regs: 52,
+    blocks: 13,
+    chunks: 1,
+    pairs: 2,
+    mma: mma_n104,
+    fence: fence_operands_52,
+});
+config!(Tile64x240: TILE_64X240 {
+    slabs: 1,
+    regs: 60,
+    blocks: 15,
+    chunks: 1,
+    pairs: 2,
+    mma: mma_n120,
+    fence: fence_operands_60,
 });
 
 /// Implements [`Config`] for each transposed-product configuration listed
