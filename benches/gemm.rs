@@ -286,10 +286,10 @@ struct Operands<A: DeviceCopy, O: DeviceCopy> {
 struct Measured {
     name: String,
     /// The median of its block medians (`block_ms` as one device's samples), not of its
-    /// launches pooled over the rounds: the first timed block of a shape runs 5–12 % slow
-    /// whichever contender runs it, and with or without NVML reads between blocks (NOTES step
-    /// 78); pooled, that one block moved its contender's median by up to 1.5 %, while one
-    /// block out of three or more cannot move a median of the blocks.
+    /// launches pooled over the rounds: in short blocks (20–40 ms) the first timed block of a
+    /// shape ran 5–12 % slow whichever contender ran it, with or without NVML reads between
+    /// blocks (NOTES steps 77–78); pooled, that one block moved its contender's median by up
+    /// to 1.5 %, where one block out of three or more cannot move a median of the blocks.
     timing: Timing,
     mj_per_gemm: Option<f64>,
     /// With `--clocks`: the mean SM clock and board power over its blocks.

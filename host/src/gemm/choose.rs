@@ -331,8 +331,8 @@ pub fn choose_variant(m: u64, n: u64, k: u64, sm_count: u32) -> &'static GemmVar
 const ONE_WAVE_64_ROW: [&str; 3] = ["64x96k2", "64x208", "64x240"];
 
 /// The depths, in 64-deep k-blocks, at which the [`ONE_WAVE_64_ROW`] tiles compete in
-/// [`choose_variant`]: K = 4096–8192, where they were measured. For `64x96k2`: of 21 of the rule's moves to it
-/// sampled at 129–704 rows, each against `64x128` in the same rounds
+/// [`choose_variant`]: K = 4096–8192, where they were measured. For `64x96k2`: of 21 of the
+/// rule's moves to it sampled at 129–704 rows, each against `64x128` in the same rounds
 /// (gemm-2026-12-03-4dffe51-129x2048x6144-and-17-more-64x96k2-moves and the survey
 /// gemm-2026-12-03-d348a15-*-survey; NOTES step 76), 19 ran 1–9 % faster, one level and one
 /// 2.8 % slower (704 × 1024 × 4096). Outside, its cost (one per output element) misleads: at
