@@ -61,8 +61,6 @@ use crate::layout::stream_k::{self, StreamK};
 use crate::layout::{descriptor, fragment, raster, swizzle};
 use seq_macro::seq;
 
-/// Consumer warps of a block: each arrives once on a slot's `empty` barrier per block of the
-/// cluster when it is done reading the slot.
 /// Threads of one warpgroup.
 const WARPGROUP_THREADS: u32 = 128;
 
