@@ -41,8 +41,8 @@ pub enum ConsumerSplit {
     /// One consumer warpgroup owns the whole tile (`block_m / 64` slabs of `block_n`
     /// columns); the other has nothing to do. For tiles whose tensor work is too small to
     /// share: the transposed-product decode tile 64 weight rows wide
-    /// ([`TileConfig::swap_ab`], one `m64n16` per k16 step) and the 64×32 tile (one
-    /// `m64n32`). Four warps release each slot.
+    /// ([`TileConfig::swap_ab`], one `m64n16` per k16 step), the 64×32 tile (one `m64n32`)
+    /// and the one-warpgroup 64×64 tile (one `m64n64`). Four warps release each slot.
     Single,
 }
 
@@ -330,7 +330,7 @@ impl TileConfig {
     /// columns 192×192 tiles (three `m64n96k16` slabs per warpgroup), 64×128 tiles (one
     /// `m64n64k16` slab per warpgroup), 64×96 tiles (one `m64n48k16` slab per warpgroup,
     /// stored from registers) and 64×64 tiles (one `m64n32k16` slab per warpgroup), or 64×32
-    /// tiles for one warpgroup; the transposed product ([`TileConfig::swap_ab`])
+    /// and (from registers) 64×64 tiles for one warpgroup; the transposed product ([`TileConfig::swap_ab`])
     /// only on 16-row short tiles.
     pub const fn is_valid(&self) -> bool {
         let shape = match self.split {
@@ -354,14 +354,16 @@ impl TileConfig {
                 self.block_m == 128 && self.block_n == 128 && !self.split_k && self.cluster_m == 1
             }
             // One warpgroup's `wgmma` a k16 step, for tiles whose tensor work is too small to
-            // share: the transposed product 64 weight rows wide (`m64n16`), or 64×32 (`m64n32`).
+            // share: the transposed product 64 weight rows wide (`m64n16`), 64×32 (`m64n32`) or
+            // 64×64 (`m64n64`).
             ConsumerSplit::Single => {
                 self.block_m == SLAB_M
                     && self.cluster_m == 1
                     && if self.swap_ab {
                         self.block_n == 64
                     } else {
-                        self.block_n == 32
+                        // 64 wide (`m64n64`) only from registers, as the 64×64 tiles.
+                        self.block_n == 32 || (self.block_n == 64 && !self.staged)
                     }
             }
         };
@@ -573,6 +575,16 @@ pub const TILE_64X64_DEEP: TileConfig = TileConfig {
     k_blocks_per_stage: 2,
     ..TILE_64X64
 };
+/// [`TILE_64X64_DEEP`] computed by one consumer warpgroup ([`ConsumerSplit::Single`]): one
+/// `m64n64k16` per k16 step instead of two warpgroups' `m64n32k16`, so a stage's A rows are
+/// read from shared memory once instead of twice and half the consumer warps run. Measured
+/// 1–8 % faster than [`TILE_64X64_DEEP`] at 72–128 rows and K = 8192–28672 in 100 ms blocks
+/// (the GPU at its power cap), level or up to 3 % slower at K ≤ 4096 and at 64 rows
+/// (kernels-gpu/NOTES.md step 80); the weight-stream rule runs it in `64x64k2`'s place there.
+pub const TILE_64X64_DEEP_ONE_WARPGROUP: TileConfig = TileConfig {
+    split: ConsumerSplit::Single,
+    ..TILE_64X64_DEEP
+};
 /// 64×96 tiles with two k-blocks a stage: 5 stages of 2 × 20 KiB, split by columns (each
 /// consumer warpgroup one `m64n48k16` slab), stored from registers. A 64-row block's ring
 /// stage takes ~0.195 µs whatever its width (NOTES step 75), so halving the stages a k-block
@@ -762,6 +774,7 @@ macro_rules! gemm_variants {
             "64x64" => gemm_bf16_64x64, gemm_f16_64x64, TILE_64X64, Tile64x64, e4m3 gemm_e4m3_64x64;
             "64x64s" => gemm_bf16_64x64s, gemm_f16_64x64s, TILE_64X64_SPLITK, Tile64x64S, e4m3 gemm_e4m3_64x64s;
             "64x64k2" => gemm_bf16_64x64k2, gemm_f16_64x64k2, TILE_64X64_DEEP, Tile64x64K2, e4m3 gemm_e4m3_64x64k2;
+            "64x64k2w1" => gemm_bf16_64x64k2w1, gemm_f16_64x64k2w1, TILE_64X64_DEEP_ONE_WARPGROUP, Tile64x64K2W1;
             "64x32" => gemm_bf16_64x32, gemm_f16_64x32, TILE_64X32, Tile64x32, e4m3 gemm_e4m3_64x32;
             "64x32k2" => gemm_bf16_64x32k2, gemm_f16_64x32k2, TILE_64X32_DEEP, Tile64x32K2, e4m3 gemm_e4m3_64x32k2;
             "64x96k2" => gemm_bf16_64x96k2, gemm_f16_64x96k2, TILE_64X96_DEEP, Tile64x96K2;

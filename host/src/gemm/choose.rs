@@ -137,7 +137,7 @@ fn cost_per_element(variant: &GemmVariant) -> f64 {
         // times (32 wide) its cost. Only the weight-stream rule picks them (17–128 rows,
         // `weight_stream`), which also sees the DRAM floor and two k-blocks a stage; this
         // model prices them for `estimated_cost`'s other users.
-        "64x64" | "64x64s" | "64x64k2" => 1.4 * 2.0,
+        "64x64" | "64x64s" | "64x64k2" | "64x64k2w1" => 1.4 * 2.0,
         "64x32" | "64x32k2" => 1.4 * 4.0,
         // Ping-pong 128×128 (one warpgroup per tile, its epilogue hidden; FP8 only, see
         // `choose_variant`): per output element of its main loop, 1.07–1.08 of 128×256's in
@@ -684,10 +684,11 @@ mod tests {
         // split 3 ways (32 768 · (86 + 48) / 256 = 17 152) and 72 unsplit 128×128 tiles'
         // 17 367. The first two as measured (NOTES step 37), the third too (step 72). Since
         // NOTES step 56 the weight stream decides at 128 rows: the first as here, the second
-        // on 128 tiles of `64x64k2` in one wave (39.8 µs against `128x128s`' 44.7).
+        // on 128 tiles of `64x64k2` in one wave (39.8 µs against `128x128s`' 44.7), since
+        // step 80 on one consumer warpgroup (`64x64k2w1`).
         assert_eq!(choose_variant(128, 5120, 8192, 132).name, "64x128");
         assert_eq!(choose_variant(512, 2304, 16384, 132).name, "128x144s");
-        assert_eq!(choose_variant(128, 4096, 14336, 132).name, "64x64k2");
+        assert_eq!(choose_variant(128, 4096, 14336, 132).name, "64x64k2w1");
         // The 64-row tiles take two waves and K is too short for stream-K to pay (8B fc1, 16
         // tokens), K too short to split (8 k-blocks), or prefill: no split.
         for (m, n, k) in [
