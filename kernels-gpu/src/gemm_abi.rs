@@ -330,8 +330,8 @@ impl TileConfig {
     /// columns 192×192 tiles (three `m64n96k16` slabs per warpgroup), 64×128 tiles (one
     /// `m64n64k16` slab per warpgroup), 64×96 tiles (one `m64n48k16` slab per warpgroup,
     /// stored from registers) and 64×64 tiles (one `m64n32k16` slab per warpgroup), or 64×32
-    /// and (from registers) 64×64 tiles for one warpgroup; the transposed product ([`TileConfig::swap_ab`])
-    /// only on 16-row short tiles.
+    /// and (from registers) 64×64 tiles for one warpgroup; the transposed product
+    /// ([`TileConfig::swap_ab`]) only on 16-row short tiles.
     pub const fn is_valid(&self) -> bool {
         let shape = match self.split {
             // 80 and 144 wide only from registers: no staged chunk width (64 or 32) divides
