@@ -329,8 +329,8 @@ impl TileConfig {
     /// 144 stored from registers), or split by
     /// columns 192×192 tiles (three `m64n96k16` slabs per warpgroup), 64×128 tiles (one
     /// `m64n64k16` slab per warpgroup), 64×96 tiles (one `m64n48k16` slab per warpgroup,
-    /// stored from registers) and 64×64 tiles (one `m64n32k16` slab per warpgroup), or 64×32
-    /// and (from registers) 64×64 tiles for one warpgroup; the transposed product
+    /// stored from registers) and 64×64 tiles (one `m64n32k16` slab per warpgroup), or 64×32,
+    /// (from registers) 64×64 and 64×128 tiles for one warpgroup; the transposed product
     /// ([`TileConfig::swap_ab`]) only on 16-row short tiles.
     pub const fn is_valid(&self) -> bool {
         let shape = match self.split {
@@ -354,16 +354,19 @@ impl TileConfig {
                 self.block_m == 128 && self.block_n == 128 && !self.split_k && self.cluster_m == 1
             }
             // One warpgroup's `wgmma` a k16 step, for tiles whose tensor work is too small to
-            // share: the transposed product 64 weight rows wide (`m64n16`), 64×32 (`m64n32`) or
-            // 64×64 (`m64n64`).
+            // share: the transposed product 64 weight rows wide (`m64n16`), 64×32 (`m64n32`),
+            // 64×64 (`m64n64`) or 64×128 (`m64n128`).
             ConsumerSplit::Single => {
                 self.block_m == SLAB_M
                     && self.cluster_m == 1
                     && if self.swap_ab {
                         self.block_n == 64
                     } else {
-                        // 64 wide (`m64n64`) only from registers, as the 64×64 tiles.
-                        self.block_n == 32 || (self.block_n == 64 && !self.staged)
+                        // 64 wide (`m64n64`) only from registers, as the 64×64 tiles; 128 wide
+                        // staged or not (both chunk widths divide it).
+                        self.block_n == 32
+                            || (self.block_n == 64 && !self.staged)
+                            || self.block_n == 128
                     }
             }
         };
@@ -541,6 +544,17 @@ pub const TILE_64X128: TileConfig = TileConfig {
     staged: true,
     swap_ab: false,
     k_blocks_per_stage: 1,
+};
+/// [`TILE_64X128`] computed by one consumer warpgroup ([`ConsumerSplit::Single`]): one
+/// `m64n128k16` per k16 step instead of two warpgroups' `m64n64k16`, so a stage's A rows are
+/// read from shared memory once instead of twice (the same ring, boxes, grid and staged
+/// epilogue). Measured faster than or within 0.5 % of [`TILE_64X128`] on all 60 records of
+/// 64–128 rows, K = 2048–28672 (up to 11 % where a long run holds the GPU at its power cap:
+/// 128 × 5120 × 16384 in f16, 100 ms blocks), level at 64 rows (kernels-gpu/NOTES.md step 81);
+/// the weight-stream rule runs it in `64x128`'s place from 64 rows.
+pub const TILE_64X128_ONE_WARPGROUP: TileConfig = TileConfig {
+    split: ConsumerSplit::Single,
+    ..TILE_64X128
 };
 /// 64×128 tiles with split-K: decode shapes whose 64-row tiles are still fewer than the SMs
 /// (few, wide-K weight matrices: a QKV projection at high TP), where only splitting K puts
@@ -763,6 +777,7 @@ macro_rules! gemm_variants {
             "16x128" => gemm_bf16_16x128, gemm_f16_16x128, TILE_16X128, Tile16x128, e4m3 gemm_e4m3_16x128;
             "64x128" => gemm_bf16_64x128, gemm_f16_64x128, TILE_64X128, Tile64x128, e4m3 gemm_e4m3_64x128;
             "16x64" => gemm_bf16_16x64, gemm_f16_16x64, TILE_16X64, Tile16x64, e4m3 gemm_e4m3_16x64;
+            "64x128w1" => gemm_bf16_64x128w1, gemm_f16_64x128w1, TILE_64X128_ONE_WARPGROUP, Tile64x128W1;
             "64x128s" => gemm_bf16_64x128s, gemm_f16_64x128s, TILE_64X128_SPLITK, Tile64x128S, e4m3 gemm_e4m3_64x128s;
             "16x128s" => gemm_bf16_16x128s, gemm_f16_16x128s, TILE_16X128_SPLITK, Tile16x128S, e4m3 gemm_e4m3_16x128s;
             "128x128p" => gemm_bf16_128x128p, gemm_f16_128x128p, TILE_128X128_PINGPONG, Tile128x128P, e4m3 gemm_e4m3_128x128p;

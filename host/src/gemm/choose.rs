@@ -115,7 +115,7 @@ fn cost_per_element(variant: &GemmVariant) -> f64 {
         // 8B QKV 20.1 against `64x128s`' 24.9 µs, 70B o-proj 24.3 against 27.5, 70B fc2 63.3
         // against 71.7 (and, once the split's decode hand-off was priced,
         // `SPLIT_DECODE_K_BLOCKS`, 8B o-proj and 70B QKV).
-        "64x128" | "16x128" | "16x64" => 1.4,
+        "64x128" | "64x128w1" | "16x128" | "16x64" => 1.4,
         // `16x128t` and `16x64t`, `16x128` and `16x64` with the transposed product (a
         // quarter of their tensor work per byte of B): measured 1–10 % faster than those at
         // 1 and 16 tokens on every decode shape of the grid, and the split `16x128ts` 2–7 %
@@ -317,7 +317,7 @@ pub fn choose_variant(m: u64, n: u64, k: u64, sm_count: u32) -> &'static GemmVar
     let k_blocks = k.div_ceil(u64::from(BLOCK_K));
     let sixteen_bit = VARIANTS.iter().filter(|v| {
         v.config.split != ConsumerSplit::Tiles
-            && !weight_stream::is_narrow(v)
+            && !weight_stream::picked_only_here(v)
             && (!ONE_WAVE_64_ROW.contains(&v.name)
                 || (ONE_WAVE_64_ROW_K_BLOCKS.contains(&k_blocks)
                     && tile_count(v, m, n) < u64::from(sm_count)))
@@ -404,7 +404,7 @@ pub fn choose_fp8_variant(
     }
     let fp8 = VARIANTS
         .iter()
-        .filter(|v| v.kernel_e4m3.is_some() && !weight_stream::is_narrow(v));
+        .filter(|v| v.kernel_e4m3.is_some() && !weight_stream::picked_only_here(v));
     cheapest(fp8, m, n, k_pairs, sm_count, epilogue)
 }
 
@@ -685,8 +685,9 @@ mod tests {
         // 17 367. The first two as measured (NOTES step 37), the third too (step 72). Since
         // NOTES step 56 the weight stream decides at 128 rows: the first as here, the second
         // on 128 tiles of `64x64k2` in one wave (39.8 µs against `128x128s`' 44.7), since
-        // step 80 on one consumer warpgroup (`64x64k2w1`).
-        assert_eq!(choose_variant(128, 5120, 8192, 132).name, "64x128");
+        // step 80 on one consumer warpgroup (`64x64k2w1`), and the first since step 81 on one
+        // consumer warpgroup too (`64x128w1`).
+        assert_eq!(choose_variant(128, 5120, 8192, 132).name, "64x128w1");
         assert_eq!(choose_variant(512, 2304, 16384, 132).name, "128x144s");
         assert_eq!(choose_variant(128, 4096, 14336, 132).name, "64x64k2w1");
         // The 64-row tiles take two waves and K is too short for stream-K to pay (8B fc1, 16
@@ -933,7 +934,9 @@ mod tests {
                     for pick in [choose_variant(m, n, k, 132), tensor, row] {
                         let name = pick.name;
                         let never: &[&str] = if m <= 16 {
-                            &["16x128", "16x64", "16x128s", "64x128", "64x128s"]
+                            &[
+                                "16x128", "16x64", "16x128s", "64x128", "64x128w1", "64x128s",
+                            ]
                         } else {
                             &[
                                 "16x128", "16x64", "16x128s", "16x128t", "16x64t", "16x128ts",
@@ -972,25 +975,33 @@ mod tests {
                 (28672, 8192),
             ] {
                 let v = choose_variant(m, n, k, 132);
-                assert!(!weight_stream::is_narrow(v), "{m}x{n}x{k}: {}", v.name);
+                assert!(
+                    !weight_stream::picked_only_here(v),
+                    "{m}x{n}x{k}: {}",
+                    v.name
+                );
             }
         }
         for m in [1, 16, 65, 128, 2048] {
             for (n, k) in [(1000, 1000), (4096, 2048), (2304, 8192), (28672, 4096)] {
                 let v = choose_fp8_variant(m, n, k, 132, ScaleMode::Tensorwise);
-                assert!(!weight_stream::is_narrow(v), "{m}x{n}x{k}: {}", v.name);
+                assert!(
+                    !weight_stream::picked_only_here(v),
+                    "{m}x{n}x{k}: {}",
+                    v.name
+                );
             }
         }
         // Where they stream the weights fastest: 8B o-proj at 32 rows (`64x32k2` 11.0 µs in
         // e4m3 against `64x128s`' 14.4) and at 128 rows in bf16 (`64x64k2` 16.7 against
         // `64x128`'s 19.3).
-        assert!(weight_stream::is_narrow(choose_variant(
+        assert!(weight_stream::picked_only_here(choose_variant(
             32, 4096, 4096, 132
         )));
-        assert!(weight_stream::is_narrow(choose_variant(
+        assert!(weight_stream::picked_only_here(choose_variant(
             128, 4096, 4096, 132
         )));
         let fp8 = choose_fp8_variant(32, 4096, 2048, 132, ScaleMode::Rowwise);
-        assert!(weight_stream::is_narrow(fp8), "{}", fp8.name);
+        assert!(weight_stream::picked_only_here(fp8), "{}", fp8.name);
     }
 }
