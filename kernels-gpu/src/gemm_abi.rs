@@ -40,9 +40,11 @@ pub enum ConsumerSplit {
     Tiles,
     /// One consumer warpgroup owns the whole tile (`block_m / 64` slabs of `block_n`
     /// columns); the other has nothing to do. For tiles whose tensor work is too small to
-    /// share: the transposed-product decode tile 64 weight rows wide
-    /// ([`TileConfig::swap_ab`], one `m64n16` per k16 step), the 64×32 tile (one `m64n32`)
-    /// and the one-warpgroup 64×64 tile (one `m64n64`). Four warps release each slot.
+    /// share — the transposed-product decode tile 64 weight rows wide
+    /// ([`TileConfig::swap_ab`], one `m64n16` per k16 step) and the 64×32 tile (one `m64n32`)
+    /// — and for the one-warpgroup forms of the 64×64 and 64×128 tiles (one `m64n64` or
+    /// `m64n128`), which read a stage's A rows from shared memory once instead of twice. Four
+    /// warps release each slot.
     Single,
 }
 
