@@ -100,13 +100,13 @@ pub struct TileConfig {
     /// of which at most `a_rows` exist. Only with [`ConsumerSplit::Columns`], one slab,
     /// unstaged.
     pub swap_ab: bool,
-    /// 64-wide k-blocks per ring stage (1 or 2): with 2 a stage holds two k-blocks' A and B
-    /// tiles side by side (each its own 1024-byte aligned swizzled tile, loaded by its own
-    /// TMA boxes) behind one `full` and one `empty` barrier, so the per-stage hand-off
-    /// (barrier round trips, `wgmma` commit and wait) is paid once per two k-blocks. A unit's
-    /// last stage's second k-block lies past K (zero-filled by TMA). For the narrow decode
-    /// tiles, whose k-block is mostly that hand-off; never with split-K (a piece may start
-    /// inside a stage) or clusters.
+    /// 64-wide k-blocks per ring stage (1, 2 or 4): with more than one, a stage holds its
+    /// k-blocks' A and B tiles side by side (each its own 1024-byte aligned swizzled tile,
+    /// loaded by its own TMA boxes) behind one `full` and one `empty` barrier, so the
+    /// per-stage hand-off (barrier round trips, `wgmma` commit and wait) is paid once per
+    /// stage. A unit's last stage's k-blocks past K are zero-filled by TMA and add nothing.
+    /// For the narrow decode tiles, whose k-block is mostly that hand-off; never with split-K
+    /// (a piece may start inside a stage) or clusters.
     pub k_blocks_per_stage: u32,
 }
 
@@ -386,7 +386,9 @@ impl TileConfig {
                 && self.a_rows == 16
                 && !self.staged);
         let depth = self.k_blocks_per_stage == 1
-            || (self.k_blocks_per_stage == 2 && self.cluster_m == 1 && !self.split_k);
+            || ((self.k_blocks_per_stage == 2 || self.k_blocks_per_stage == 4)
+                && self.cluster_m == 1
+                && !self.split_k);
         shape
             && rows
             && swapped
@@ -716,6 +718,18 @@ pub const TILE_16X64_SWAPPED_DEEP: TileConfig = TileConfig {
     k_blocks_per_stage: 2,
     ..TILE_16X64_SWAPPED
 };
+/// [`TILE_16X64_SWAPPED`] with four k-blocks a stage: 5 stages of 4 × 10 KiB, 200 KiB in
+/// flight, a quarter of `16x64t`'s hand-offs per byte. Measured 2–5 % faster than
+/// [`TILE_16X64_SWAPPED_DEEP`] where its 64-wide tiles number 80–96 (8B QKV, 70B QKV), 12 % on
+/// the 36 tiles of 405B QKV, level at 64 and 128 tiles (kernels-gpu/NOTES.md step 86); the
+/// weight-stream rule runs it in `16x64t2`'s place. Four k-blocks a stage of a 64 × 64 tile
+/// (3 stages of 64 KiB) measured 3–30 % slower than two: too few stages to keep the stream
+/// going.
+pub const TILE_16X64_SWAPPED_DEEP4: TileConfig = TileConfig {
+    stages: 5,
+    k_blocks_per_stage: 4,
+    ..TILE_16X64_SWAPPED
+};
 /// [`TILE_16X128_SWAPPED`] with two k-blocks a stage: 6 stages of 2 × 18 KiB.
 pub const TILE_16X128_SWAPPED_DEEP: TileConfig = TileConfig {
     stages: 6,
@@ -788,6 +802,7 @@ macro_rules! gemm_variants {
             "16x64t" => gemm_bf16_16x64t, gemm_f16_16x64t, TILE_16X64_SWAPPED, Tile16x64T, e4m3 gemm_e4m3_16x64t;
             "16x64t2" => gemm_bf16_16x64t2, gemm_f16_16x64t2, TILE_16X64_SWAPPED_DEEP, Tile16x64T2, e4m3 gemm_e4m3_16x64t2;
             "16x128t2" => gemm_bf16_16x128t2, gemm_f16_16x128t2, TILE_16X128_SWAPPED_DEEP, Tile16x128T2, e4m3 gemm_e4m3_16x128t2;
+            "16x64t4" => gemm_bf16_16x64t4, gemm_f16_16x64t4, TILE_16X64_SWAPPED_DEEP4, Tile16x64T4;
             "64x64" => gemm_bf16_64x64, gemm_f16_64x64, TILE_64X64, Tile64x64, e4m3 gemm_e4m3_64x64;
             "64x64s" => gemm_bf16_64x64s, gemm_f16_64x64s, TILE_64X64_SPLITK, Tile64x64S, e4m3 gemm_e4m3_64x64s;
             "64x64k2" => gemm_bf16_64x64k2, gemm_f16_64x64k2, TILE_64X64_DEEP, Tile64x64K2, e4m3 gemm_e4m3_64x64k2;

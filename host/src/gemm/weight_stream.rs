@@ -125,52 +125,63 @@ fn competes(v: &GemmVariant, m: u64, e4m3: bool) -> bool {
 }
 
 /// The configurations only this rule picks: the candidates narrower than 128 columns
-/// (`64x64…`, `64x32…`), measured only at 17–128 rows, and the one-warpgroup forms
-/// ([`ONE_WARPGROUP_FORMS`]), measured only where this rule runs them.
+/// (`64x64…`, `64x32…`), measured only at 17–128 rows, and the forms run in a candidate's
+/// place ([`FORMS`]), measured only where this rule runs them.
 pub(super) fn picked_only_here(v: &GemmVariant) -> bool {
     (CANDIDATES.contains(&v.name) && v.config.block_n < 128)
-        || ONE_WARPGROUP_FORMS.iter().any(|f| f.form == v.name)
+        || FORMS.iter().any(|f| f.form == v.name)
 }
 
-/// A candidate of the model computed by one consumer warpgroup (one `m64nN` a k16 step
-/// instead of two warpgroups' `m64n(N/2)`): the same ring, boxes and grid, a stage's A rows
-/// read from shared memory once instead of twice, half the consumer warps. Not a candidate
-/// itself — its stage and DRAM times are the candidate's — but run in the candidate's place
-/// where that measured faster: from `min_rows` rows on K of at least `min_k_blocks` k-blocks.
-struct OneWarpgroupForm {
+/// Another form of a candidate of the model: the same tile, boxes and grid, computed by one
+/// consumer warpgroup (one `m64nN` a k16 step instead of two warpgroups' `m64n(N/2)`: a
+/// stage's A rows read from shared memory once instead of twice, half the consumer warps), or
+/// with more k-blocks a ring stage (fewer hand-offs per byte, the same bytes in flight). Not a
+/// candidate itself — the model cannot tell it apart — but run in the candidate's place where
+/// that measured faster: from `min_rows` rows on K of at least `min_k_blocks` k-blocks.
+struct Form {
     candidate: &'static str,
     form: &'static str,
     min_rows: u64,
     min_k_blocks: u64,
 }
 
-/// The one-warpgroup forms (kernels-gpu/NOTES.md steps 80–81, one H200, bf16 and f16, 100 and
-/// 20 ms blocks, both forms in the same rounds):
+/// The forms (kernels-gpu/NOTES.md steps 80, 81 and 86, one H200, bf16 and f16, each form and
+/// its candidate in the same rounds):
 /// - `64x64k2w1`: 1–8 % faster than `64x64k2` on all 24 records of 72–128 rows on K =
 ///   8192–28672, where a long run holds the GPU at its power cap (8B fc2 with 128 rows 45.4 →
 ///   42.9 µs in f16, cuBLAS 41.2); level to 3 % slower at K ≤ 4096 and at 64 rows.
 /// - `64x128w1`: faster than `64x128` or within 0.5 % on all 60 records of 64–128 rows and K =
 ///   2048–28672 (up to 11 %: 128 × 5120 × 16384 in f16, 64.6 → 57.9 µs in 100 ms blocks; 70B
 ///   QKV with 128 rows 32.5 → 31.8 in bf16), level at 64 rows.
-const ONE_WARPGROUP_FORMS: [OneWarpgroupForm; 2] = [
-    OneWarpgroupForm {
+/// - `16x64t4` (four k-blocks a stage, 5 stages of 40 KiB, where `16x64t2` has two, 11 of
+///   20 KiB): 2–5 % faster at 1 and 16 tokens where the 64-wide tiles number 80–96 (8B QKV
+///   19.5 → 18.9 µs at 16 tokens in bf16, 70B QKV 28.3 → 27.1), 2 % at 8B fc2, level (within
+///   0.4 %) at 64 and 128 tiles (8B and 70B o-proj).
+const FORMS: [Form; 3] = [
+    Form {
         candidate: "64x64k2",
         form: "64x64k2w1",
         min_rows: ONE_M_TILE_ROWS + 1,
         min_k_blocks: 128,
     },
-    OneWarpgroupForm {
+    Form {
         candidate: "64x128",
         form: "64x128w1",
         min_rows: ONE_M_TILE_ROWS,
         min_k_blocks: 1,
     },
+    Form {
+        candidate: "16x64t2",
+        form: "16x64t4",
+        min_rows: 1,
+        min_k_blocks: 1,
+    },
 ];
 
-/// `v`, or its one-warpgroup form ([`ONE_WARPGROUP_FORMS`]) where that measured faster.
-fn one_warpgroup_form(v: &'static GemmVariant, m: u64, k: u64) -> &'static GemmVariant {
+/// `v`, or its other form ([`FORMS`]) where that measured faster.
+fn form_of(v: &'static GemmVariant, m: u64, k: u64) -> &'static GemmVariant {
     let k_blocks = k.div_ceil(u64::from(BLOCK_K));
-    ONE_WARPGROUP_FORMS
+    FORMS
         .iter()
         .find(|f| f.candidate == v.name && m >= f.min_rows && k_blocks >= f.min_k_blocks)
         .and_then(|f| VARIANTS.iter().find(|w| w.name == f.form))
@@ -236,11 +247,11 @@ fn estimate(variant: &GemmVariant, m: u64, n: u64, k: u64, sm_count: u32) -> Opt
 
 /// The configuration for an `m × n × k` problem of 1–[`MAX_ROWS`] rows on `sm_count` SMs:
 /// among the candidates that compete there, the fastest by the weight-stream estimate, ties
-/// broken as the module says (then by the order of [`VARIANTS`]), in its one-warpgroup form
-/// where that measured faster ([`ONE_WARPGROUP_FORMS`]); `None` above 64 rows where no candidate
+/// broken as the module says (then by the order of [`VARIANTS`]), in its other form
+/// where that measured faster ([`FORMS`]); `None` above 64 rows where no candidate
 /// fits one wave.
 pub(super) fn choose(m: u64, n: u64, k: u64, sm_count: u32) -> Option<&'static GemmVariant> {
-    choose_among(m, n, k, sm_count, false).map(|v| one_warpgroup_form(v, m, k))
+    choose_among(m, n, k, sm_count, false).map(|v| form_of(v, m, k))
 }
 
 /// [`choose`] for an FP8 GEMM of 17–[`FP8_MAX_ROWS`] rows whose K is `k_pairs` e4m3 pairs
@@ -337,8 +348,8 @@ mod tests {
             if m < min_rows || m > max_rows {
                 continue;
             }
-            // The model's pick (16 bits: before its one-warpgroup form, which these records
-            // predate; `runs_64x64k2_on_one_warpgroup_where_that_measured_faster`).
+            // The model's pick (16 bits: before its other form, which these records predate;
+            // `runs_each_form_where_that_measured_faster`).
             let pick = choose_among(m, n, if e4m3 { k.div_ceil(2) } else { k }, 132, e4m3);
             let Some(pick) = pick else { continue };
             // Each candidate's time: as an extra column, or as the rule's own slot.
@@ -412,34 +423,42 @@ mod tests {
         assert_eq!(check_record(ragged, false, 0.04), 10);
     }
 
-    /// Each one-warpgroup form and its candidate, both timed in the same rounds, on every
-    /// record where the model picks the candidate (100 and 20 ms blocks): the rule's form
-    /// within 1 % of the faster of the two on all of them — 48 records of `64x64k2` (64–128
-    /// rows, K = 2048–28672) and 60 of `64x128` (64–128 rows, K = 2048–28672).
+    /// Each form and its candidate, both timed in the same rounds, on every record of the
+    /// form's runs where the model picks the candidate: the rule's pick within 1 % of the
+    /// faster of the two on all of them — 48 records of `64x64k2` (64–128 rows, K =
+    /// 2048–28672, 100 and 20 ms blocks), 60 of `64x128` (64–128 rows, K = 2048–28672, 100 and
+    /// 20 ms blocks) and 24 of `16x64t2` (1 and 16 tokens, six weights, 50 ms blocks).
     #[test]
-    fn runs_the_one_warpgroup_form_where_that_measured_faster() {
+    fn runs_each_form_where_that_measured_faster() {
+        // (the form's index in `FORMS`, a run that timed it beside its candidate)
         let runs = [
-            include_str!(
+            (0, include_str!(
                 "../../../benches/results/gemm-2026-12-04-e4e7228-dirty-128x2560x4096-and-11-more-64x64k2w1-blocks100ms.json"
-            ),
-            include_str!(
+            )),
+            (0, include_str!(
                 "../../../benches/results/gemm-2026-12-04-e4e7228-dirty-64x5120x8192-and-6-more-64x64k2w1-blocks100ms.json"
-            ),
-            include_str!(
+            )),
+            (0, include_str!(
                 "../../../benches/results/gemm-2026-12-04-e4e7228-dirty-64x5120x8192-and-6-more-64x64k2w1-blocks20ms.json"
-            ),
-            include_str!(
+            )),
+            (1, include_str!(
                 "../../../benches/results/gemm-2026-12-04-9067bf7-dirty-64x128w1-128x5120x8192-and-5-more-settle100.json"
-            ),
-            include_str!(
+            )),
+            (1, include_str!(
                 "../../../benches/results/gemm-2026-12-04-9067bf7-dirty-64x128w1-blocks100ms-80x5120x8192-and-11-more-settle100.json"
-            ),
-            include_str!(
+            )),
+            (1, include_str!(
                 "../../../benches/results/gemm-2026-12-04-9067bf7-dirty-64x128w1-blocks20ms-80x5120x8192-and-11-more-settle100.json"
-            ),
+            )),
+            (2, include_str!(
+                "../../../benches/results/gemm-2026-12-04-e7424f7-k4-1-16x6144x4096-and-15-more-settle100-rounds2.json"
+            )),
+            (2, include_str!(
+                "../../../benches/results/gemm-2026-12-04-e7424f7-k4-2-16x6144x4096-and-15-more-settle100-rounds2.json"
+            )),
         ];
-        let mut checked = [0; ONE_WARPGROUP_FORMS.len()];
-        for json in runs {
+        let mut checked = [0; FORMS.len()];
+        for (i, json) in runs {
             let records: Vec<serde_json::Value> = serde_json::from_str(json).unwrap();
             for r in &records {
                 let dim = |key: &str| r[key].as_u64().unwrap();
@@ -447,12 +466,9 @@ mod tests {
                 let Some(candidate) = choose_among(m, n, k, 132, false) else {
                     continue;
                 };
-                let Some(i) = ONE_WARPGROUP_FORMS
-                    .iter()
-                    .position(|f| f.candidate == candidate.name)
-                else {
+                if FORMS[i].candidate != candidate.name {
                     continue;
-                };
+                }
                 // Each as an extra column, or as the rule's own slot (the runs before the
                 // form was in the rule).
                 let time = |name: &str| {
@@ -461,8 +477,7 @@ mod tests {
                         r["ours_ms"].as_f64().unwrap()
                     })
                 };
-                let form = ONE_WARPGROUP_FORMS[i].form;
-                let best = time(candidate.name).min(time(form));
+                let best = time(candidate.name).min(time(FORMS[i].form));
                 let pick = choose(m, n, k, 132).unwrap();
                 let ratio = time(pick.name) / best;
                 assert!(
@@ -475,29 +490,33 @@ mod tests {
                 checked[i] += 1;
             }
         }
-        assert_eq!(checked, [48, 60]);
+        assert_eq!(checked, [48, 60, 24]);
     }
 
     #[test]
-    fn a_one_warpgroup_form_is_its_candidate_on_one_warpgroup() {
-        for f in &ONE_WARPGROUP_FORMS {
+    fn a_form_is_its_candidate_on_one_warpgroup_or_with_deeper_stages() {
+        for f in &FORMS {
             let (w, v) = (
                 variant_named(f.form).unwrap(),
                 variant_named(f.candidate).unwrap(),
             );
-            let c = w.config;
-            assert_eq!(c.split, kernels_gpu::gemm_abi::ConsumerSplit::Single);
-            assert_eq!(
-                TileConfig {
-                    split: v.config.split,
+            let (c, base) = (w.config, v.config);
+            let one_warpgroup = c.split == kernels_gpu::gemm_abi::ConsumerSplit::Single
+                && TileConfig {
+                    split: base.split,
                     ..c
-                },
-                v.config,
-                "{}: only the consumer split differs",
-                f.form
-            );
+                } == base;
+            // The same bytes in flight or fewer, in fewer, larger stages.
+            let deeper = c.k_blocks_per_stage > base.k_blocks_per_stage
+                && c.stages * c.k_blocks_per_stage <= base.stages * base.k_blocks_per_stage
+                && TileConfig {
+                    k_blocks_per_stage: base.k_blocks_per_stage,
+                    stages: base.stages,
+                    ..c
+                } == base;
+            assert!(one_warpgroup || deeper, "{}: more differs than the split or the stages", f.form);
             assert!(
-                picked_only_here(w) && !competes(w, 128, false),
+                picked_only_here(w) && !competes(w, 128, false) && !competes(w, 16, false),
                 "{}",
                 f.form
             );
@@ -513,6 +532,9 @@ mod tests {
         assert_eq!(choose(128, 6144, 4096, 132).unwrap().name, "64x128w1");
         assert_eq!(choose(64, 16384, 2048, 132).unwrap().name, "64x128w1");
         assert_eq!(choose(48, 28672, 8192, 132).unwrap().name, "64x128");
+        // `16x64t4` wherever the model takes `16x64t2` (8B QKV and o-proj at 1 and 16 tokens).
+        assert_eq!(choose(16, 6144, 4096, 132).unwrap().name, "16x64t4");
+        assert_eq!(choose(1, 4096, 4096, 132).unwrap().name, "16x64t4");
     }
 
     /// FP8 at 32 and 64 rows over the grid's decode weights (tensor-wise, every 64-row tile
@@ -555,10 +577,10 @@ mod tests {
             for (n, k) in [(8, 64), (1000, 1000), (4096, 4096), (28672, 8192)] {
                 let model = choose_among(m, n, k, 132, false);
                 match (model, choose(m, n, k, 132)) {
-                    // The model's pick, or its one-warpgroup form.
+                    // The model's pick, or its other form.
                     (Some(v), Some(run)) => {
                         assert!(competes(v, m, false), "{m} x {n} x {k}: {}", v.name);
-                        let form = ONE_WARPGROUP_FORMS
+                        let form = FORMS
                             .iter()
                             .any(|f| f.candidate == v.name && f.form == run.name);
                         assert!(run.name == v.name || form, "{m} x {n} x {k}: {}", run.name);

@@ -678,7 +678,8 @@ swapped_config!(
     Tile16x128TS: TILE_16X128_SWAPPED_SPLITK,
     Tile16x64T: TILE_16X64_SWAPPED,
     Tile16x64T2: TILE_16X64_SWAPPED_DEEP,
-    Tile16x128T2: TILE_16X128_SWAPPED_DEEP
+    Tile16x128T2: TILE_16X128_SWAPPED_DEEP,
+    Tile16x64T4: TILE_16X64_SWAPPED_DEEP4
 );
 
 /// Shared-memory addresses of the ring.
@@ -939,8 +940,9 @@ unsafe fn produce(p: &GemmParams, ring: Ring, tiles: Tiles) {
                 ring.empty(slot.stage).wait(slot.phase ^ 1);
                 let full = ring.full(slot.stage);
                 full.arrive_expect_tx(stage_bytes);
-                // Two k-blocks a stage (never split-K: a unit is a whole tile): past an odd
-                // count's last k-block TMA fills the second tiles with zeros, which add nothing.
+                // The stage's further k-blocks, if any (never split-K: a unit is a whole
+                // tile): past the last k-block TMA fills their tiles with zeros, which add
+                // nothing.
                 for j in 1..tile.k_blocks_per_stage {
                     let kj = k + (j * BLOCK_K) as i32;
                     let a = ring.a_tile(slot.stage) + j * tile.a_block_bytes();
@@ -1100,22 +1102,24 @@ unsafe fn consume<T: InputType, C: Config>(p: &GemmParams, ring: Ring, tiles: Ti
                     )
                 };
             });
-            if C::TILE.k_blocks_per_stage == 2 {
-                // The stage's second k-block (zeros past K): its own A and B tiles, whole
-                // swizzle atoms on.
-                let a = descriptor::advance_atoms(a, C::TILE.a_block_bytes());
-                let b = descriptor::advance_atoms(b, C::TILE.b_block_bytes());
-                seq!(K in 0..4 {
-                    unsafe {
-                        C::mma::<T>(
-                            &mut acc,
-                            descriptor::offset_in_atom(a, K * descriptor::K16_STEP_BYTES),
-                            descriptor::offset_in_atom(b, K * descriptor::K16_STEP_BYTES),
-                            1,
-                        )
-                    };
-                });
-            }
+            // The stage's further k-blocks (zeros past K): each its own A and B tiles, whole
+            // swizzle atoms on (`J < kps` is a constant: the untaken ones compile away).
+            seq!(J in 1..4 {
+                if J < kps {
+                    let a = descriptor::advance_atoms(a, J * C::TILE.a_block_bytes());
+                    let b = descriptor::advance_atoms(b, J * C::TILE.b_block_bytes());
+                    seq!(K in 0..4 {
+                        unsafe {
+                            C::mma::<T>(
+                                &mut acc,
+                                descriptor::offset_in_atom(a, K * descriptor::K16_STEP_BYTES),
+                                descriptor::offset_in_atom(b, K * descriptor::K16_STEP_BYTES),
+                                1,
+                            )
+                        };
+                    });
+                }
+            });
             wgmma::commit_group();
             wgmma::wait_group::<1>();
             C::fence(&mut acc);
