@@ -433,33 +433,60 @@ mod tests {
     fn runs_each_form_where_that_measured_faster() {
         // (the form's index in `FORMS`, a run that timed it beside its candidate)
         let runs = [
-            (0, include_str!(
-                "../../../benches/results/gemm-2026-12-04-e4e7228-dirty-128x2560x4096-and-11-more-64x64k2w1-blocks100ms.json"
-            )),
-            (0, include_str!(
-                "../../../benches/results/gemm-2026-12-04-e4e7228-dirty-64x5120x8192-and-6-more-64x64k2w1-blocks100ms.json"
-            )),
-            (0, include_str!(
-                "../../../benches/results/gemm-2026-12-04-e4e7228-dirty-64x5120x8192-and-6-more-64x64k2w1-blocks20ms.json"
-            )),
-            (1, include_str!(
-                "../../../benches/results/gemm-2026-12-04-9067bf7-dirty-64x128w1-128x5120x8192-and-5-more-settle100.json"
-            )),
-            (1, include_str!(
-                "../../../benches/results/gemm-2026-12-04-9067bf7-dirty-64x128w1-blocks100ms-80x5120x8192-and-11-more-settle100.json"
-            )),
-            (1, include_str!(
-                "../../../benches/results/gemm-2026-12-04-9067bf7-dirty-64x128w1-blocks20ms-80x5120x8192-and-11-more-settle100.json"
-            )),
-            (2, include_str!(
-                "../../../benches/results/gemm-2026-12-04-e7424f7-k4-1-16x6144x4096-and-15-more-settle100-rounds2.json"
-            )),
-            (2, include_str!(
-                "../../../benches/results/gemm-2026-12-04-e7424f7-k4-2-16x6144x4096-and-15-more-settle100-rounds2.json"
-            )),
-            (2, include_str!(
-                "../../../benches/results/gemm-grid-2026-12-04-46dc05b-m1-settle100.json"
-            )),
+            (
+                0,
+                include_str!(
+                    "../../../benches/results/gemm-2026-12-04-e4e7228-dirty-128x2560x4096-and-11-more-64x64k2w1-blocks100ms.json"
+                ),
+            ),
+            (
+                0,
+                include_str!(
+                    "../../../benches/results/gemm-2026-12-04-e4e7228-dirty-64x5120x8192-and-6-more-64x64k2w1-blocks100ms.json"
+                ),
+            ),
+            (
+                0,
+                include_str!(
+                    "../../../benches/results/gemm-2026-12-04-e4e7228-dirty-64x5120x8192-and-6-more-64x64k2w1-blocks20ms.json"
+                ),
+            ),
+            (
+                1,
+                include_str!(
+                    "../../../benches/results/gemm-2026-12-04-9067bf7-dirty-64x128w1-128x5120x8192-and-5-more-settle100.json"
+                ),
+            ),
+            (
+                1,
+                include_str!(
+                    "../../../benches/results/gemm-2026-12-04-9067bf7-dirty-64x128w1-blocks100ms-80x5120x8192-and-11-more-settle100.json"
+                ),
+            ),
+            (
+                1,
+                include_str!(
+                    "../../../benches/results/gemm-2026-12-04-9067bf7-dirty-64x128w1-blocks20ms-80x5120x8192-and-11-more-settle100.json"
+                ),
+            ),
+            (
+                2,
+                include_str!(
+                    "../../../benches/results/gemm-2026-12-04-e7424f7-k4-1-16x6144x4096-and-15-more-settle100-rounds2.json"
+                ),
+            ),
+            (
+                2,
+                include_str!(
+                    "../../../benches/results/gemm-2026-12-04-e7424f7-k4-2-16x6144x4096-and-15-more-settle100-rounds2.json"
+                ),
+            ),
+            (
+                2,
+                include_str!(
+                    "../../../benches/results/gemm-grid-2026-12-04-46dc05b-m1-settle100.json"
+                ),
+            ),
         ];
         let mut checked = [0; FORMS.len()];
         for (i, json) in runs {
@@ -518,7 +545,11 @@ mod tests {
                     stages: base.stages,
                     ..c
                 } == base;
-            assert!(one_warpgroup || deeper, "{}: more differs than the split or the stages", f.form);
+            assert!(
+                one_warpgroup || deeper,
+                "{}: more differs than the split or the stages",
+                f.form
+            );
             assert!(
                 picked_only_here(w) && !competes(w, 128, false) && !competes(w, 16, false),
                 "{}",
