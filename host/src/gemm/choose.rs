@@ -137,7 +137,14 @@ fn cost_per_element(variant: &GemmVariant) -> f64 {
         // times (32 wide) its cost. Only the weight-stream rule picks them (17–128 rows,
         // `weight_stream`), which also sees the DRAM floor and two k-blocks a stage; this
         // model prices them for `estimated_cost`'s other users.
-        "64x64" | "64x64s" | "64x64k2" | "64x64k2w1" => 1.4 * 2.0,
+        "64x64" | "64x64s" | "64x64k2" => 1.4 * 2.0,
+        // `64x64k2` on one consumer warpgroup, which the area model sees only among the
+        // one-wave 64-row tiles (`ONE_WAVE_64_ROW`): at 160–320 rows of 1024–2304 columns and
+        // K = 4096–8192, 96–128 of its tiles ran 0.83–0.86 of `64x96k2`'s time in the same
+        // rounds (192 × 2304 × 8192 23.1 against 27.7 µs, cuBLASLt 21.1; 224 × 2048 × 4096
+        // 15.3 against 17.8; gemm-2026-12-04-7da7310-w64-*, NOTES step 87 (5)), so 1.75 ·
+        // 0.845 · 96 / 64 per output element.
+        "64x64k2w1" => 2.22,
         "64x32" | "64x32k2" => 1.4 * 4.0,
         // Ping-pong 128×128 (one warpgroup per tile, its epilogue hidden; FP8 only, see
         // `choose_variant`): per output element of its main loop, 1.07–1.08 of 128×256's in
@@ -297,7 +304,8 @@ const SPLIT_PARTIAL_K_BLOCKS: f64 = 6.0;
 /// The configuration the rule picks for an `m × n × k` problem on a GPU with `sm_count` SMs:
 /// the cheapest by [`estimated_cost`], split-K ones only where they split (`s ≥ 2`, i.e. the
 /// tiles fill at most half the SMs), ping-pong never (it runs by name in 16 bits), the narrow
-/// 64-row tiles never (measured only where the weights stream). Up to 128 rows, instead, the
+/// 64-row tiles only as `64x64k2w1` in one wave ([`ONE_WAVE_64_ROW`]; the others were
+/// measured only where the weights stream). Up to 128 rows, instead, the
 /// fastest tile by a model of the weight stream (`host/src/gemm/weight_stream.rs`: the decode
 /// tiles at most 16 rows, the 64-row ones above), where that model holds (above 64 rows,
 /// where some candidate's tiles fit one wave).
@@ -317,18 +325,29 @@ pub fn choose_variant(m: u64, n: u64, k: u64, sm_count: u32) -> &'static GemmVar
     let k_blocks = k.div_ceil(u64::from(BLOCK_K));
     let sixteen_bit = VARIANTS.iter().filter(|v| {
         v.config.split != ConsumerSplit::Tiles
-            && !weight_stream::picked_only_here(v)
+            && (!weight_stream::picked_only_here(v) || ONE_WAVE_64_ROW.contains(&v.name))
             && (!ONE_WAVE_64_ROW.contains(&v.name)
                 || (ONE_WAVE_64_ROW_K_BLOCKS.contains(&k_blocks)
-                    && tile_count(v, m, n) < u64::from(sm_count)))
+                    && fills_one_wave(v, tile_count(v, m, n), sm_count)))
     });
     cheapest(sixteen_bit, m, n, k, sm_count, EPILOGUE_K_BLOCKS)
 }
 
 /// The 64-row tiles that compete in [`choose_variant`] only at [`ONE_WAVE_64_ROW_K_BLOCKS`]
-/// and where their tiles leave an SM free: `64x96k2` (two k-blocks a stage, for narrow N) and
-/// the wide `64x208` and `64x240` (a 64-row granularity for ragged rows of 5–10 k columns).
-const ONE_WAVE_64_ROW: [&str; 3] = ["64x96k2", "64x208", "64x240"];
+/// and where their tiles leave an SM free: `64x64k2w1` and `64x96k2` (two k-blocks a stage,
+/// for narrow N; the first otherwise the weight-stream rule's, [`weight_stream`]) and the
+/// wide `64x208` and `64x240` (a 64-row granularity for ragged rows of 5–10 k columns).
+const ONE_WAVE_64_ROW: [&str; 4] = ["64x64k2w1", "64x96k2", "64x208", "64x240"];
+
+/// Whether `tiles` tiles of the [`ONE_WAVE_64_ROW`] configuration `v` make one wave that
+/// leaves an SM free, and, for `64x64k2w1`, fill at least three quarters of the SMs: where it
+/// wins (0.83–0.86 of `64x96k2`'s time) it was measured on 96–128 tiles (NOTES step 87 (5));
+/// with 80 (320 × 1024 × 8192) the split `64x128s` that the rule runs there was 12 % faster
+/// (19.9 against 22.6 µs), and fewer tiles were not measured.
+fn fills_one_wave(v: &GemmVariant, tiles: u64, sm_count: u32) -> bool {
+    let sms = u64::from(sm_count);
+    tiles < sms && (v.name != "64x64k2w1" || 4 * tiles >= 3 * sms)
+}
 
 /// The depths, in 64-deep k-blocks, at which the [`ONE_WAVE_64_ROW`] tiles compete in
 /// [`choose_variant`]: K = 4096–8192, where they were measured. For `64x96k2`: of 21 of the
@@ -747,12 +766,7 @@ mod tests {
     fn two_k_block_64x96_tiles_take_a_few_hundred_rows_of_narrow_columns() {
         // One wave either way, 72–120 tiles of 64 × 96 against 54–90 of 64 × 128: measured
         // 6–7 % faster (192 × 2304 × 8192 27.6 against 29.7 µs; NOTES step 75).
-        for (m, n, k) in [
-            (192, 2304, 8192),
-            (256, 2304, 8192),
-            (300, 2304, 8192),
-            (256, 3072, 8192),
-        ] {
+        for (m, n, k) in [(256, 2304, 8192), (300, 2304, 8192), (256, 3072, 8192)] {
             assert_eq!(choose_variant(m, n, k, 132).name, "64x96k2", "{m}x{n}x{k}");
         }
         // A second wave of them keeps the 128-row tile; 128 rows and fewer are the weight
@@ -770,6 +784,36 @@ mod tests {
             choose_fp8_variant(256, 2304, 4096, 132, ScaleMode::Tensorwise).name,
             "64x96k2"
         );
+    }
+
+    #[test]
+    fn one_warpgroup_64x64_tiles_take_a_wave_of_a_few_hundred_narrow_rows() {
+        // 108–128 tiles of 64 × 64 on two-k-block stages, one consumer warpgroup: 0.83–0.86 of
+        // `64x96k2`'s time where the rule ran that (192 × 2304 × 8192 23.1 against 27.7 µs,
+        // 224 × 2048 × 4096 15.3 against 17.8; NOTES step 87 (5)).
+        for (m, n, k) in [(160, 2304, 8192), (192, 2304, 8192), (224, 2048, 4096)] {
+            assert_eq!(
+                choose_variant(m, n, k, 132).name,
+                "64x64k2w1",
+                "{m}x{n}x{k}"
+            );
+        }
+        // Not where its tiles leave a quarter of the SMs idle (320 × 1024 × 8192: 80 tiles,
+        // where the split `64x128s` ran 12 % faster), nor on a second wave of them (256 ×
+        // 2304: 144), nor outside K = 4096–8192 (144 × 2304 × 16384), nor where the
+        // weight-stream rule serves (at most 128 rows).
+        for (m, n, k) in [
+            (320, 1024, 8192),
+            (256, 2304, 8192),
+            (144, 2304, 16384),
+            (128, 2304, 8192),
+        ] {
+            assert_ne!(
+                choose_variant(m, n, k, 132).name,
+                "64x64k2w1",
+                "{m}x{n}x{k}"
+            );
+        }
     }
 
     #[test]
@@ -967,7 +1011,8 @@ mod tests {
         // cannot see the DRAM floor, would otherwise take them for small outputs through the
         // epilogue's share (512 × 1000 × 1000: `64x64` priced below `64x128`), where they
         // were never measured. (At 1–16 rows the decode tiles run, `16x64t2` as its
-        // four-k-block form, which only `weight_stream` picks too.)
+        // four-k-block form, which only `weight_stream` picks too. The one exception above 128
+        // rows, `64x64k2w1` in one wave at K = 4096–8192, has its own test.)
         for m in [1, 7, 16, 129, 256, 512, 1000, 3000, 8192] {
             for (n, k) in [
                 (100, 64),

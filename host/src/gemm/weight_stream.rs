@@ -126,7 +126,9 @@ fn competes(v: &GemmVariant, m: u64, e4m3: bool) -> bool {
 
 /// The configurations only this rule picks: the candidates narrower than 128 columns
 /// (`64x64…`, `64x32…`), measured only at 17–128 rows, and the forms run in a candidate's
-/// place ([`FORMS`]), measured only where this rule runs them.
+/// place ([`FORMS`]), measured only where this rule runs them. (One of the forms,
+/// `64x64k2w1`, the area model also runs in one wave of a few hundred narrow rows:
+/// `choose::ONE_WAVE_64_ROW`.)
 pub(super) fn picked_only_here(v: &GemmVariant) -> bool {
     (CANDIDATES.contains(&v.name) && v.config.block_n < 128)
         || FORMS.iter().any(|f| f.form == v.name)
