@@ -304,8 +304,9 @@ const SPLIT_PARTIAL_K_BLOCKS: f64 = 6.0;
 /// The configuration the rule picks for an `m × n × k` problem on a GPU with `sm_count` SMs:
 /// the cheapest by [`estimated_cost`], split-K ones only where they split (`s ≥ 2`, i.e. the
 /// tiles fill at most half the SMs), ping-pong never (it runs by name in 16 bits), the narrow
-/// 64-row tiles only as `64x64k2w1` in one wave ([`ONE_WAVE_64_ROW`]; the others were
-/// measured only where the weights stream). Up to 128 rows, instead, the
+/// 64-row tiles only as `64x64k2w1` in one wave of at least three quarters of the SMs at
+/// K = 4096–8192 (the others were measured only where the weights stream). Up to 128 rows,
+/// instead, the
 /// fastest tile by a model of the weight stream (`host/src/gemm/weight_stream.rs`: the decode
 /// tiles at most 16 rows, the 64-row ones above), where that model holds (above 64 rows,
 /// where some candidate's tiles fit one wave).
