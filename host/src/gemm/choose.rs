@@ -222,8 +222,23 @@ fn cost_with_epilogue(
     let grid = split_grid(variant, m, n, k, sm_count)
         .map_or_else(|| tiles.min(slots), u64::from)
         .max(1);
+    let main_loop = if c.block_m == 64 && m > weight_stream::MAX_ROWS {
+        main_loop * SPLIT_64_ROW_MANY_ROWS
+    } else {
+        main_loop
+    };
     main_loop * split_k_blocks(variant, m, tiles, k_blocks as u64, grid) / k_blocks + epilogue
 }
+
+/// What a 64-row split tile's main loop costs over its base tile's above
+/// [`weight_stream::MAX_ROWS`] (the weight-stream band, where the other split costs were
+/// fitted): on 20 off-grid shapes of 160–1024 rows (N = 1024–3072, K = 8192–16384; NOTES step
+/// 87 (4), gemm-2026-12-04-7da7310-mid-rows-*) `64x128s` ran 1.12–1.42 of this model's
+/// estimate relative to the unsplit `64x128` in the same rounds, while the 128-row split tiles
+/// ran 0.6–1.1 of theirs. With [`SPLIT_PARTIAL_MANY_ROWS_K_BLOCKS`], this factor brings the
+/// rule from 2.1 % to 0.85 % off the fastest measured candidate over those records and the
+/// one-wave `64x64k2w1` survey's (68 in all; NOTES step 89).
+const SPLIT_64_ROW_MANY_ROWS: f64 = 1.3;
 
 /// Output tiles of `variant` on an `m × n` output, whole clusters.
 fn tile_count(variant: &GemmVariant, m: u64, n: u64) -> u64 {
@@ -252,7 +267,8 @@ fn split_k_blocks(variant: &GemmVariant, m: u64, tiles: u64, k_blocks: u64, grid
 /// (nothing for an uncut tile): [`SPLIT_ROUND_TRIP_K_BLOCKS`] per L2 round trip of the
 /// finishing warpgroup's sum (`⌈pieces / sum_group⌉` of them: `TileConfig::sum_group`) and
 /// [`SPLIT_PARTIAL_K_BLOCKS`] per piece and 64 real rows of partial sums (each piece stores
-/// them, the finisher reads them all back), plus [`SPLIT_DECODE_K_BLOCKS`] at most
+/// them, the finisher reads them all back; [`SPLIT_PARTIAL_MANY_ROWS_K_BLOCKS`] for a 128-row
+/// tile above [`weight_stream::MAX_ROWS`]), plus [`SPLIT_DECODE_K_BLOCKS`] at most
 /// [`DECODE_ROWS`] rows.
 fn split_hand_off(variant: &GemmVariant, m: u64, pieces: u32) -> f64 {
     if pieces <= 1 {
@@ -261,14 +277,17 @@ fn split_hand_off(variant: &GemmVariant, m: u64, pieces: u32) -> f64 {
     let c = variant.config;
     let round_trips = pieces.div_ceil(c.sum_group()) as f64;
     let rows = m.min(u64::from(c.block_m)) as f64 / 64.0;
+    let partial = if c.block_m >= 128 && m > weight_stream::MAX_ROWS {
+        SPLIT_PARTIAL_MANY_ROWS_K_BLOCKS
+    } else {
+        SPLIT_PARTIAL_K_BLOCKS
+    };
     let decode = if m <= DECODE_ROWS {
         SPLIT_DECODE_K_BLOCKS
     } else {
         0.0
     };
-    SPLIT_ROUND_TRIP_K_BLOCKS * round_trips
-        + SPLIT_PARTIAL_K_BLOCKS * f64::from(pieces) * rows
-        + decode
+    SPLIT_ROUND_TRIP_K_BLOCKS * round_trips + partial * f64::from(pieces) * rows + decode
 }
 
 /// Rows up to which a k-block of the main loop is a pure stream of weights (8–16 KiB of B,
@@ -300,6 +319,13 @@ const SPLIT_ROUND_TRIP_K_BLOCKS: f64 = 4.0;
 /// `64x128` at 70B QKV with 128 rows, faster at 8B fc2 with 128 rows; `128x256s` faster than
 /// `128x128` at 405B QKV with 512 rows.
 const SPLIT_PARTIAL_K_BLOCKS: f64 = 6.0;
+
+/// [`SPLIT_PARTIAL_K_BLOCKS`] for the 128-row split tiles above [`weight_stream::MAX_ROWS`]:
+/// there they ran 0.6–0.95 of this model's estimate where cut into 4–8 pieces (NOTES step 87
+/// (4)); refitted with [`SPLIT_64_ROW_MANY_ROWS`] on the same records (NOTES step 89). 3 fits
+/// them a little better but moves 768 × 1536 × 8192 from `128x80` to `128x144s`, measured 5 %
+/// slower.
+const SPLIT_PARTIAL_MANY_ROWS_K_BLOCKS: f64 = 4.0;
 
 /// The configuration the rule picks for an `m × n × k` problem on a GPU with `sm_count` SMs:
 /// the cheapest by [`estimated_cost`], split-K ones only where they split (`s ≥ 2`, i.e. the
@@ -775,16 +801,33 @@ mod tests {
         assert_eq!(choose_variant(512, 4096, 4096, 132).name, "128x128");
         assert_ne!(choose_variant(128, 5120, 8192, 132).name, "64x96k2");
         // Outside K = 4096–8192 (`ONE_WAVE_64_ROW_K_BLOCKS`) the tiles it measured slower
-        // than stay: `64x128` at 2048, the split `128x128s` at 14336 and 16384.
+        // than stay: `64x128` at 2048, the split 128-row tiles at 14336 and 16384.
         assert_eq!(choose_variant(768, 1024, 2048, 132).name, "64x128");
-        assert_eq!(choose_variant(768, 1024, 16384, 132).name, "128x128s");
-        assert_eq!(choose_variant(384, 2048, 14336, 132).name, "128x128s");
+        for (m, n, k) in [(768, 1024, 16384), (384, 2048, 14336)] {
+            let v = choose_variant(m, n, k, 132);
+            assert!(v.config.split_k && v.config.block_m == 128, "{m}x{n}x{k}: {}", v.name);
+        }
         // Nor where its tiles fill every SM (12 × 11 of them).
         assert_eq!(choose_variant(768, 1024, 8192, 132).name, "64x128");
         assert_ne!(
             choose_fp8_variant(256, 2304, 4096, 132, ScaleMode::Tensorwise).name,
             "64x96k2"
         );
+    }
+
+    #[test]
+    fn middle_rows_split_as_measured_fastest() {
+        // The off-grid middle rows of NOTES step 87 (4) where the split costs' refit (step 89)
+        // moves the rule to the candidate measured fastest (µs bf16, before → after):
+        // `64x128s` → `128x128s` 37.6 → 31.7, `128x128s` → `128x160s` 54.4 → 50.1. (It
+        // keeps `128x128s` at 384 × 2048 × 14336, 48.9 against `128x160s`' 45.1, and
+        // `64x96k2` at 256 × 2304 × 8192, 28.3 against `128x128s`' 27.2.)
+        for (m, n, k, tile) in [
+            (384, 1024, 16384, "128x128s"),
+            (768, 1024, 16384, "128x160s"),
+        ] {
+            assert_eq!(choose_variant(m, n, k, 132).name, tile, "{m}x{n}x{k}");
+        }
     }
 
     #[test]
