@@ -805,7 +805,11 @@ mod tests {
         assert_eq!(choose_variant(768, 1024, 2048, 132).name, "64x128");
         for (m, n, k) in [(768, 1024, 16384), (384, 2048, 14336)] {
             let v = choose_variant(m, n, k, 132);
-            assert!(v.config.split_k && v.config.block_m == 128, "{m}x{n}x{k}: {}", v.name);
+            assert!(
+                v.config.split_k && v.config.block_m == 128,
+                "{m}x{n}x{k}: {}",
+                v.name
+            );
         }
         // Nor where its tiles fill every SM (12 × 11 of them).
         assert_eq!(choose_variant(768, 1024, 8192, 132).name, "64x128");
