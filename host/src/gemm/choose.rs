@@ -222,7 +222,7 @@ fn cost_with_epilogue(
     let grid = split_grid(variant, m, n, k, sm_count)
         .map_or_else(|| tiles.min(slots), u64::from)
         .max(1);
-    let main_loop = if c.block_m == 64 && m > weight_stream::MAX_ROWS {
+    let main_loop = if c.block_m == 64 && m > weight_stream::MAX_ROWS && k_blocks >= 128.0 {
         main_loop * SPLIT_64_ROW_MANY_ROWS
     } else {
         main_loop
@@ -232,12 +232,14 @@ fn cost_with_epilogue(
 
 /// What a 64-row split tile's main loop costs over its base tile's above
 /// [`weight_stream::MAX_ROWS`] (the weight-stream band, where the other split costs were
-/// fitted): on 20 off-grid shapes of 160–1024 rows (N = 1024–3072, K = 8192–16384; NOTES step
-/// 87 (4), gemm-2026-12-04-7da7310-mid-rows-*) `64x128s` ran 1.12–1.42 of this model's
-/// estimate relative to the unsplit `64x128` in the same rounds, while the 128-row split tiles
-/// ran 0.6–1.1 of theirs. With [`SPLIT_PARTIAL_MANY_ROWS_K_BLOCKS`], this factor brings the
-/// rule from 2.1 % to 0.85 % off the fastest measured candidate over those records and the
-/// one-wave `64x64k2w1` survey's (68 in all; NOTES step 89).
+/// fitted) at K ≥ 8192: on 20 off-grid shapes of 160–1024 rows (N = 1024–3072, K =
+/// 8192–16384; NOTES step 87 (4), gemm-2026-12-04-7da7310-mid-rows-*) `64x128s` ran 1.12–1.42
+/// of this model's estimate relative to the unsplit `64x128` in the same rounds, while the
+/// 128-row split tiles ran 0.6–1.1 of theirs. With [`SPLIT_PARTIAL_MANY_ROWS_K_BLOCKS`], this
+/// factor brings the rule from 2.1 % to 0.6 % off the fastest measured candidate over those
+/// records and the one-wave `64x64k2w1` survey's (68 in all; NOTES step 89). At K = 4096 the
+/// split `64x128s` measured 14–20 % faster than what the factor moved it to (161 × 1024 ×
+/// 4096: 14.7 µs against `64x96k2`'s 16.7 and `64x128`'s 17.6), so it stops there.
 const SPLIT_64_ROW_MANY_ROWS: f64 = 1.3;
 
 /// Output tiles of `variant` on an `m × n` output, whole clusters.
@@ -268,7 +270,7 @@ fn split_k_blocks(variant: &GemmVariant, m: u64, tiles: u64, k_blocks: u64, grid
 /// finishing warpgroup's sum (`⌈pieces / sum_group⌉` of them: `TileConfig::sum_group`) and
 /// [`SPLIT_PARTIAL_K_BLOCKS`] per piece and 64 real rows of partial sums (each piece stores
 /// them, the finisher reads them all back; [`SPLIT_PARTIAL_MANY_ROWS_K_BLOCKS`] for a 128-row
-/// tile above [`weight_stream::MAX_ROWS`]), plus [`SPLIT_DECODE_K_BLOCKS`] at most
+/// tile in 3 or more pieces above [`weight_stream::MAX_ROWS`]), plus [`SPLIT_DECODE_K_BLOCKS`] at most
 /// [`DECODE_ROWS`] rows.
 fn split_hand_off(variant: &GemmVariant, m: u64, pieces: u32) -> f64 {
     if pieces <= 1 {
@@ -277,7 +279,7 @@ fn split_hand_off(variant: &GemmVariant, m: u64, pieces: u32) -> f64 {
     let c = variant.config;
     let round_trips = pieces.div_ceil(c.sum_group()) as f64;
     let rows = m.min(u64::from(c.block_m)) as f64 / 64.0;
-    let partial = if c.block_m >= 128 && m > weight_stream::MAX_ROWS {
+    let partial = if c.block_m >= 128 && m > weight_stream::MAX_ROWS && pieces >= 3 {
         SPLIT_PARTIAL_MANY_ROWS_K_BLOCKS
     } else {
         SPLIT_PARTIAL_K_BLOCKS
@@ -320,11 +322,13 @@ const SPLIT_ROUND_TRIP_K_BLOCKS: f64 = 4.0;
 /// `128x128` at 405B QKV with 512 rows.
 const SPLIT_PARTIAL_K_BLOCKS: f64 = 6.0;
 
-/// [`SPLIT_PARTIAL_K_BLOCKS`] for the 128-row split tiles above [`weight_stream::MAX_ROWS`]:
-/// there they ran 0.6–0.95 of this model's estimate where cut into 4–8 pieces (NOTES step 87
-/// (4)); refitted with [`SPLIT_64_ROW_MANY_ROWS`] on the same records (NOTES step 89). 3 fits
-/// them a little better but moves 768 × 1536 × 8192 from `128x80` to `128x144s`, measured 5 %
-/// slower.
+/// [`SPLIT_PARTIAL_K_BLOCKS`] for the 128-row split tiles cut into 3 or more pieces above
+/// [`weight_stream::MAX_ROWS`]: there they ran 0.6–0.95 of this model's estimate with 4–8
+/// pieces (NOTES step 87 (4)); refitted with [`SPLIT_64_ROW_MANY_ROWS`] on the same records
+/// (NOTES step 89). In two pieces it keeps the old price: with this one `128x160s` in two
+/// pieces took shapes from the one-wave `128x80` that it measured 0–9 % slower (449 × 2560 ×
+/// 14336, 961 × 1280 × 14336), and 3 for every split moves 768 × 1536 × 8192 from `128x80` to
+/// `128x144s`, 5 % slower.
 const SPLIT_PARTIAL_MANY_ROWS_K_BLOCKS: f64 = 4.0;
 
 /// The configuration the rule picks for an `m × n × k` problem on a GPU with `sm_count` SMs:
@@ -823,12 +827,16 @@ mod tests {
     fn middle_rows_split_as_measured_fastest() {
         // The off-grid middle rows of NOTES step 87 (4) where the split costs' refit (step 89)
         // moves the rule to the candidate measured fastest (µs bf16, before → after):
-        // `64x128s` → `128x128s` 37.6 → 31.7, `128x128s` → `128x160s` 54.4 → 50.1. (It
-        // keeps `128x128s` at 384 × 2048 × 14336, 48.9 against `128x160s`' 45.1, and
-        // `64x96k2` at 256 × 2304 × 8192, 28.3 against `128x128s`' 27.2.)
+        // `64x128s` → `128x128s` 37.6 → 31.7, `128x128s` → `128x160s` 48.9 → 45.1 and
+        // 54.4 → 50.1. (It keeps `64x96k2` at 256 × 2304 × 8192, 28.3 against `128x128s`'
+        // 27.2.) And the split `64x128s` stays at K = 4096, where it measured fastest (161 ×
+        // 1024 × 4096: 14.7 µs against `64x96k2`'s 16.7, NOTES step 89).
         for (m, n, k, tile) in [
             (384, 1024, 16384, "128x128s"),
+            (384, 2048, 14336, "128x160s"),
             (768, 1024, 16384, "128x160s"),
+            (161, 1024, 4096, "64x128s"),
+            (321, 512, 4096, "64x128s"),
         ] {
             assert_eq!(choose_variant(m, n, k, 132).name, tile, "{m}x{n}x{k}");
         }
