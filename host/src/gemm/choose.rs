@@ -270,7 +270,7 @@ fn split_k_blocks(variant: &GemmVariant, m: u64, tiles: u64, k_blocks: u64, grid
 /// finishing warpgroup's sum (`⌈pieces / sum_group⌉` of them: `TileConfig::sum_group`) and
 /// [`SPLIT_PARTIAL_K_BLOCKS`] per piece and 64 real rows of partial sums (each piece stores
 /// them, the finisher reads them all back; [`SPLIT_PARTIAL_MANY_ROWS_K_BLOCKS`] for a 128-row
-/// tile in 3 or more pieces above [`weight_stream::MAX_ROWS`]), plus [`SPLIT_DECODE_K_BLOCKS`] at most
+/// tile narrower than 256 in 3 or more pieces above [`weight_stream::MAX_ROWS`]), plus [`SPLIT_DECODE_K_BLOCKS`] at most
 /// [`DECODE_ROWS`] rows.
 fn split_hand_off(variant: &GemmVariant, m: u64, pieces: u32) -> f64 {
     if pieces <= 1 {
@@ -279,11 +279,12 @@ fn split_hand_off(variant: &GemmVariant, m: u64, pieces: u32) -> f64 {
     let c = variant.config;
     let round_trips = pieces.div_ceil(c.sum_group()) as f64;
     let rows = m.min(u64::from(c.block_m)) as f64 / 64.0;
-    let partial = if c.block_m >= 128 && m > weight_stream::MAX_ROWS && pieces >= 3 {
-        SPLIT_PARTIAL_MANY_ROWS_K_BLOCKS
-    } else {
-        SPLIT_PARTIAL_K_BLOCKS
-    };
+    let partial =
+        if c.block_m >= 128 && c.block_n < 256 && m > weight_stream::MAX_ROWS && pieces >= 3 {
+            SPLIT_PARTIAL_MANY_ROWS_K_BLOCKS
+        } else {
+            SPLIT_PARTIAL_K_BLOCKS
+        };
     let decode = if m <= DECODE_ROWS {
         SPLIT_DECODE_K_BLOCKS
     } else {
@@ -322,13 +323,15 @@ const SPLIT_ROUND_TRIP_K_BLOCKS: f64 = 4.0;
 /// `128x128` at 405B QKV with 512 rows.
 const SPLIT_PARTIAL_K_BLOCKS: f64 = 6.0;
 
-/// [`SPLIT_PARTIAL_K_BLOCKS`] for the 128-row split tiles cut into 3 or more pieces above
-/// [`weight_stream::MAX_ROWS`]: there they ran 0.6–0.95 of this model's estimate with 4–8
-/// pieces (NOTES step 87 (4)); refitted with [`SPLIT_64_ROW_MANY_ROWS`] on the same records
-/// (NOTES step 89). In two pieces it keeps the old price: with this one `128x160s` in two
-/// pieces took shapes from the one-wave `128x80` that it measured 0–9 % slower (449 × 2560 ×
-/// 14336, 961 × 1280 × 14336), and 3 for every split moves 768 × 1536 × 8192 from `128x80` to
-/// `128x144s`, 5 % slower.
+/// [`SPLIT_PARTIAL_K_BLOCKS`] for the 128-row split tiles narrower than 256 cut into 3 or
+/// more pieces above [`weight_stream::MAX_ROWS`]: there they ran 0.6–0.95 of this model's
+/// estimate with 4–8 pieces (NOTES step 87 (4)); refitted with [`SPLIT_64_ROW_MANY_ROWS`] on
+/// the same records (NOTES step 89). In two pieces it keeps the old price: with this one
+/// `128x160s` in two pieces took shapes from the one-wave `128x80` that it measured 0–9 %
+/// slower (449 × 2560 × 14336, 961 × 1280 × 14336), and 3 for every split moves 768 × 1536 ×
+/// 8192 from `128x80` to `128x144s`, 5 % slower. `128x256s` keeps it too: with this one, in
+/// FP8 it took 128 × 128's shapes at 257–897 rows and K = 28672, and measured 9–10 % slower
+/// there (83.3 against 75.4 µs at 257 × 3584 × 28672).
 const SPLIT_PARTIAL_MANY_ROWS_K_BLOCKS: f64 = 4.0;
 
 /// The configuration the rule picks for an `m × n × k` problem on a GPU with `sm_count` SMs:
@@ -839,6 +842,12 @@ mod tests {
             (321, 512, 4096, "64x128s"),
         ] {
             assert_eq!(choose_variant(m, n, k, 132).name, tile, "{m}x{n}x{k}");
+        }
+        // FP8's split `128x256s` keeps the old price: 128 × 128 measured 9–10 % faster at
+        // 257–897 rows and K = 28672 (14336 pairs).
+        for (m, n) in [(257, 3584), (513, 2048), (897, 1280)] {
+            let v = choose_fp8_variant(m, n, 14336, 132, ScaleMode::Tensorwise);
+            assert_eq!(v.name, "128x128", "{m}x{n}");
         }
     }
 
