@@ -222,7 +222,7 @@ fn cost_with_epilogue(
     let grid = split_grid(variant, m, n, k, sm_count)
         .map_or_else(|| tiles.min(slots), u64::from)
         .max(1);
-    let main_loop = if c.block_m == 64 && m > weight_stream::MAX_ROWS && k_blocks >= 128.0 {
+    let main_loop = if c.block_m == 64 && m > weight_stream::MAX_ROWS && k >= 8192 {
         main_loop * SPLIT_64_ROW_MANY_ROWS
     } else {
         main_loop
@@ -270,8 +270,8 @@ fn split_k_blocks(variant: &GemmVariant, m: u64, tiles: u64, k_blocks: u64, grid
 /// finishing warpgroup's sum (`⌈pieces / sum_group⌉` of them: `TileConfig::sum_group`) and
 /// [`SPLIT_PARTIAL_K_BLOCKS`] per piece and 64 real rows of partial sums (each piece stores
 /// them, the finisher reads them all back; [`SPLIT_PARTIAL_MANY_ROWS_K_BLOCKS`] for a 128-row
-/// tile narrower than 256 in 3 or more pieces above [`weight_stream::MAX_ROWS`]), plus [`SPLIT_DECODE_K_BLOCKS`] at most
-/// [`DECODE_ROWS`] rows.
+/// tile narrower than 256 in 3 or more pieces above [`weight_stream::MAX_ROWS`]), plus
+/// [`SPLIT_DECODE_K_BLOCKS`] at most [`DECODE_ROWS`] rows.
 fn split_hand_off(variant: &GemmVariant, m: u64, pieces: u32) -> f64 {
     if pieces <= 1 {
         return 0.0;
