@@ -4,9 +4,9 @@ use super::{Fp8GemmArgs, GemmArgs, GemmError, MatrixView, check};
 use crate::dtype::Dtype;
 use crate::fp8::ScaleMode;
 use crate::runtime::{
-    CudaStream, DeviceBuffer, Gpu, Kernel, KernelArgs, LaunchConfig, Module, RawStream,
-    RuntimeError, Swizzle, TensorMap2d, TensorMapDtype, TensorMapEncoding, TensorMapSpec, launch,
-    max_active_clusters,
+    CudaStream, DeviceBuffer, Gpu, Kernel, KernelArgs, L2Promotion, LaunchConfig, Module,
+    RawStream, RuntimeError, Swizzle, TensorMap2d, TensorMapDtype, TensorMapEncoding,
+    TensorMapSpec, launch, max_active_clusters,
 };
 use kernels_gpu::gemm_abi::{
     self, GemmParams, GemmVariant, OperandMaps, RowScales, SplitParams, StageHook, TileConfig,
@@ -217,22 +217,24 @@ impl GemmKernel {
                 .with_swizzle(swizzle)
         };
         // A and B travel by value in the parameter block: encoded only.
-        let operand_map = |v: &MatrixView, box_dims: (u32, u32)| {
-            TensorMapEncoding::new(&self.gpu, v.ptr, spec(v, box_dims, Swizzle::B128))
+        let operand_map = |v: &MatrixView, box_dims: (u32, u32), l2: L2Promotion| {
+            let spec = spec(v, box_dims, Swizzle::B128).with_l2_promotion(l2);
+            TensorMapEncoding::new(&self.gpu, v.ptr, spec)
         };
+        let (a_l2, b_l2) = (L2Promotion::B256, b_l2_promotion(&config));
         let operands = [
-            operand_map(&args.a, config.a_box())?,
-            operand_map(&args.b, config.b_box())?,
+            operand_map(&args.a, config.a_box(), a_l2)?,
+            operand_map(&args.b, config.b_box(), b_l2)?,
         ];
         // The last m-tile's A box stops at M and the last n-tile's B box at N
         // (`TileConfig::a_tail_box_rows`, `b_tail_box_rows`): a map of its own only where the
         // dimension ends inside a tile.
-        let tail_map = |v: &MatrixView, full: (u32, u32), tail: (u32, u32)| {
-            (tail != full).then(|| operand_map(v, tail)).transpose()
+        let tail_map = |v: &MatrixView, full: (u32, u32), tail: (u32, u32), l2: L2Promotion| {
+            (tail != full).then(|| operand_map(v, tail, l2)).transpose()
         };
         let tail_maps = [
-            tail_map(&args.a, config.a_box(), config.a_tail_box(m as u32))?,
-            tail_map(&args.b, config.b_box(), config.b_tail_box(n as u32))?,
+            tail_map(&args.a, config.a_box(), config.a_tail_box(m as u32), a_l2)?,
+            tail_map(&args.b, config.b_box(), config.b_tail_box(n as u32), b_l2)?,
         ];
         // D and C move in the epilogue's chunks, swizzled as the kernel stages them; the
         // parameter block holds their maps' device addresses.
@@ -428,6 +430,26 @@ fn launch_config(variant: &GemmVariant, grid: u32, pdl: bool) -> LaunchConfig {
         launch.with_cluster((config.cluster_m, 1, 1))
     } else {
         launch
+    }
+}
+
+/// K-blocks a block's ring must hold for B's loads to drop the 256-byte L2 promotion
+/// ([`b_l2_promotion`]).
+const DEEP_RING_K_BLOCKS: u32 = 12;
+
+/// The L2 promotion of B's loads (the weights in every schedule's stage GEMM). 256 bytes make
+/// each miss a one-k-block prefetch of the same weight rows, which pays where a block's ring
+/// holds few k-blocks (the 128-row tiles' 4–6, `64x128`'s 8: the next k-block's DRAM latency
+/// is exposed there). Rings of [`DEEP_RING_K_BLOCKS`] or more (the decode and narrow tiles,
+/// 12–22 k-blocks) hide that latency already, and their two- and four-k-block stages request
+/// both halves of a 256-byte span together, so the promotion only doubles fills in flight: 128
+/// bytes there (NOTES step 90: the decode grid 1–5 % faster on them, the 128-row tiles up to
+/// 3 % slower with 128).
+fn b_l2_promotion(config: &TileConfig) -> L2Promotion {
+    if config.stages * config.k_blocks_per_stage >= DEEP_RING_K_BLOCKS {
+        L2Promotion::B128
+    } else {
+        L2Promotion::B256
     }
 }
 
@@ -656,5 +678,27 @@ mod tests {
             Epilogue::for_args(&args(264, 1.0), short),
             Epilogue::Registers
         );
+    }
+
+    #[test]
+    fn only_deep_rings_drop_the_256_byte_promotion_of_b() {
+        // The tiles measured faster with 128 bytes (NOTES step 90) get them, the 128-row
+        // tiles and `64x128`, measured slower or level, keep 256.
+        let promotion = |name| b_l2_promotion(&crate::gemm::variant_named(name).unwrap().config);
+        for name in [
+            "16x64t4",
+            "16x128t2",
+            "16x128ts",
+            "64x64k2",
+            "64x64k2w1",
+            "64x64s",
+        ] {
+            assert_eq!(promotion(name), L2Promotion::B128, "{name}");
+        }
+        for name in [
+            "64x128w1", "64x128s", "64x96k2", "128x128", "128x224", "128x256",
+        ] {
+            assert_eq!(promotion(name), L2Promotion::B256, "{name}");
+        }
     }
 }

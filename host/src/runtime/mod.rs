@@ -44,4 +44,6 @@ pub use ipc::{IpcHandle, IpcMapping};
 pub use launch::{KernelArgs, LaunchConfig, launch, max_active_clusters};
 pub use memory::{DeviceBuffer, DeviceCopy};
 pub use module::{Kernel, Module, PtxOrigin};
-pub use tensor_map::{Swizzle, TensorMap2d, TensorMapDtype, TensorMapEncoding, TensorMapSpec};
+pub use tensor_map::{
+    L2Promotion, Swizzle, TensorMap2d, TensorMapDtype, TensorMapEncoding, TensorMapSpec,
+};

@@ -92,6 +92,26 @@ impl Swizzle {
     }
 }
 
+/// How wide the L2 makes a TMA load's requests (`CUtensorMapL2promotion`): a miss fetches the
+/// whole aligned span around the requested sectors from DRAM.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum L2Promotion {
+    /// 128-byte spans: for a 16-bit operand in 64-column boxes, exactly one box row.
+    B128,
+    /// 256-byte spans: a box row's miss also brings the next 128 bytes of the row (for the GEMM
+    /// operands, the same row of the next k-block) into L2: a one-k-block prefetch.
+    B256,
+}
+
+impl L2Promotion {
+    fn raw(self) -> sys::CUtensorMapL2promotion {
+        match self {
+            L2Promotion::B128 => sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+            L2Promotion::B256 => sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+        }
+    }
+}
+
 /// What a [`TensorMap2d`] describes: a row-major matrix and the box one TMA copy moves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TensorMapSpec {
@@ -109,11 +129,14 @@ pub struct TensorMapSpec {
     pub box_rows: u32,
     /// Shared-memory swizzle.
     pub swizzle: Swizzle,
+    /// L2 promotion of the loads.
+    pub l2_promotion: L2Promotion,
 }
 
 impl TensorMapSpec {
     /// A map of a `rows × cols` row-major matrix with leading dimension `ld`, moved in boxes of
-    /// `box_cols × box_rows`, with the 128-byte swizzle and 128-byte L2 promotion.
+    /// `box_cols × box_rows`, with the 128-byte swizzle and 256-byte L2 promotion (DeepGEMM's
+    /// choice; NOTES step 40a).
     #[must_use]
     pub fn new(
         dtype: TensorMapDtype,
@@ -131,6 +154,7 @@ impl TensorMapSpec {
             box_cols,
             box_rows,
             swizzle: Swizzle::B128,
+            l2_promotion: L2Promotion::B256,
         }
     }
 
@@ -138,6 +162,15 @@ impl TensorMapSpec {
     #[must_use]
     pub fn with_swizzle(self, swizzle: Swizzle) -> Self {
         TensorMapSpec { swizzle, ..self }
+    }
+
+    /// The same spec with another L2 promotion.
+    #[must_use]
+    pub fn with_l2_promotion(self, l2_promotion: L2Promotion) -> Self {
+        TensorMapSpec {
+            l2_promotion,
+            ..self
+        }
     }
 
     /// Elements a buffer must hold for this matrix: `(rows − 1) · ld + cols`.
@@ -243,8 +276,7 @@ fn encode(gpu: &Gpu, base: u64, spec: &TensorMapSpec) -> Result<sys::CUtensorMap
             element_strides.as_ptr(),
             sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
             spec.swizzle.raw(),
-            // TMA loads widen their L2 requests to 256 bytes (DeepGEMM's choice).
-            sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            spec.l2_promotion.raw(),
             sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
         )
     }
