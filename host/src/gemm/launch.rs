@@ -217,24 +217,37 @@ impl GemmKernel {
                 .with_swizzle(swizzle)
         };
         // A and B travel by value in the parameter block: encoded only.
-        let operand_map = |v: &MatrixView, box_dims: (u32, u32), l2: L2Promotion| {
-            let spec = spec(v, box_dims, Swizzle::B128).with_l2_promotion(l2);
+        let operand_map = |v: &MatrixView, box_dims: (u32, u32), prefetch_pays: bool| {
+            let spec = spec(v, box_dims, Swizzle::B128);
+            let spec = spec.with_l2_promotion(l2_promotion(&spec, v.ptr, prefetch_pays));
             TensorMapEncoding::new(&self.gpu, v.ptr, spec)
         };
-        let (a_l2, b_l2) = (L2Promotion::B256, b_l2_promotion(&config));
+        let (a_prefetch, b_prefetch) = (true, b_prefetch_pays(&config));
         let operands = [
-            operand_map(&args.a, config.a_box(), a_l2)?,
-            operand_map(&args.b, config.b_box(), b_l2)?,
+            operand_map(&args.a, config.a_box(), a_prefetch)?,
+            operand_map(&args.b, config.b_box(), b_prefetch)?,
         ];
         // The last m-tile's A box stops at M and the last n-tile's B box at N
         // (`TileConfig::a_tail_box_rows`, `b_tail_box_rows`): a map of its own only where the
         // dimension ends inside a tile.
-        let tail_map = |v: &MatrixView, full: (u32, u32), tail: (u32, u32), l2: L2Promotion| {
-            (tail != full).then(|| operand_map(v, tail, l2)).transpose()
+        let tail_map = |v: &MatrixView, full: (u32, u32), tail: (u32, u32), prefetch: bool| {
+            (tail != full)
+                .then(|| operand_map(v, tail, prefetch))
+                .transpose()
         };
         let tail_maps = [
-            tail_map(&args.a, config.a_box(), config.a_tail_box(m as u32), a_l2)?,
-            tail_map(&args.b, config.b_box(), config.b_tail_box(n as u32), b_l2)?,
+            tail_map(
+                &args.a,
+                config.a_box(),
+                config.a_tail_box(m as u32),
+                a_prefetch,
+            )?,
+            tail_map(
+                &args.b,
+                config.b_box(),
+                config.b_tail_box(n as u32),
+                b_prefetch,
+            )?,
         ];
         // D and C move in the epilogue's chunks, swizzled as the kernel stages them; the
         // parameter block holds their maps' device addresses.
@@ -434,22 +447,33 @@ fn launch_config(variant: &GemmVariant, grid: u32, pdl: bool) -> LaunchConfig {
 }
 
 /// K-blocks a block's ring must hold for B's loads to drop the 256-byte L2 promotion
-/// ([`b_l2_promotion`]).
+/// ([`b_prefetch_pays`]).
 const DEEP_RING_K_BLOCKS: u32 = 12;
 
-/// The L2 promotion of B's loads (the weights in every schedule's stage GEMM). 256 bytes make
-/// each miss a one-k-block prefetch of the same weight rows, which pays where a block's ring
-/// holds few k-blocks (the 128-row tiles' 4–6, `64x128`'s 8: the next k-block's DRAM latency
-/// is exposed there). Rings of [`DEEP_RING_K_BLOCKS`] or more (the decode and narrow tiles,
-/// 12–22 k-blocks) hide that latency already, and their two- and four-k-block stages request
-/// both halves of a 256-byte span together, so the promotion only doubles fills in flight: 128
-/// bytes there (NOTES step 90: the decode grid 1–5 % faster on them, the 128-row tiles up to
-/// 3 % slower with 128).
-fn b_l2_promotion(config: &TileConfig) -> L2Promotion {
-    if config.stages * config.k_blocks_per_stage >= DEEP_RING_K_BLOCKS {
-        L2Promotion::B128
-    } else {
+/// Whether the 256-byte L2 promotion's prefetch pays for B's loads (the weights in every
+/// schedule's stage GEMM). 256 bytes make each miss a one-k-block prefetch of the same weight
+/// rows, which pays where a block's ring holds few k-blocks (the 128-row tiles' 4–6,
+/// `64x128`'s 8: the next k-block's DRAM latency is exposed there). Rings of
+/// [`DEEP_RING_K_BLOCKS`] or more (the decode and narrow tiles, 12–22 k-blocks) hide that
+/// latency already, and their two- and four-k-block stages request both halves of a 256-byte
+/// span together, so the promotion only doubles fills in flight (NOTES step 90: the decode
+/// grid 1–5 % faster on them with 128 bytes, the 128-row tiles up to 3 % slower).
+fn b_prefetch_pays(config: &TileConfig) -> bool {
+    config.stages * config.k_blocks_per_stage < DEEP_RING_K_BLOCKS
+}
+
+/// The L2 promotion of the loads of an operand map at device address `base`: 256 bytes where
+/// the prefetch pays (`prefetch_pays`) and every row starts on a 32-byte boundary, else 128.
+/// Rows 16 bytes off a 32-byte boundary (the base, or every other row where the pitch is
+/// ≡ 16 mod 32 bytes: K ≡ 8 mod 16 for 2-byte elements) make each 128-byte box row straddle an
+/// extra sector, and with 256-byte spans such GEMMs ran 13–14 % slower (NOTES step 92:
+/// 7000 × 3000 × 5000 466 against 402 µs).
+fn l2_promotion(spec: &TensorMapSpec, base: u64, prefetch_pays: bool) -> L2Promotion {
+    let pitch = spec.ld * spec.dtype.size_bytes();
+    if prefetch_pays && pitch.is_multiple_of(32) && base.is_multiple_of(32) {
         L2Promotion::B256
+    } else {
+        L2Promotion::B128
     }
 }
 
@@ -684,7 +708,7 @@ mod tests {
     fn only_deep_rings_drop_the_256_byte_promotion_of_b() {
         // The tiles measured faster with 128 bytes (NOTES step 90) get them, the 128-row
         // tiles and `64x128`, measured slower or level, keep 256.
-        let promotion = |name| b_l2_promotion(&crate::gemm::variant_named(name).unwrap().config);
+        let pays = |name| b_prefetch_pays(&crate::gemm::variant_named(name).unwrap().config);
         for name in [
             "16x64t4",
             "16x128t2",
@@ -693,12 +717,25 @@ mod tests {
             "64x64k2w1",
             "64x64s",
         ] {
-            assert_eq!(promotion(name), L2Promotion::B128, "{name}");
+            assert!(!pays(name), "{name}");
         }
         for name in [
             "64x128w1", "64x128s", "64x96k2", "128x128", "128x224", "128x256",
         ] {
-            assert_eq!(promotion(name), L2Promotion::B256, "{name}");
+            assert!(pays(name), "{name}");
         }
+    }
+
+    #[test]
+    fn rows_off_32_byte_boundaries_drop_the_256_byte_promotion() {
+        let spec = |ld| TensorMapSpec::new(TensorMapDtype::Bf16, 64, 64, ld, 64, 64);
+        // K = 4992 and 6000: rows on 32-byte boundaries; 5000 and 3000 (≡ 8 mod 16): 16 off.
+        assert_eq!(l2_promotion(&spec(4992), 0x1000, true), L2Promotion::B256);
+        assert_eq!(l2_promotion(&spec(6000), 0x1000, true), L2Promotion::B256);
+        assert_eq!(l2_promotion(&spec(5000), 0x1000, true), L2Promotion::B128);
+        assert_eq!(l2_promotion(&spec(3000), 0x1000, true), L2Promotion::B128);
+        // A base 16 bytes off puts every row off.
+        assert_eq!(l2_promotion(&spec(4992), 0x1010, true), L2Promotion::B128);
+        assert_eq!(l2_promotion(&spec(4992), 0x1000, false), L2Promotion::B128);
     }
 }
