@@ -1,6 +1,6 @@
 //! Preparing and launching the GEMM stage kernel on one GPU.
-use super::choose::{choose_fp8_variant, choose_variant, raster_group_m, split_grid};
-use super::{Fp8GemmArgs, GemmArgs, GemmError, MatrixView, check};
+use super::choose::{choose_fp8_variant, choose_variant_for, raster_group_m, split_grid};
+use super::{Fp8GemmArgs, GemmArgs, GemmError, MatrixView, SectorAlignment, check};
 use crate::dtype::Dtype;
 use crate::fp8::ScaleMode;
 use crate::runtime::{
@@ -91,7 +91,8 @@ impl GemmKernel {
         &self.gpu
     }
 
-    /// Validates `args`, picks a tile configuration ([`choose_variant`]), builds the A and B
+    /// Validates `args`, picks a tile configuration ([`choose_variant_for`]: the shape and
+    /// where the operands' rows start), builds the A and B
     /// tensor maps (uploaded on `stream`) and the parameter block. The views must stay valid
     /// while the prepared GEMM is used.
     pub fn prepare(
@@ -100,7 +101,9 @@ impl GemmKernel {
         args: &GemmArgs,
     ) -> Result<PreparedGemm, GemmLaunchError> {
         let (m, n, k) = args.shape();
-        self.prepare_variant(stream, args, choose_variant(m, n, k, self.gpu.sm_count()))
+        let rows = SectorAlignment::of(args);
+        let variant = choose_variant_for(m, n, k, self.gpu.sm_count(), rows);
+        self.prepare_variant(stream, args, variant)
     }
 
     /// Like [`Self::prepare`] with the tile configuration given (an override of the rule).
@@ -152,7 +155,10 @@ impl GemmKernel {
         let (m, n, k) = args.shape();
         let sms = self.gpu.sm_count();
         match fp8 {
-            None => self.prepare_inputs(stream, args, choose_variant(m, n, k, sms), Inputs::Native),
+            None => {
+                let variant = choose_variant_for(m, n, k, sms, SectorAlignment::of(args));
+                self.prepare_inputs(stream, args, variant, Inputs::Native)
+            }
             Some(rows) => self.prepare_inputs(
                 stream,
                 args,
@@ -219,7 +225,8 @@ impl GemmKernel {
         // A and B travel by value in the parameter block: encoded only.
         let operand_map = |v: &MatrixView, box_dims: (u32, u32), prefetch_pays: bool| {
             let spec = spec(v, box_dims, Swizzle::B128);
-            let spec = spec.with_l2_promotion(l2_promotion(&spec, v.ptr, prefetch_pays));
+            let on_sectors = v.rows_on_sectors(args.dtype.size_bytes() as u64);
+            let spec = spec.with_l2_promotion(l2_promotion(on_sectors, prefetch_pays));
             TensorMapEncoding::new(&self.gpu, v.ptr, spec)
         };
         let (a_prefetch, b_prefetch) = (true, b_prefetch_pays(&config));
@@ -462,15 +469,13 @@ fn b_prefetch_pays(config: &TileConfig) -> bool {
     config.stages * config.k_blocks_per_stage < DEEP_RING_K_BLOCKS
 }
 
-/// The L2 promotion of the loads of an operand map at device address `base`: 256 bytes where
-/// the prefetch pays (`prefetch_pays`) and every row starts on a 32-byte boundary, else 128.
-/// Rows 16 bytes off a 32-byte boundary (the base, or every other row where the pitch is
-/// ≡ 16 mod 32 bytes: K ≡ 8 mod 16 for 2-byte elements) make each 128-byte box row straddle an
-/// extra sector, and with 256-byte spans such GEMMs ran 13–14 % slower (NOTES step 92:
-/// 7000 × 3000 × 5000 466 against 402 µs).
-fn l2_promotion(spec: &TensorMapSpec, base: u64, prefetch_pays: bool) -> L2Promotion {
-    let pitch = spec.ld * spec.dtype.size_bytes();
-    if prefetch_pays && pitch.is_multiple_of(32) && base.is_multiple_of(32) {
+/// The L2 promotion of the loads of an operand map: 256 bytes where the prefetch pays
+/// (`prefetch_pays`) and every row starts on a 32-byte boundary (`rows_on_sectors`, see
+/// [`SectorAlignment`]), else 128. Rows 16 bytes off a 32-byte boundary make each 128-byte box
+/// row straddle an extra sector, and with 256-byte spans such GEMMs ran 13–14 % slower (NOTES
+/// step 92: 7000 × 3000 × 5000 466 against 402 µs).
+fn l2_promotion(rows_on_sectors: bool, prefetch_pays: bool) -> L2Promotion {
+    if prefetch_pays && rows_on_sectors {
         L2Promotion::B256
     } else {
         L2Promotion::B128
@@ -728,14 +733,40 @@ mod tests {
 
     #[test]
     fn rows_off_32_byte_boundaries_drop_the_256_byte_promotion() {
-        let spec = |ld| TensorMapSpec::new(TensorMapDtype::Bf16, 64, 64, ld, 64, 64);
+        let on_sectors = |ptr, ld| {
+            MatrixView {
+                ptr,
+                rows: 64,
+                cols: 64,
+                ld,
+            }
+            .rows_on_sectors(2)
+        };
         // K = 4992 and 6000: rows on 32-byte boundaries; 5000 and 3000 (≡ 8 mod 16): 16 off.
-        assert_eq!(l2_promotion(&spec(4992), 0x1000, true), L2Promotion::B256);
-        assert_eq!(l2_promotion(&spec(6000), 0x1000, true), L2Promotion::B256);
-        assert_eq!(l2_promotion(&spec(5000), 0x1000, true), L2Promotion::B128);
-        assert_eq!(l2_promotion(&spec(3000), 0x1000, true), L2Promotion::B128);
+        assert_eq!(
+            l2_promotion(on_sectors(0x1000, 4992), true),
+            L2Promotion::B256
+        );
+        assert_eq!(
+            l2_promotion(on_sectors(0x1000, 6000), true),
+            L2Promotion::B256
+        );
+        assert_eq!(
+            l2_promotion(on_sectors(0x1000, 5000), true),
+            L2Promotion::B128
+        );
+        assert_eq!(
+            l2_promotion(on_sectors(0x1000, 3000), true),
+            L2Promotion::B128
+        );
         // A base 16 bytes off puts every row off.
-        assert_eq!(l2_promotion(&spec(4992), 0x1010, true), L2Promotion::B128);
-        assert_eq!(l2_promotion(&spec(4992), 0x1000, false), L2Promotion::B128);
+        assert_eq!(
+            l2_promotion(on_sectors(0x1010, 4992), true),
+            L2Promotion::B128
+        );
+        assert_eq!(
+            l2_promotion(on_sectors(0x1000, 4992), false),
+            L2Promotion::B128
+        );
     }
 }

@@ -11,15 +11,18 @@ mod check;
 mod choose;
 mod fp8;
 mod launch;
+mod sectors;
 mod weight_stream;
 
 pub use check::{GemmError, check};
 pub use choose::{
-    choose_fp8_variant, choose_variant, estimated_cost, raster_group_m, split_grid, variant_named,
+    choose_fp8_variant, choose_variant, choose_variant_for, estimated_cost, raster_group_m,
+    split_grid, variant_named,
 };
 pub use fp8::{Fp8GemmArgs, Fp8Scales};
 pub use kernels_gpu::gemm_abi::{GemmVariant, VARIANTS};
 pub use launch::{GemmKernel, GemmLaunchError, PreparedGemm};
+pub use sectors::SectorAlignment;
 
 use crate::dtype::Dtype;
 

@@ -33,6 +33,7 @@
 //! waves, then more blocks (more of the weight stream in flight: at the DRAM floor 128 blocks
 //! of `64x32k2` measured 4 % faster than 64 of `64x64k2`), then the shorter stage-bound time.
 use super::choose::{DECODE_ROWS, split_grid};
+use super::sectors::SectorAlignment;
 use kernels_gpu::gemm_abi::{BLOCK_K, GemmVariant, TileConfig, VARIANTS};
 use kernels_gpu::layout::stream_k::StreamK;
 
@@ -190,27 +191,58 @@ fn form_of(v: &'static GemmVariant, m: u64, k: u64) -> &'static GemmVariant {
         .unwrap_or(v)
 }
 
-/// Time of one ring stage of one block of `c`, µs: the consumers' hand-off or the tensor
-/// cores' work, whichever is longer.
-fn stage_us(c: &TileConfig) -> f64 {
+/// Time of one ring stage of one block of `c` on `m` rows, µs: the consumers' hand-off, the
+/// tensor cores' work or, where rows start off 32-byte boundaries, the L2 requests of those
+/// the stage loads ([`OFF_SECTOR_ROW_US`] each; A's box stops at M), whichever is longest.
+fn stage_us(c: &TileConfig, m: u64, rows: SectorAlignment) -> f64 {
     let hand_off = if c.k_blocks_per_stage == 2 {
         TWO_K_BLOCK_STAGE_US
     } else {
         STAGE_US
     };
     let flop = 2.0 * f64::from(c.block_m * c.block_n * BLOCK_K * c.k_blocks_per_stage);
-    hand_off.max(flop / SM_TENSOR_FLOP_PER_US)
+    let a_rows = m.min(u64::from(c.block_m)) as f64;
+    let off_sector = rows.off_sector_rows(a_rows, f64::from(c.block_n))
+        * f64::from(c.k_blocks_per_stage)
+        * OFF_SECTOR_ROW_US;
+    hand_off.max(flop / SM_TENSOR_FLOP_PER_US).max(off_sector)
 }
 
-/// The estimate of `variant` on an `m × n × k` problem on `sm_count` SMs, or `None` for a
-/// split-K configuration that would not split ([`split_grid`]).
-fn estimate(variant: &GemmVariant, m: u64, n: u64, k: u64, sm_count: u32) -> Option<Estimate> {
+/// What one block spends per row it loads that starts off a 32-byte boundary, µs: the
+/// stage-bound 64-row tiles with few blocks measured 1.9–2.3 ns a row (32 blocks of
+/// `64x128w1`, 64 of `64x64k2` and of `128x128`: 64 × 4096 × 8200, 96 × 8192 × 4104 and
+/// 128 × 6144 × 4104, `benches/results/gemm-2026-12-04-cc712bf-offsector-d128-*`;
+/// kernels-gpu/NOTES.md step 93), against ~0.5 ns on aligned rows.
+const OFF_SECTOR_ROW_US: f64 = 0.0021;
+
+/// The rate at which the whole GPU loads rows that start off 32-byte boundaries, rows per µs:
+/// 35–38 thousand on the same records wherever 80 or more blocks ran (`64x32k2`, `64x128w1` at
+/// 96 and 128 rows, `128x128s`), under the DRAM floor's rate for their bytes.
+const OFF_SECTOR_ROWS_PER_US: f64 = 37_000.0;
+
+/// The estimate of `variant` on an `m × n × k` problem whose operands' rows start where `rows`
+/// says, on `sm_count` SMs, or `None` for a split-K configuration that would not split
+/// ([`split_grid`]).
+fn estimate(
+    variant: &GemmVariant,
+    (m, n, k): (u64, u64, u64),
+    rows: SectorAlignment,
+    sm_count: u32,
+) -> Option<Estimate> {
     let c = variant.config;
     let slots = u64::from(sm_count.max(1));
-    let tiles = m.div_ceil(u64::from(c.block_m)) * n.div_ceil(u64::from(c.block_n));
+    let m_tiles = m.div_ceil(u64::from(c.block_m));
+    let n_tiles = n.div_ceil(u64::from(c.block_n));
+    let tiles = m_tiles * n_tiles;
     let k_blocks = k.div_ceil(u64::from(BLOCK_K)).max(1);
     let kps = u64::from(c.k_blocks_per_stage);
-    let stage = stage_us(&c);
+    let stage = stage_us(&c, m, rows);
+    // Every row the grid loads off a 32-byte boundary, at the GPU's rate for them: each
+    // n-tile's column of tiles reads A's M rows, each tile B's box, every k-block.
+    let off_sector_us = rows
+        .off_sector_rows((n_tiles * m) as f64, (tiles * u64::from(c.block_n)) as f64)
+        * k_blocks as f64
+        / OFF_SECTOR_ROWS_PER_US;
     // Bytes of B one tile streams.
     let tile_bytes = (u64::from(c.block_n) * k * 2) as f64;
     if c.split_k {
@@ -218,10 +250,10 @@ fn estimate(variant: &GemmVariant, m: u64, n: u64, k: u64, sm_count: u32) -> Opt
         let partition = StreamK::new(tiles as u32, k_blocks as u32, grid as u32);
         let stage_us = (tiles * k_blocks).div_ceil(grid) as f64 * stage;
         // Each n-tile's B once (the m-tiles of a column read it together).
-        let n_tiles = n.div_ceil(u64::from(c.block_n));
         let dram_us = n_tiles as f64 * tile_bytes / DRAM_BYTES_PER_US;
         return Some(Estimate {
-            total_us: stage_us.max(dram_us) + split_hand_off_us(partition.max_pieces()),
+            total_us: stage_us.max(dram_us).max(off_sector_us)
+                + split_hand_off_us(partition.max_pieces()),
             stage_us,
             waves: 1,
             blocks: grid,
@@ -231,8 +263,7 @@ fn estimate(variant: &GemmVariant, m: u64, n: u64, k: u64, sm_count: u32) -> Opt
     let waves = tiles.div_ceil(slots);
     // The tile order walks a band's m-tiles first (`raster`), so a wave's blocks come in
     // columns of `m_tiles` sharing one n-tile's B.
-    let m_tiles = m.div_ceil(u64::from(c.block_m));
-    let total_us = (0..waves)
+    let total_us: f64 = (0..waves)
         .map(|w| {
             let blocks = (tiles - w * slots).min(slots);
             let n_tiles = blocks.div_ceil(m_tiles);
@@ -240,7 +271,7 @@ fn estimate(variant: &GemmVariant, m: u64, n: u64, k: u64, sm_count: u32) -> Opt
         })
         .sum();
     Some(Estimate {
-        total_us,
+        total_us: total_us.max(off_sector_us),
         stage_us: stage_us * waves as f64,
         waves,
         blocks: tiles.min(slots),
@@ -252,8 +283,14 @@ fn estimate(variant: &GemmVariant, m: u64, n: u64, k: u64, sm_count: u32) -> Opt
 /// broken as the module says (then by the order of [`VARIANTS`]), in its other form
 /// where that measured faster ([`FORMS`]); `None` above 64 rows where no candidate
 /// fits one wave.
-pub(super) fn choose(m: u64, n: u64, k: u64, sm_count: u32) -> Option<&'static GemmVariant> {
-    choose_among(m, n, k, sm_count, false).map(|v| form_of(v, m, k))
+pub(super) fn choose(
+    m: u64,
+    n: u64,
+    k: u64,
+    sm_count: u32,
+    rows: SectorAlignment,
+) -> Option<&'static GemmVariant> {
+    choose_among((m, n, k), rows, sm_count, false).map(|v| form_of(v, m, k))
 }
 
 /// [`choose`] for an FP8 GEMM of 17–[`FP8_MAX_ROWS`] rows whose K is `k_pairs` e4m3 pairs
@@ -266,15 +303,20 @@ pub(super) fn choose_fp8(
     k_pairs: u64,
     sm_count: u32,
 ) -> Option<&'static GemmVariant> {
-    choose_among(m, n, k_pairs, sm_count, true)
+    choose_among((m, n, k_pairs), SectorAlignment::ALIGNED, sm_count, true)
 }
 
-fn choose_among(m: u64, n: u64, k: u64, sm_count: u32, e4m3: bool) -> Option<&'static GemmVariant> {
+fn choose_among(
+    (m, n, k): (u64, u64, u64),
+    rows: SectorAlignment,
+    sm_count: u32,
+    e4m3: bool,
+) -> Option<&'static GemmVariant> {
     let one_wave_only = m > ONE_M_TILE_ROWS;
     let estimates: Vec<(&'static GemmVariant, Estimate)> = VARIANTS
         .iter()
         .filter(|v| competes(v, m, e4m3))
-        .filter_map(|v| Some((v, estimate(v, m, n, k, sm_count)?)))
+        .filter_map(|v| Some((v, estimate(v, (m, n, k), rows, sm_count)?)))
         .filter(|(_, e)| !one_wave_only || e.waves == 1)
         .collect();
     let fastest = estimates
@@ -321,7 +363,7 @@ mod tests {
             (16384, 6656, "64x128"), // 405B fc2: 59.0
         ];
         for (n, k, pick) in cases {
-            let model = choose_among(64, n, k, 132, false).unwrap();
+            let model = choose_among((64, n, k), SectorAlignment::ALIGNED, 132, false).unwrap();
             assert_eq!(model.name, pick, "64 x {n} x {k}");
         }
     }
@@ -351,8 +393,19 @@ mod tests {
                 continue;
             }
             // The model's pick (16 bits: before its other form, which these records predate;
-            // `runs_each_form_where_that_measured_faster`).
-            let pick = choose_among(m, n, if e4m3 { k.div_ceil(2) } else { k }, 132, e4m3);
+            // `runs_each_form_where_that_measured_faster`), on dense operands (FP8's rule
+            // takes every row as aligned).
+            let rows = if e4m3 {
+                SectorAlignment::ALIGNED
+            } else {
+                SectorAlignment::dense(2 * k)
+            };
+            let pick = choose_among(
+                (m, n, if e4m3 { k.div_ceil(2) } else { k }),
+                rows,
+                132,
+                e4m3,
+            );
             let Some(pick) = pick else { continue };
             // Each candidate's time: as an extra column, or as the rule's own slot.
             let measured = |name: &str| {
@@ -496,7 +549,8 @@ mod tests {
             for r in &records {
                 let dim = |key: &str| r[key].as_u64().unwrap();
                 let (m, n, k) = (dim("m"), dim("n"), dim("k"));
-                let Some(candidate) = choose_among(m, n, k, 132, false) else {
+                let Some(candidate) = choose_among((m, n, k), SectorAlignment::ALIGNED, 132, false)
+                else {
                     continue;
                 };
                 if FORMS[i].candidate != candidate.name {
@@ -511,7 +565,7 @@ mod tests {
                     })
                 };
                 let best = time(candidate.name).min(time(FORMS[i].form));
-                let pick = choose(m, n, k, 132).unwrap();
+                let pick = choose(m, n, k, 132, SectorAlignment::ALIGNED).unwrap();
                 let ratio = time(pick.name) / best;
                 assert!(
                     ratio <= 1.01,
@@ -559,19 +613,69 @@ mod tests {
             );
         }
         // `64x64k2w1` above one m-tile from K = 8192; never at 64 rows or K = 4096.
-        assert_eq!(choose(128, 4096, 14336, 132).unwrap().name, "64x64k2w1");
-        assert_eq!(choose(96, 3584, 8192, 132).unwrap().name, "64x64k2w1");
-        assert_eq!(choose(128, 4096, 4096, 132).unwrap().name, "64x64k2");
-        assert_eq!(choose(64, 8192, 14336, 132).unwrap().name, "64x64k2");
+        assert_eq!(
+            choose(128, 4096, 14336, 132, SectorAlignment::ALIGNED)
+                .unwrap()
+                .name,
+            "64x64k2w1"
+        );
+        assert_eq!(
+            choose(96, 3584, 8192, 132, SectorAlignment::ALIGNED)
+                .unwrap()
+                .name,
+            "64x64k2w1"
+        );
+        assert_eq!(
+            choose(128, 4096, 4096, 132, SectorAlignment::ALIGNED)
+                .unwrap()
+                .name,
+            "64x64k2"
+        );
+        assert_eq!(
+            choose(64, 8192, 14336, 132, SectorAlignment::ALIGNED)
+                .unwrap()
+                .name,
+            "64x64k2"
+        );
         // `64x128w1` from one whole m-tile at any K (70B QKV at TP 2, 8B QKV, 405B o-proj at
         // TP 8); `64x128` below it.
-        assert_eq!(choose(128, 5120, 8192, 132).unwrap().name, "64x128w1");
-        assert_eq!(choose(128, 6144, 4096, 132).unwrap().name, "64x128w1");
-        assert_eq!(choose(64, 16384, 2048, 132).unwrap().name, "64x128w1");
-        assert_eq!(choose(48, 28672, 8192, 132).unwrap().name, "64x128");
+        assert_eq!(
+            choose(128, 5120, 8192, 132, SectorAlignment::ALIGNED)
+                .unwrap()
+                .name,
+            "64x128w1"
+        );
+        assert_eq!(
+            choose(128, 6144, 4096, 132, SectorAlignment::ALIGNED)
+                .unwrap()
+                .name,
+            "64x128w1"
+        );
+        assert_eq!(
+            choose(64, 16384, 2048, 132, SectorAlignment::ALIGNED)
+                .unwrap()
+                .name,
+            "64x128w1"
+        );
+        assert_eq!(
+            choose(48, 28672, 8192, 132, SectorAlignment::ALIGNED)
+                .unwrap()
+                .name,
+            "64x128"
+        );
         // `16x64t4` wherever the model takes `16x64t2` (8B QKV and o-proj at 1 and 16 tokens).
-        assert_eq!(choose(16, 6144, 4096, 132).unwrap().name, "16x64t4");
-        assert_eq!(choose(1, 4096, 4096, 132).unwrap().name, "16x64t4");
+        assert_eq!(
+            choose(16, 6144, 4096, 132, SectorAlignment::ALIGNED)
+                .unwrap()
+                .name,
+            "16x64t4"
+        );
+        assert_eq!(
+            choose(1, 4096, 4096, 132, SectorAlignment::ALIGNED)
+                .unwrap()
+                .name,
+            "16x64t4"
+        );
     }
 
     /// FP8 at 32 and 64 rows over the grid's decode weights (tensor-wise, every 64-row tile
@@ -612,8 +716,8 @@ mod tests {
     fn more_rows_are_more_tiles_and_every_row_count_gets_a_tile() {
         for m in 1..=MAX_ROWS {
             for (n, k) in [(8, 64), (1000, 1000), (4096, 4096), (28672, 8192)] {
-                let model = choose_among(m, n, k, 132, false);
-                match (model, choose(m, n, k, 132)) {
+                let model = choose_among((m, n, k), SectorAlignment::ALIGNED, 132, false);
+                match (model, choose(m, n, k, 132, SectorAlignment::ALIGNED)) {
                     // The model's pick, or its other form.
                     (Some(v), Some(run)) => {
                         assert!(competes(v, m, false), "{m} x {n} x {k}: {}", v.name);
@@ -633,21 +737,27 @@ mod tests {
         // At the DRAM floor the time is the bytes: 132 blocks of 64 × 64 tiles on K = 4096
         // (stages 64 · 0.175 = 11.2 µs) read 17.3 µs of weights, 100 blocks 13.1 µs.
         let v = variant_named("64x64").unwrap();
-        let few = estimate(v, 64, 100 * 64, 4096, 132).unwrap();
-        let wave = estimate(v, 64, 132 * 64, 4096, 132).unwrap();
+        let few = estimate(v, (64, 100 * 64, 4096), SectorAlignment::ALIGNED, 132).unwrap();
+        let wave = estimate(v, (64, 132 * 64, 4096), SectorAlignment::ALIGNED, 132).unwrap();
         assert!((wave.total_us / few.total_us - 1.32).abs() < 1e-9);
         assert!((few.stage_us - 11.2).abs() < 1e-9);
         // Two m-tiles of one column read its B once: 128 rows of 66 columns of 64 × 64 tiles
         // (132 blocks) take the DRAM time of 66.
-        let pair = estimate(v, 128, 66 * 64, 4096, 132).unwrap();
-        let single = estimate(v, 64, 66 * 64, 4096, 132).unwrap();
+        let pair = estimate(v, (128, 66 * 64, 4096), SectorAlignment::ALIGNED, 132).unwrap();
+        let single = estimate(v, (64, 66 * 64, 4096), SectorAlignment::ALIGNED, 132).unwrap();
         assert_eq!((pair.blocks, pair.total_us), (132, single.total_us));
     }
 
     /// A 128-row tile's stage is its tensor work; a 64-row tile's the hand-off.
     #[test]
     fn stage_times_are_the_hand_off_or_the_tensor_work() {
-        let stage = |name: &str| stage_us(&variant_named(name).unwrap().config);
+        let stage = |name: &str| {
+            stage_us(
+                &variant_named(name).unwrap().config,
+                64,
+                SectorAlignment::ALIGNED,
+            )
+        };
         assert_eq!(stage("64x128"), STAGE_US);
         assert_eq!(stage("64x32k2"), TWO_K_BLOCK_STAGE_US);
         assert!((stage("128x128") - 0.28).abs() < 0.01);
