@@ -437,12 +437,25 @@ pub const TILE_192X192: TileConfig = TileConfig {
     swap_ab: false,
     k_blocks_per_stage: 1,
 };
+/// 192×192 tiles in 2-block clusters sharing B (96 of its rows loaded by each block): 288 rows
+/// of operands a block per 36 864 outputs, for rows that start off 32-byte boundaries, where
+/// the L2 requests of the rows a block loads bound the main loop (`host/src/gemm/sectors.rs`).
+pub const TILE_192X192_CLUSTER2: TileConfig = TileConfig {
+    cluster_m: 2,
+    ..TILE_192X192
+};
 /// 128×224 tiles, 4 stages: for widths that 224 divides into a tile count just under whole
 /// waves where 256 leaves a badly filled last wave (7168 = 32 · 224: 512 tiles of a 2048-row
 /// problem are 3.9 waves of 132, 448 wide ones 3.4).
 pub const TILE_128X224: TileConfig = TileConfig {
     block_n: 224,
     ..TILE_128X256
+};
+/// 128×224 tiles in 2-block clusters sharing B (for rows off 32-byte boundaries, as
+/// [`TILE_192X192_CLUSTER2`]).
+pub const TILE_128X224_CLUSTER2: TileConfig = TileConfig {
+    cluster_m: 2,
+    ..TILE_128X224
 };
 /// 128×192 tiles, 4 stages (40 KiB each; five do not fit beside the staging buffers): for
 /// widths that 192 divides into about a wave of tiles where 224 and 256 leave SMs idle
@@ -452,6 +465,12 @@ pub const TILE_128X192: TileConfig = TileConfig {
     block_n: 192,
     ..TILE_128X256
 };
+/// 128×192 tiles in 2-block clusters sharing B (for rows off 32-byte boundaries, as
+/// [`TILE_192X192_CLUSTER2`]).
+pub const TILE_128X192_CLUSTER2: TileConfig = TileConfig {
+    cluster_m: 2,
+    ..TILE_128X192
+};
 /// 128×160 tiles, 5 stages (36 KiB each): for widths that 160 divides into about a wave of
 /// tiles where wider ones leave SMs idle (5120 = 32 · 160: a 512-row problem is 128 tiles on
 /// 132 SMs, where 224-wide tiles make 92 and 256-wide ones 80).
@@ -459,6 +478,12 @@ pub const TILE_128X160: TileConfig = TileConfig {
     block_n: 160,
     stages: 5,
     ..TILE_128X256
+};
+/// 128×160 tiles in 2-block clusters sharing B (for rows off 32-byte boundaries, as
+/// [`TILE_192X192_CLUSTER2`]).
+pub const TILE_128X160_CLUSTER2: TileConfig = TileConfig {
+    cluster_m: 2,
+    ..TILE_128X160
 };
 /// 128×128 tiles, 6 stages: twice the tiles, for problems whose 128×256 tile count leaves a
 /// badly filled last wave.
@@ -779,9 +804,13 @@ macro_rules! gemm_variants {
             "128x256" => gemm_bf16_128x256, gemm_f16_128x256, TILE_128X256, Tile128x256, e4m3 gemm_e4m3_128x256;
             "128x256c2" => gemm_bf16_128x256c2, gemm_f16_128x256c2, TILE_128X256_CLUSTER2, Tile128x256C2;
             "192x192" => gemm_bf16_192x192, gemm_f16_192x192, TILE_192X192, Tile192x192;
+            "192x192c2" => gemm_bf16_192x192c2, gemm_f16_192x192c2, TILE_192X192_CLUSTER2, Tile192x192C2;
             "128x224" => gemm_bf16_128x224, gemm_f16_128x224, TILE_128X224, Tile128x224;
+            "128x224c2" => gemm_bf16_128x224c2, gemm_f16_128x224c2, TILE_128X224_CLUSTER2, Tile128x224C2;
             "128x192" => gemm_bf16_128x192, gemm_f16_128x192, TILE_128X192, Tile128x192;
+            "128x192c2" => gemm_bf16_128x192c2, gemm_f16_128x192c2, TILE_128X192_CLUSTER2, Tile128x192C2;
             "128x160" => gemm_bf16_128x160, gemm_f16_128x160, TILE_128X160, Tile128x160;
+            "128x160c2" => gemm_bf16_128x160c2, gemm_f16_128x160c2, TILE_128X160_CLUSTER2, Tile128x160C2;
             "128x128" => gemm_bf16_128x128, gemm_f16_128x128, TILE_128X128, Tile128x128, e4m3 gemm_e4m3_128x128;
             "128x128c2" => gemm_bf16_128x128c2, gemm_f16_128x128c2, TILE_128X128_CLUSTER2, Tile128x128C2;
             "128x96" => gemm_bf16_128x96, gemm_f16_128x96, TILE_128X96, Tile128x96;

@@ -24,7 +24,8 @@ fn cost_per_element(variant: &GemmVariant) -> f64 {
     match variant.name.strip_suffix('s').unwrap_or(variant.name) {
         // 2-block clusters (B multicast) measured within noise of the same tile without them
         // (benches/results/gemm-2026-11-30-b3588aa-variants.md): equal cost, so ties keep the
-        // simpler launch, which comes first in `VARIANTS`.
+        // simpler launch, which comes first in `VARIANTS`. So for every width's clusters
+        // (`…c2`): they win only where rows start off 32-byte boundaries (`main_loop_cost`).
         "128x256" | "128x256c2" => 1.0,
         // 1.035–1.087 (mean 1.063) over the full-wave shapes (8192³ and the TP=2 stage
         // shapes, bf16 and f16) of the two interleaved runs
@@ -35,7 +36,7 @@ fn cost_per_element(variant: &GemmVariant) -> f64 {
         // relative to 128×256: 5 % more operand bytes from L2, 3 % more shared-memory reads
         // by the wgmmas, 14 % more pipeline handshakes and 7 epilogue chunks of 32 columns
         // instead of 4 of 64.
-        "128x224" => 1.02,
+        "128x224" | "128x224c2" => 1.02,
         // Measured per k-block of one wave at 512 × 6144 × K (ncu, boost clocks, K = 1024 …
         // 16384; ncu-2026-12-02-df32b06-512x6144-k-sweep): 0.504 µs a k-block of a 128×192
         // tile against 0.559 of a 128×224 one, 5.2 % more per output element, so 1.02 · 1.052
@@ -43,14 +44,14 @@ fn cost_per_element(variant: &GemmVariant) -> f64 {
         // short: 512 × 6144 × 4096 (8B QKV, 128 tiles) 41.5 µs against 128×224's 45.5. At
         // 3000 × 5000 × 4096 it measured 1–4 % faster than 128×160 (5 waves against 6), which
         // this cost does not see (it would need 1.045 or less).
-        "128x192" => 1.07,
+        "128x192" | "128x192c2" => 1.07,
         // Estimated from operand bytes before it was measured: 128×160 reads 20 % more per
         // output element than 128×256 (1/160 + 1/128 against 1/256 + 1/128), between
         // 128×224's 5 % (1.02) and 128×128's 33 % (1.06). Measured 1.035–1.046 per output
         // element of 128×256 on full waves (70B QKV at TP 2 and 8B QKV, 8192 rows, bf16 and
         // f16: gemm-grid-2026-12-02-2c11ec7-qkv). It wins where 160 divides N into about a
         // wave: 70B QKV with 512 rows, 128 tiles, 66.7 µs against 128×224's 79.4.
-        "128x160" => 1.045,
+        "128x160" | "128x160c2" => 1.045,
         // Split only (`128x144s`, stored from registers). Fitted to 512 × 2304 × 16384 (405B
         // QKV at TP 8), 64 tiles in two splits against `128x160s`' 60, five interleaved
         // rounds: 66.2 against 68.2 µs (bf16), 68.2 against 73.5 (f16), 0.95 of its time for
@@ -95,7 +96,7 @@ fn cost_per_element(variant: &GemmVariant) -> f64 {
         // this model's, benches/results/gemm-2026-11-30-d18f3ea-variants.md): the 12 % fewer
         // operand bytes per output did not buy speed. Costed equal, it wins only where its
         // wave count does (2048×13312).
-        "192x192" => 1.0,
+        "192x192" | "192x192c2" => 1.0,
         // 1.36–1.43 per output element of 128×256 at M = 8192 (70B TP=2 QKV and o-proj,
         // bf16: 527 and 571 TFLOP/s against 755 and 776; gemm-grid-2026-12-01-469737e-70b):
         // an `m64n64k16` reads 4 KiB of shared memory per 65 536 MACs, 1.6 times 128×256's
@@ -940,25 +941,24 @@ mod tests {
         (worst, (log_sum / count as f64).exp(), count)
     }
 
-    /// Rows off 32-byte boundaries, every candidate timed (one H200, 2026-12-04, cc712bf,
-    /// bf16 and f16; kernels-gpu/NOTES.md step 93): the rule's pick is the fastest measured
-    /// on all 16 records of 1024–8192 rows (the clusters sharing B, `128x256c2`, where the
-    /// aligned rule ran `128x256`, `128x224` or `192x192` 1.15–1.45 times slower), within 2 %
-    /// on the 16 of 1 and 16 rows, within 7 % on the 18 of 64–128 rows (64 × 6144 × 4104:
-    /// `64x64` 28.2 µs against `64x128w1`'s 26.5), and within 14 % on the 10 of 256–768
-    /// rows (1024 × 2304 × 8200: `128x160` 92.0 against `128x192`'s 81.1, the model's
-    /// worst-fitted configuration).
+    /// Rows off 32-byte boundaries, every candidate timed (one H200, 2026-12-04, bf16 and
+    /// f16; kernels-gpu/NOTES.md step 93). Above 128 rows (the twelve 128-row
+    /// configurations, with and without clusters, at eeca396's tree with the clusters of
+    /// every width): the rule's pick within 4 % of the fastest measured on 41 of 42 records
+    /// of 21 shapes (256–8192 rows), 8 % on the last (8192 × 8192 × 4104 in f16: `128x256c2`
+    /// 860 µs against `128x224c2`'s 796; in bf16 it was the fastest), 1.007 in the geometric
+    /// mean, where the aligned rule's picks ran 1.15–1.45 times slower on most of them. At
+    /// 1–128 rows (cc712bf, the weight-stream candidates): within 2 % on the 16 records of 1
+    /// and 16 rows, within 7 % on the 18 of 64–128 rows (64 × 6144 × 4104: `64x64` 28.2 µs
+    /// against `64x128w1`'s 26.5).
     #[test]
     fn rows_off_sectors_take_the_tiles_that_load_fewest_rows() {
         let runs = [
             include_str!(
-                "../../../benches/results/gemm-2026-12-04-cc712bf-offsector-7000x3000x5000-and-4-more-tiles.json"
+                "../../../benches/results/gemm-2026-12-04-eeca396-dirty-c2w-1-7000x3000x5000-and-10-more-settle50-rounds2.json"
             ),
             include_str!(
-                "../../../benches/results/gemm-2026-12-04-cc712bf-offsector-big-8192x8192x4104-and-6-more-settle50-rounds2.json"
-            ),
-            include_str!(
-                "../../../benches/results/gemm-2026-12-04-cc712bf-offsector-mid-512x6144x4104-and-6-more-settle50-rounds2.json"
+                "../../../benches/results/gemm-2026-12-04-eeca396-dirty-c2w-2-6000x4000x3000-and-9-more-settle50-rounds2.json"
             ),
             include_str!(
                 "../../../benches/results/gemm-2026-12-04-cc712bf-offsector-d16-1x6144x4104-and-7-more-settle50-rounds2.json"
@@ -967,14 +967,12 @@ mod tests {
                 "../../../benches/results/gemm-2026-12-04-cc712bf-offsector-d128-64x4096x8200-and-8-more-settle50-rounds2.json"
             ),
         ];
-        let bounds = [(1.0, 6), (1.0, 10), (1.14, 10), (1.02, 16), (1.07, 18)];
+        // (worst ratio, records) of each run.
+        let bounds = [(1.09, 22), (1.04, 20), (1.02, 16), (1.07, 18)];
         for (json, (bound, records)) in runs.into_iter().zip(bounds) {
             let (worst, mean, count) = off_sector_regret(json);
             assert_eq!(count, records);
-            assert!(
-                worst <= bound + 1e-9 && mean <= 1.03,
-                "{worst:.3} {mean:.3}"
-            );
+            assert!(worst <= bound && mean <= 1.01, "{worst:.3} {mean:.3}");
         }
     }
 

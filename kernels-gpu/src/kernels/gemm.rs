@@ -418,35 +418,45 @@ config!(
         fence: fence_operands_128,
     }
 );
-config!(Tile192x192: TILE_192X192 {
-    slabs: 3,
-    regs: 48,
-    blocks: 12,
-    chunks: 3,
-    pairs: 2,
-    mma: mma_n96,
-    fence: fence_operands_48,
-});
-config!(Tile128x224: TILE_128X224 {
-    slabs: 1,
-    regs: 112,
-    blocks: 28,
-    chunks: 7,
-    pairs: 2,
-    mma: mma_n224,
-    fence: fence_operands_112,
-});
-config!(Tile128x192: TILE_128X192 {
-    slabs: 1,
-    regs: 96,
-    blocks: 24,
-    chunks: 3,
-    pairs: 4,
-    mma: mma_n192,
-    fence: fence_operands_96,
-});
+config!(
+    Tile192x192: TILE_192X192,
+    Tile192x192C2: TILE_192X192_CLUSTER2 {
+        slabs: 3,
+        regs: 48,
+        blocks: 12,
+        chunks: 3,
+        pairs: 2,
+        mma: mma_n96,
+        fence: fence_operands_48,
+    }
+);
+config!(
+    Tile128x224: TILE_128X224,
+    Tile128x224C2: TILE_128X224_CLUSTER2 {
+        slabs: 1,
+        regs: 112,
+        blocks: 28,
+        chunks: 7,
+        pairs: 2,
+        mma: mma_n224,
+        fence: fence_operands_112,
+    }
+);
+config!(
+    Tile128x192: TILE_128X192,
+    Tile128x192C2: TILE_128X192_CLUSTER2 {
+        slabs: 1,
+        regs: 96,
+        blocks: 24,
+        chunks: 3,
+        pairs: 4,
+        mma: mma_n192,
+        fence: fence_operands_96,
+    }
+);
 config!(
     Tile128x160: TILE_128X160,
+    Tile128x160C2: TILE_128X160_CLUSTER2,
     Tile128x160S: TILE_128X160_SPLITK {
         slabs: 1,
         regs: 80,
