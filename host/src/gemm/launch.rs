@@ -742,31 +742,19 @@ mod tests {
             }
             .rows_on_sectors(2)
         };
-        // K = 4992 and 6000: rows on 32-byte boundaries; 5000 and 3000 (≡ 8 mod 16): 16 off.
-        assert_eq!(
-            l2_promotion(on_sectors(0x1000, 4992), true),
-            L2Promotion::B256
-        );
-        assert_eq!(
-            l2_promotion(on_sectors(0x1000, 6000), true),
-            L2Promotion::B256
-        );
-        assert_eq!(
-            l2_promotion(on_sectors(0x1000, 5000), true),
-            L2Promotion::B128
-        );
-        assert_eq!(
-            l2_promotion(on_sectors(0x1000, 3000), true),
-            L2Promotion::B128
-        );
-        // A base 16 bytes off puts every row off.
-        assert_eq!(
-            l2_promotion(on_sectors(0x1010, 4992), true),
-            L2Promotion::B128
-        );
-        assert_eq!(
-            l2_promotion(on_sectors(0x1000, 4992), false),
-            L2Promotion::B128
-        );
+        // K = 4992 and 6000: rows on 32-byte boundaries; 5000 and 3000 (≡ 8 mod 16): 16 off;
+        // a base 16 bytes off puts every row off; no promotion where the prefetch does not pay.
+        let cases = [
+            (0x1000, 4992, true, L2Promotion::B256),
+            (0x1000, 6000, true, L2Promotion::B256),
+            (0x1000, 5000, true, L2Promotion::B128),
+            (0x1000, 3000, true, L2Promotion::B128),
+            (0x1010, 4992, true, L2Promotion::B128),
+            (0x1000, 4992, false, L2Promotion::B128),
+        ];
+        for (ptr, ld, prefetch_pays, promotion) in cases {
+            let got = l2_promotion(on_sectors(ptr, ld), prefetch_pays);
+            assert_eq!(got, promotion, "{ptr:#x} {ld} {prefetch_pays}");
+        }
     }
 }
