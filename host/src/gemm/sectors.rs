@@ -46,14 +46,14 @@ impl SectorAlignment {
 
     /// Whether either operand has rows off 32-byte boundaries.
     #[must_use]
-    pub fn any_off(self) -> bool {
+    pub(crate) fn any_off(self) -> bool {
         !(self.a && self.b)
     }
 
     /// Of `a_rows` rows of A and `b_rows` of B, those that start off 32-byte boundaries
     /// (a whole operand counts where any of its rows does: they alternate).
     #[must_use]
-    pub fn off_sector_rows(self, a_rows: f64, b_rows: f64) -> f64 {
+    pub(crate) fn off_sector_rows(self, a_rows: f64, b_rows: f64) -> f64 {
         let count = |aligned: bool, rows: f64| if aligned { 0.0 } else { rows };
         count(self.a, a_rows) + count(self.b, b_rows)
     }
