@@ -258,8 +258,12 @@ fn main_loop_cost(variant: &GemmVariant, rows: SectorAlignment) -> f64 {
     if !rows.any_off() {
         return compute;
     }
-    let per_output = |a_rows: u32, b_rows: u32| {
-        rows.off_sector_rows(1.0 / f64::from(a_rows), 1.0 / f64::from(b_rows))
+    // Each row of A a block loads serves `block_n` outputs, each of B `block_m · cluster_m`.
+    let per_output = |outputs_per_a_row: u32, outputs_per_b_row: u32| {
+        rows.off_sector_rows(
+            1.0 / f64::from(outputs_per_a_row),
+            1.0 / f64::from(outputs_per_b_row),
+        )
     };
     let requests = OFF_SECTOR_ROW_COST * per_output(c.block_n, c.block_m * c.cluster_m)
         / (1.0 / 256.0 + 1.0 / 128.0);
