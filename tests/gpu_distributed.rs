@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use distgemm::cuda::{DeviceArgs, DistGemm, DistGemmError, TimingDiagnostics, WaitingNode};
 use distgemm::dtype::{Dtype, Element};
 use distgemm::fp8::ScaleMode;
-use distgemm::gemm::{GemmArgs, GemmKernel, MatrixView, choose_variant};
+use distgemm::gemm::{GemmArgs, GemmKernel, MatrixView, SectorAlignment, choose_variant_for};
 use distgemm::plan::{EdgeKind, GlobalInputs, Plan};
 use distgemm::problem::Problem;
 use distgemm::reference::{CheckInputs, check};
@@ -144,13 +144,18 @@ fn single_gpu_reference<T: Element + DeviceCopy>(
     d.download(&stream).expect("download")
 }
 
-/// Whether the GEMM rule splits K in any of `plan`'s 16-bit stage GEMMs or in the whole
-/// problem on a GPU of `sms` SMs.
+/// Whether the GEMM rule may split K in any of `plan`'s 16-bit stage GEMMs or in the whole
+/// problem on a GPU of `sms` SMs, wherever the operands' rows start (a stage's views may
+/// start off 32-byte boundaries where the whole problem's do not, so every case is asked).
 fn splits_k(plan: &Plan, sms: u32) -> bool {
     let split = |m: usize, n: usize, k: usize| {
-        choose_variant(m as u64, n as u64, k as u64, sms)
-            .config
-            .split_k
+        let (m, n, k) = (m as u64, n as u64, k as u64);
+        [false, true].into_iter().any(|a| {
+            [false, true].into_iter().any(|b| {
+                let rows = SectorAlignment { a, b };
+                choose_variant_for(m, n, k, sms, rows).config.split_k
+            })
+        })
     };
     let p = &plan.problem;
     split(p.m, p.n, p.k)
@@ -784,11 +789,15 @@ fn tp1_plans_on_one_gpu() {
     let modules = vec![session.module().expect("module")];
     let gpus = vec![session.gpu.clone()];
     // A ragged prefill, and decode batches of 96 and 40 tokens, whose stage GEMMs the
-    // weight-stream rule gives the narrow 64-row tiles (two m-tiles, the last one partial).
+    // weight-stream rule gives the narrow 64-row tiles (two m-tiles, the last one partial);
+    // and rows 16 bytes off 32-byte boundaries (K ≡ 8 mod 16), where every stage runs in
+    // 2-block clusters (`128x256c2`; the unit test
+    // `the_one_gpu_test_problems_run_clustered_stages` holds the rule to it).
     for problem in [
         Problem::new(1000, 784, 520),
         Problem::new(96, 784, 520),
         Problem::new(40, 4096, 1024),
+        Problem::new(2048, 2048, 4104),
     ] {
         for kind in ScheduleKind::ALL {
             run_and_check::<half::bf16>(test, &gpus, &modules, kind, problem, false);
@@ -809,6 +818,20 @@ fn two_ranks_on_one_gpu() {
     // And a decode batch of 128 tokens: 64-row stages (all-gather) on the narrow tiles.
     for p in [problem, Problem::new(128, 1024, 1024)] {
         for kind in ScheduleKind::ALL {
+            run_and_check::<half::bf16>(test, &gpus, &modules, kind, p, true);
+        }
+    }
+    // And stages in 2-block clusters, rows off 32-byte boundaries (the unit test
+    // `the_one_gpu_test_problems_run_clustered_stages` holds the rule to it): the all-gathers
+    // with K ≡ 8 mod 16, the reduce-scatters with A's second half 16 bytes off (K/2 ≡ 8 mod 16).
+    for (collective, p) in [
+        (Collective::AllGather, Problem::new(2048, 4096, 4104)),
+        (Collective::ReduceScatter, Problem::new(2048, 2048, 4112)),
+    ] {
+        for kind in ScheduleKind::ALL
+            .into_iter()
+            .filter(|k| k.collective() == collective)
+        {
             run_and_check::<half::bf16>(test, &gpus, &modules, kind, p, true);
         }
     }

@@ -12,6 +12,7 @@
 use std::sync::Arc;
 
 use kernels_gpu::collective_abi::{REDUCE_SMEM_BYTES, REDUCE_THREADS, REDUCE_VECTOR};
+use kernels_gpu::gemm_abi::GemmVariant;
 
 use super::error::DistGemmError;
 use super::lower::{LoweredGraph, LoweredNode};
@@ -68,6 +69,20 @@ impl GridShare {
             ranks,
             blocks: (gpu.sm_count().saturating_sub(1) / ranks as u32).max(1),
         })
+    }
+
+    /// The most blocks one rank's GEMM on `variant` may take, of which the GPU holds
+    /// `resident_clusters` clusters at once: its share of the SMs and, for a clustered
+    /// configuration, its share of those clusters less one. A cluster's blocks run on one GPC,
+    /// so free SMs spread over several GPCs need not hold a cluster, and the SM the collective
+    /// kernels take may leave one GPC a cluster short.
+    pub(crate) fn gemm_blocks(self, variant: &GemmVariant, resident_clusters: u32) -> u32 {
+        let cluster = variant.config.cluster_m.max(1);
+        if cluster == 1 {
+            return self.blocks;
+        }
+        let clusters = resident_clusters.saturating_sub(1) / self.ranks as u32;
+        self.blocks.min(clusters.max(1) * cluster)
     }
 }
 
@@ -152,7 +167,8 @@ fn kernel_launch(
                 .map_err(at_stage(device, *stage))?;
             prepared.set_hook(*hook);
             if let Some(share) = share {
-                prepared.cap_grid(share.blocks);
+                let resident = kernels.gemm.resident_clusters_of(prepared.variant());
+                prepared.cap_grid(share.gemm_blocks(prepared.variant(), resident));
             }
             let cfg = prepared.launch_config(false);
             let kernel = prepared.kernel().clone();

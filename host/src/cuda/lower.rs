@@ -1497,4 +1497,59 @@ mod tests {
             Err(DistGemmError::NoSuchDevice { .. })
         ));
     }
+
+    /// The configurations the rule picks for `kind`'s stage GEMMs of `problem` at `tp`
+    /// (device by device, stage by stage), on an H200's 132 SMs.
+    fn stage_variants(kind: ScheduleKind, problem: Problem, tp: usize) -> Vec<&'static str> {
+        let plan = Plan::build(kind, problem, tp).unwrap_or_else(|e| panic!("{e}"));
+        let addr = addresses(tp);
+        (0..tp)
+            .flat_map(|d| {
+                let g = lower_device(&plan, d, &addr, &options()).unwrap_or_else(|e| panic!("{e}"));
+                g.nodes.into_iter().filter_map(|node| match node {
+                    LoweredNode::Gemm { args, fp8, .. } => {
+                        Some(crate::gemm::rule_variant(&args, fp8, 132).name)
+                    }
+                    _ => None,
+                })
+            })
+            .collect()
+    }
+
+    /// `gpu_distributed`'s one-GPU tests (`tp1_plans_on_one_gpu`, `two_ranks_on_one_gpu`) run
+    /// stage GEMMs in 2-block clusters under the stages' waits and signals and inside their
+    /// graphs at these problems, whose rows are off 32-byte boundaries (K ≡ 8 mod 16 pitches
+    /// at TP = 1 and in the all-gathers; at TP = 2 the reduce-scatters need K/2 a multiple of
+    /// 8, so there a view that starts K/2 columns in, 16 bytes off): here every stage of the
+    /// schedules named takes a clustered configuration, so those tests cover clusters.
+    #[test]
+    fn the_one_gpu_test_problems_run_clustered_stages() {
+        let cases = [
+            (1, Problem::new(2048, 2048, 4104), None),
+            (
+                2,
+                Problem::new(2048, 4096, 4104),
+                Some(Collective::AllGather),
+            ),
+            (
+                2,
+                Problem::new(2048, 2048, 4112),
+                Some(Collective::ReduceScatter),
+            ),
+        ];
+        for (tp, problem, collective) in cases {
+            let kinds = ScheduleKind::ALL.into_iter();
+            for kind in kinds.filter(|k| collective.is_none_or(|c| c == k.collective())) {
+                let names = stage_variants(kind, problem, tp);
+                assert!(!names.is_empty(), "{kind} TP={tp} {problem}: no stage GEMM");
+                for name in names {
+                    let v = crate::gemm::VARIANTS
+                        .iter()
+                        .find(|v| v.name == name)
+                        .unwrap();
+                    assert_eq!(v.config.cluster_m, 2, "{kind} TP={tp} {problem}: {name}");
+                }
+            }
+        }
+    }
 }

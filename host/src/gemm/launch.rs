@@ -1,7 +1,5 @@
 //! Preparing and launching the GEMM stage kernel on one GPU.
-use super::choose::{
-    choose_fp8_variant, choose_variant, choose_variant_for, raster_group_m, split_grid,
-};
+use super::choose::{choose_fp8_variant, choose_variant_for, raster_group_m, split_grid};
 use super::{Fp8GemmArgs, GemmArgs, GemmError, MatrixView, SectorAlignment, check};
 use crate::dtype::Dtype;
 use crate::fp8::ScaleMode;
@@ -88,6 +86,14 @@ impl GemmKernel {
             .collect()
     }
 
+    /// How many clusters (blocks, without clusters) of `variant` the GPU holds at once.
+    pub(crate) fn resident_clusters_of(&self, variant: &GemmVariant) -> u32 {
+        self.compiled
+            .iter()
+            .find(|c| c.variant == variant)
+            .map_or(1, |c| c.resident_clusters)
+    }
+
     /// The GPU the kernels are loaded on.
     pub fn gpu(&self) -> &Gpu {
         &self.gpu
@@ -102,9 +108,7 @@ impl GemmKernel {
         stream: &CudaStream,
         args: &GemmArgs,
     ) -> Result<PreparedGemm, GemmLaunchError> {
-        let (m, n, k) = args.shape();
-        let rows = SectorAlignment::of(args);
-        let variant = choose_variant_for(m, n, k, self.gpu.sm_count(), rows);
+        let variant = rule_variant(args, None, self.gpu.sm_count());
         self.prepare_variant(stream, args, variant)
     }
 
@@ -146,29 +150,16 @@ impl GemmKernel {
     /// Prepares a distributed stage's GEMM as the CUDA lowering resolved it: a 16-bit GEMM
     /// (`fp8: None`), or an FP8 one already in pair form ([`Fp8GemmArgs::as_pairs`]) with its
     /// row-wise scales (`fp8: Some(..)`, zero addresses for tensor-wise scales, which the
-    /// lowering folded into alpha). The rule picks the configuration, as in [`Self::prepare`]
-    /// and [`Self::prepare_fp8`], except that a 16-bit stage takes its rows as aligned
-    /// ([`choose_variant`]): where they are not, [`choose_variant_for`] would run 2-block
-    /// clusters, and no GPU test has yet run a cluster configuration under a stage's flags
-    /// and in a graph (the two-GPU tests that would are skipped on the one-GPU machines;
-    /// kernels-gpu/NOTES.md step 93).
+    /// lowering folded into alpha), on the configuration [`rule_variant`] picks.
     pub(crate) fn prepare_stage(
         &self,
         stream: &CudaStream,
         args: &GemmArgs,
         fp8: Option<RowScales>,
     ) -> Result<PreparedGemm, GemmLaunchError> {
-        let (m, n, k) = args.shape();
-        let sms = self.gpu.sm_count();
-        match fp8 {
-            None => self.prepare_inputs(stream, args, choose_variant(m, n, k, sms), Inputs::Native),
-            Some(rows) => self.prepare_inputs(
-                stream,
-                args,
-                choose_fp8_variant(m, n, k, sms, scale_mode(rows)),
-                Inputs::E4m3Pairs(rows),
-            ),
-        }
+        let variant = rule_variant(args, fp8, self.gpu.sm_count());
+        let inputs = fp8.map_or(Inputs::Native, Inputs::E4m3Pairs);
+        self.prepare_inputs(stream, args, variant, inputs)
     }
 
     /// Prepares `args` on `variant`'s entry point for `inputs` (see [`Inputs`]).
@@ -394,6 +385,24 @@ enum Inputs {
     /// A and B in e4m3, described as 16-bit pairs ([`Fp8GemmArgs::as_pairs`]); C and D bf16;
     /// the row-wise scales, if any.
     E4m3Pairs(RowScales),
+}
+
+/// The rule's configuration for `args` (the shape and where the operands' rows start:
+/// [`choose_variant_for`]), or, for an FP8 GEMM in pair form with its row-wise scales
+/// (`fp8: Some(..)`), [`choose_fp8_variant`]'s. What [`GemmKernel::prepare`] and every
+/// distributed stage run; off 32-byte boundaries that may be a 2-block cluster, which a stage
+/// runs under its hook's waits and signals and inside a CUDA graph like any other
+/// configuration (`gpu_distributed`'s one-GPU tests run such stages).
+pub(crate) fn rule_variant(
+    args: &GemmArgs,
+    fp8: Option<RowScales>,
+    sm_count: u32,
+) -> &'static GemmVariant {
+    let (m, n, k) = args.shape();
+    match fp8 {
+        None => choose_variant_for(m, n, k, sm_count, SectorAlignment::of(args)),
+        Some(rows) => choose_fp8_variant(m, n, k, sm_count, scale_mode(rows)),
+    }
 }
 
 /// The scale mode of a stage's FP8 inputs in pair form: row-wise where the kernel reads scale

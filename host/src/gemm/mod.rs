@@ -21,6 +21,8 @@ pub use choose::{
 };
 pub use fp8::{Fp8GemmArgs, Fp8Scales};
 pub use kernels_gpu::gemm_abi::{GemmVariant, VARIANTS};
+#[cfg(test)]
+pub(crate) use launch::rule_variant;
 pub use launch::{GemmKernel, GemmLaunchError, PreparedGemm};
 pub use sectors::SectorAlignment;
 
