@@ -790,14 +790,17 @@ fn tp1_plans_on_one_gpu() {
     let gpus = vec![session.gpu.clone()];
     // A ragged prefill, and decode batches of 96 and 40 tokens, whose stage GEMMs the
     // weight-stream rule gives the narrow 64-row tiles (two m-tiles, the last one partial);
-    // and rows 16 bytes off 32-byte boundaries (K ≡ 8 mod 16), where every stage runs in
-    // 2-block clusters (`128x256c2`; the unit test
-    // `the_one_gpu_test_problems_run_clustered_stages` holds the rule to it).
+    // rows 16 bytes off 32-byte boundaries (K ≡ 8 mod 16), where every stage runs in 2-block
+    // clusters (`128x256c2`); and 16 tokens of long K, on the transposed split tile
+    // (`16x128ts`). The unit test
+    // `the_one_gpu_test_problems_cover_every_kind_of_stage_configuration` holds the rule to
+    // the last two.
     for problem in [
         Problem::new(1000, 784, 520),
         Problem::new(96, 784, 520),
         Problem::new(40, 4096, 1024),
         Problem::new(2048, 2048, 4104),
+        Problem::new(16, 2304, 16384),
     ] {
         for kind in ScheduleKind::ALL {
             run_and_check::<half::bf16>(test, &gpus, &modules, kind, problem, false);
@@ -821,17 +824,23 @@ fn two_ranks_on_one_gpu() {
             run_and_check::<half::bf16>(test, &gpus, &modules, kind, p, true);
         }
     }
-    // And stages in 2-block clusters, rows off 32-byte boundaries (the unit test
-    // `the_one_gpu_test_problems_run_clustered_stages` holds the rule to it): the all-gathers
-    // with K ≡ 8 mod 16, the reduce-scatters with A's second half 16 bytes off (K/2 ≡ 8 mod 16).
+    // And the rule's other kinds of configuration in stages (the unit test
+    // `the_one_gpu_test_problems_cover_every_kind_of_stage_configuration` holds it to them):
+    // 2-block clusters on rows off 32-byte boundaries (the all-gathers with K ≡ 8 mod 16, the
+    // reduce-scatters with A's second half 16 bytes off), split-K (64 tokens of long K in the
+    // all-gathers: stream-K grids capped to the rank's share of the SMs) and the transposed
+    // decode tiles (16 tokens).
     for (collective, p) in [
-        (Collective::AllGather, Problem::new(2048, 4096, 4104)),
-        (Collective::ReduceScatter, Problem::new(2048, 2048, 4112)),
+        (Some(Collective::AllGather), Problem::new(2048, 4096, 4104)),
+        (
+            Some(Collective::ReduceScatter),
+            Problem::new(2048, 2048, 4112),
+        ),
+        (Some(Collective::AllGather), Problem::new(64, 2048, 8192)),
+        (None, Problem::new(16, 4608, 16384)),
     ] {
-        for kind in ScheduleKind::ALL
-            .into_iter()
-            .filter(|k| k.collective() == collective)
-        {
+        let kinds = ScheduleKind::ALL.into_iter();
+        for kind in kinds.filter(|k| collective.is_none_or(|c| c == k.collective())) {
             run_and_check::<half::bf16>(test, &gpus, &modules, kind, p, true);
         }
     }

@@ -1517,27 +1517,44 @@ mod tests {
     }
 
     /// `gpu_distributed`'s one-GPU tests (`tp1_plans_on_one_gpu`, `two_ranks_on_one_gpu`) run
-    /// stage GEMMs in 2-block clusters under the stages' waits and signals and inside their
-    /// graphs at these problems, whose rows are off 32-byte boundaries (K ≡ 8 mod 16 pitches
-    /// at TP = 1 and in the all-gathers; at TP = 2 the reduce-scatters need K/2 a multiple of
-    /// 8, so there a view that starts K/2 columns in, 16 bytes off): here every stage of the
-    /// schedules named takes a clustered configuration, so those tests cover clusters.
+    /// every kind of tile configuration the rule has in stage GEMMs, under the stages' waits
+    /// and signals and inside their graphs: here every stage of the schedules named takes the
+    /// kind of configuration each of those problems is there for, so the tests cover it.
+    /// - 2-block clusters: rows off 32-byte boundaries (K ≡ 8 mod 16 pitches at TP = 1 and in
+    ///   the all-gathers; at TP = 2 the reduce-scatters need K/2 a multiple of 8, so there a
+    ///   view that starts K/2 columns in, 16 bytes off).
+    /// - split-K (stream-K grids, f32 partials and arrival counters): 64 tokens of narrow
+    ///   weights with long K in the all-gathers.
+    /// - the transposed decode tiles (the weights on the `wgmma`'s M side), split or with four
+    ///   k-blocks a stage: 16 tokens.
     #[test]
-    fn the_one_gpu_test_problems_run_clustered_stages() {
+    fn the_one_gpu_test_problems_cover_every_kind_of_stage_configuration() {
+        use crate::gemm::GemmVariant;
+        use Collective::{AllGather, ReduceScatter};
+        type Wanted = fn(&GemmVariant) -> bool;
+        let clustered: Wanted = |v| v.config.cluster_m == 2;
+        let split: Wanted = |v| v.config.split_k;
+        let transposed: Wanted = |v| v.config.swap_ab;
+        let transposed_split: Wanted = |v| v.config.swap_ab && v.config.split_k;
         let cases = [
-            (1, Problem::new(2048, 2048, 4104), None),
+            (1, Problem::new(2048, 2048, 4104), None, clustered),
             (
                 2,
                 Problem::new(2048, 4096, 4104),
-                Some(Collective::AllGather),
+                Some(AllGather),
+                clustered,
             ),
             (
                 2,
                 Problem::new(2048, 2048, 4112),
-                Some(Collective::ReduceScatter),
+                Some(ReduceScatter),
+                clustered,
             ),
+            (2, Problem::new(64, 2048, 8192), Some(AllGather), split),
+            (1, Problem::new(16, 2304, 16384), None, transposed_split),
+            (2, Problem::new(16, 4608, 16384), None, transposed),
         ];
-        for (tp, problem, collective) in cases {
+        for (tp, problem, collective, wanted) in cases {
             let kinds = ScheduleKind::ALL.into_iter();
             for kind in kinds.filter(|k| collective.is_none_or(|c| c == k.collective())) {
                 let names = stage_variants(kind, problem, tp);
@@ -1547,7 +1564,7 @@ mod tests {
                         .iter()
                         .find(|v| v.name == name)
                         .unwrap();
-                    assert_eq!(v.config.cluster_m, 2, "{kind} TP={tp} {problem}: {name}");
+                    assert!(wanted(v), "{kind} TP={tp} {problem}: {name}");
                 }
             }
         }
