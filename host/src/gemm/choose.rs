@@ -39,12 +39,16 @@ fn cost_per_element(variant: &GemmVariant) -> f64 {
         "128x224" | "128x224c2" => 1.02,
         // Measured per k-block of one wave at 512 × 6144 × K (ncu, boost clocks, K = 1024 …
         // 16384; ncu-2026-12-02-df32b06-512x6144-k-sweep): 0.504 µs a k-block of a 128×192
-        // tile against 0.559 of a 128×224 one, 5.2 % more per output element, so 1.02 · 1.052
-        // (NOTES step 60). It wins where 192 divides N into one wave that 224 and 256 leave
-        // short: 512 × 6144 × 4096 (8B QKV, 128 tiles) 41.5 µs against 128×224's 45.5. At
-        // 3000 × 5000 × 4096 it measured 1–4 % faster than 128×160 (5 waves against 6), which
-        // this cost does not see (it would need 1.045 or less).
-        "128x192" | "128x192c2" => 1.07,
+        // tile against 0.559 of a 128×224 one, 5.2 % more per output element, which gave
+        // 1.02 · 1.052 = 1.07 (NOTES step 60). It wins where 192 divides N into one wave that
+        // 224 and 256 leave short: 512 × 6144 × 4096 (8B QKV, 128 tiles) 41.5 µs against
+        // 128×224's 45.5. On several waves 1.07 priced it too high: on the 20 shapes of
+        // 257–6000 rows where 1.045 (128×160's cost: it reads fewer operand bytes per output)
+        // moves the pick from `128x128` or `128x160` to it, it ran 1.033 times faster in the
+        // geometric mean (40 records, 0.975–1.088; 1500 × 4096 × 14336 239 → 228 µs, 3001 ×
+        // 5120 × 8192 357 → 329; gemm-2026-12-04-a4057b6-{777x6144x4096,1500x3584x3584}-and-9-more;
+        // NOTES step 97). No grid or seed-set shape moves.
+        "128x192" | "128x192c2" => 1.045,
         // Estimated from operand bytes before it was measured: 128×160 reads 20 % more per
         // output element than 128×256 (1/160 + 1/128 against 1/256 + 1/128), between
         // 128×224's 5 % (1.02) and 128×128's 33 % (1.06). Measured 1.035–1.046 per output
@@ -691,14 +695,18 @@ mod tests {
     #[test]
     fn widths_that_192_divides_fill_the_wave() {
         // 8B QKV (6144 = 32 · 192), 512 rows, 64 k-blocks: 128 tiles of 128×192, one wave
-        // (24 576 · (1.07 + 3/64) = 27 448 with the epilogue), against 112 of 128×224 (one
+        // (24 576 · (1.045 + 3/64) = 26 834 with the epilogue), against 112 of 128×224 (one
         // wave, 28 672 · (1.02 + 3/64) = 30 589) and 192 of 128×160 (two waves):
         // measured 41.5 µs against 128×224's 45.5 (gemm-grid-2026-12-02-df32b06-m512).
         assert_eq!(choose_variant(512, 6144, 4096, 132).name, "128x192");
-        // 3000 × 5000: 648 tiles of 128×192 in 5 waves (5 · 24 576 · (1.07 + 3/64) = 137 242)
-        // against 768 of 128×160 in 6 (134 170): 128×160 stays, though 128×192 measured 1–4 %
-        // faster there (the cost of a wave's tail is not in the model).
-        assert_eq!(choose_variant(3000, 5000, 4096, 132).name, "128x160");
+        // 3000 × 5000: 648 tiles of 128×192 in 5 waves (5 · 24 576 · (1.045 + 3/64) =
+        // 134 170) against 768 of 128×160 in 6 (6 · 20 480 · (1.045 + 3/64) = 134 170): a tie
+        // that the listing order gives to 128×192, measured 1–2 % faster there (168.9 against
+        // 172.1 µs in bf16).
+        assert_eq!(choose_variant(3000, 5000, 4096, 132).name, "128x192");
+        // Two waves of 128×192 against three of 128×128 (1500 × 4096 × 14336: 228 against 239
+        // µs).
+        assert_eq!(choose_variant(1500, 4096, 14336, 132).name, "128x192");
         // 70B QKV (5120 columns): 27 tiles of 192 a row, the last 128 wide; 128×160 stays.
         assert_eq!(choose_variant(512, 5120, 8192, 132).name, "128x160");
     }
