@@ -409,3 +409,30 @@ impl DeviceGraph {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::GridShare;
+    use crate::gemm::variant_named;
+
+    #[test]
+    fn a_shared_gpu_holds_every_ranks_clusters() {
+        let share = GridShare {
+            ranks: 2,
+            blocks: 65,
+        };
+        // Unclustered: the rank's share of the SMs.
+        assert_eq!(
+            share.gemm_blocks(variant_named("128x256").unwrap(), 132),
+            65
+        );
+        // 2-block clusters, 66 resident: 32 a rank (one left for the collective kernels' SM),
+        // 64 blocks, under the 65 the SMs allow.
+        let c2 = variant_named("128x256c2").unwrap();
+        assert_eq!(share.gemm_blocks(c2, 66), 64);
+        // A GPU whose GPCs hold fewer whole clusters than its SMs suggest: their count bounds.
+        assert_eq!(share.gemm_blocks(c2, 51), 50);
+        // Never less than one cluster.
+        assert_eq!(share.gemm_blocks(c2, 1), 2);
+    }
+}
