@@ -793,11 +793,11 @@ pub struct GemmVariant {
 
 /// The one table of compiled GEMM variants. Each row is a variant name, its bf16 and f16
 /// entry points (always `gemm_<dtype>_<name>`: checked below), its [`TileConfig`], the
-/// device-side configuration type (`kernels/gemm.rs`) and, for the configurations compiled
-/// for FP8 too, `e4m3` and that entry point (`gemm_e4m3_<name>`). `gemm_variants!(callback)`
-/// hands the rows to `callback!`, which generates from them the entry points
-/// (`kernels/gemm.rs`), [`VARIANTS`] and the kernel table `meta::KERNELS`, so the three
-/// cannot drift.
+/// device-side configuration type (`kernels/gemm/slabs.rs` and `swapped.rs`) and, for the
+/// configurations compiled for FP8 too, `e4m3` and that entry point (`gemm_e4m3_<name>`).
+/// `gemm_variants!(callback)` hands the rows to `callback!`, which generates from them the
+/// entry points (`kernels/gemm/mod.rs`), [`VARIANTS`] and the kernel table `meta::KERNELS`, so
+/// the three cannot drift.
 macro_rules! gemm_variants {
     ($callback:ident) => {
         $callback! {

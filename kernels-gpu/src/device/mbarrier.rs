@@ -12,8 +12,8 @@ use core::arch::asm;
 
 /// A handle to an mbarrier: its 32-bit shared-window address (8-byte aligned). The address
 /// must be an 8-byte word of this block's shared memory that the kernel's layout reserves for
-/// this barrier alone (`Ring` in `kernels/gemm.rs`); every operation below says what else it
-/// needs.
+/// this barrier alone (`Ring` in `kernels/gemm/ring.rs`); every operation below says what
+/// else it needs.
 #[derive(Clone, Copy)]
 pub struct MBarrier(pub u32);
 
