@@ -208,6 +208,7 @@ impl GemmKernel {
             ))
             .into());
         }
+        let cluster_tiles = cluster_tiles(variant, m, n)?;
         let dtype = match args.dtype {
             Dtype::Bf16 => TensorMapDtype::Bf16,
             Dtype::F16 => TensorMapDtype::F16,
@@ -308,8 +309,6 @@ impl GemmKernel {
         // a split-K configuration's grid is the stream-K partition the rule picks
         // (`split_grid`; one block per tile up to the SMs where it finds no split).
         let cluster = config.cluster_m;
-        let cluster_tiles =
-            params.m.div_ceil(config.block_m).div_ceil(cluster) * params.n.div_ceil(config.block_n);
         let resident = compiled.resident_clusters;
         let (grid, split) = if config.split_k {
             let grid = split_grid(variant, m, n, k, self.gpu.sm_count())
@@ -342,6 +341,24 @@ impl GemmKernel {
             _split: split,
         })
     }
+}
+
+/// The cluster tiles of `variant` on an `m × n` output (tiles of `block_m × block_n`, grouped
+/// by `cluster_m` along M): the kernel walks them with 32-bit indices, so an output of 2³² or
+/// more is refused (`check` bounds each dimension below 2³¹, not their product).
+fn cluster_tiles(variant: &GemmVariant, m: u64, n: u64) -> Result<u32, GemmError> {
+    let c = variant.config;
+    let tiles = m
+        .div_ceil(u64::from(c.block_m))
+        .div_ceil(u64::from(c.cluster_m))
+        * n.div_ceil(u64::from(c.block_n));
+    u32::try_from(tiles).map_err(|_| {
+        GemmError::Shape(format!(
+            "{m}x{n} output is {tiles} tiles of {}, more than the kernel's 32-bit tile \
+             indices count",
+            variant.name
+        ))
+    })
 }
 
 /// Split-K's device memory ([`SplitParams`]): the f32 partial sums of every piece a grid of
@@ -691,6 +708,25 @@ mod tests {
             a.c = Some(MatrixView::dense(0x4000, 64, n));
         }
         a
+    }
+
+    #[test]
+    fn outputs_of_2_to_the_32_tiles_are_refused_not_wrapped() {
+        let wide = crate::gemm::variant_named("128x256").unwrap();
+        // 8192 × 8192: 64 × 32 tiles.
+        assert_eq!(cluster_tiles(wide, 8192, 8192), Ok(2048));
+        // Clusters of two count pairs of m-tiles: 3 m-tiles make 2 cluster rows.
+        let c2 = crate::gemm::variant_named("128x256c2").unwrap();
+        assert_eq!(cluster_tiles(c2, 3 * 128, 256), Ok(2));
+        // Each dimension below 2^31 (what `check` allows), their tiles 2^32 or more.
+        let err = cluster_tiles(wide, (1 << 31) - 1, (1 << 31) - 1).unwrap_err();
+        assert!(
+            matches!(&err, GemmError::Shape(s) if s.contains("32-bit")),
+            "{err}"
+        );
+        // 2^24 m-tiles: 2^8 n-tiles are 2^32 tiles, one fewer fits.
+        assert!(cluster_tiles(wide, 128 << 24, 256 << 8).is_err());
+        assert_eq!(cluster_tiles(wide, 128 << 24, 255 << 8), Ok(255 << 24));
     }
 
     #[test]
