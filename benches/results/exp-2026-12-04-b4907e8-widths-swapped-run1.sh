@@ -1,14 +1,16 @@
 #!/bin/bash
-# Session 42 bundle (b4907e8 + exp-2026-12-04-b4907e8-{wave-widths,wide-swapped}.patch, NOTES
-# steps 98-100), call 1: gpu_gemm with the eight new configurations in every case, then step
-# 99's transposed tiles beside the rule's pick, three rounds.
+# Session 42 bundle (5b97202 + exp-2026-12-04-b4907e8-{wave-widths,wide-swapped}.patch and
+# exp-2026-12-04-5b97202-wide-swapped-tokens.patch, NOTES steps 98-101), call 1: gpu_gemm
+# with the fourteen new configurations in every case, then step 99's transposed tiles beside
+# the rule's pick, three rounds.
 cd "$(dirname "$0")"
 gunzip -c kernels_gpu.ptx.gz > kernels_gpu.ptx
 source ./gpu-env.sh
+COMMIT=5b97202-dirty-98-99-101
 mkdir -p $OUT/r
 pack() { tar -C $OUT -czf $OUT/r.tgz r; }
 timeout 330 ./gpu_gemm --test-threads=1 > $OUT/r/tests-gpu_gemm.log 2>&1; echo "gemm rc=$? $SECONDS" >> $OUT/r/status
 pack
 S=257x4608x3584,257x16384x3072,257x14784x8192,160x6144x8192,288x5120x8192,320x4096x8192,400x8192x7392
-DISTGEMM_COMMIT=b4907e8-dirty-widths-swapped DISTGEMM_BENCH_RESULTS=$OUT/r/swapped timeout 200 ./gemm --shape $S --variant 80x128t,96x128t --rounds 3 --min-block-ms 20 --settle-ms 50 > $OUT/r/swapped.log 2>&1; echo "swapped rc=$? $SECONDS" >> $OUT/r/status
+DISTGEMM_COMMIT=$COMMIT DISTGEMM_BENCH_RESULTS=$OUT/r/swapped timeout 200 ./gemm --shape $S --variant 80x128t,96x128t --rounds 3 --min-block-ms 20 --settle-ms 50 > $OUT/r/swapped.log 2>&1; echo "swapped rc=$? $SECONDS" >> $OUT/r/status
 pack
