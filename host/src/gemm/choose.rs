@@ -295,8 +295,12 @@ fn tile_count(variant: &GemmVariant, m: u64, n: u64) -> u64 {
 /// A split-K grid of `grid` blocks' longest run, in k-blocks of the main loop: its share of
 /// the k-blocks, the hand-off of the most-cut tile where a tile is cut, and
 /// [`STREAM_K_K_BLOCKS`] where the blocks' ranges do not follow the tiles (`grid` not a
-/// multiple of `tiles`).
+/// multiple of `tiles`). Infinite where the partition does not fit the kernel's 32-bit
+/// arithmetic ([`stream_k::fits`]): the configuration cannot run that grid.
 fn split_k_blocks(variant: &GemmVariant, m: u64, tiles: u64, k_blocks: u64, grid: u64) -> f64 {
+    if !stream_k::fits(tiles, k_blocks, grid) {
+        return f64::INFINITY;
+    }
     let partition = StreamK::new(tiles as u32, k_blocks as u32, grid as u32);
     let pieces = partition.max_pieces();
     let stream = if grid.is_multiple_of(tiles.max(1)) {
@@ -621,7 +625,9 @@ pub fn split_grid(variant: &GemmVariant, m: u64, n: u64, k: u64, sm_count: u32) 
     }
     let slots = u64::from(sm_count.max(1));
     let k_blocks = k.div_ceil(u64::from(BLOCK_K)).max(1);
-    let work = tiles * k_blocks;
+    // Saturating: past 2^64 no grid's partition fits 32 bits (`split_k_blocks` prices those
+    // grids infinite, so they are never taken).
+    let work = tiles.saturating_mul(k_blocks);
     let max_grid = work / MIN_SPLIT_K_BLOCKS;
     let splits = (slots / tiles.max(1))
         .min(k_blocks / MIN_SPLIT_K_BLOCKS)
@@ -640,7 +646,7 @@ pub fn split_grid(variant: &GemmVariant, m: u64, n: u64, k: u64, sm_count: u32) 
     plain
         .into_iter()
         .chain(stream)
-        .filter(|&(grid, cost)| cost < whole_tiles && stream_k::fits(tiles, k_blocks, grid))
+        .filter(|&(_, cost)| cost < whole_tiles)
         .min_by(|x, y| x.1.total_cmp(&y.1))
         .map(|(grid, _)| grid as u32)
 }
@@ -781,6 +787,58 @@ mod tests {
             );
             for v in &VARIANTS {
                 let _ = (estimated_cost(v, m, n, k, sms), split_grid(v, m, n, k, sms));
+            }
+        }
+    }
+
+    #[test]
+    fn every_shape_check_admits_gets_a_configuration_that_can_run_it() {
+        // M, N and K over 1..2^31 (K a multiple of 8), as `gemm::check` admits them, on GPUs of
+        // 1–144 SMs and both row alignments: the rule and its public parts answer without a
+        // panic (overflow included, in this debug build) and in time, with a configuration that
+        // serves M rows, and a split grid, where it picks one, whose stream-K partition fits
+        // 32 bits. (Until this test, 65–128 rows of 2^31 columns on one SM summed the weight
+        // stream wave by wave: 12 s a call; and 2^31 × 2^31 overflowed the split estimate.)
+        let dims = [
+            1,
+            7,
+            16,
+            17,
+            64,
+            65,
+            128,
+            129,
+            257,
+            1000,
+            65_535,
+            (1 << 31) - 1,
+        ];
+        let depths = [8, 64, 72, 4096, 16_384, (1 << 31) - 8];
+        let off = SectorAlignment { a: false, b: false };
+        for sms in [1, 132, 144] {
+            for (m, n, k) in dims
+                .into_iter()
+                .flat_map(|m| dims.map(|n| (m, n)))
+                .flat_map(|(m, n)| depths.map(|k| (m, n, k)))
+            {
+                for rows in [SectorAlignment::ALIGNED, off] {
+                    let v = choose_variant_for(m, n, k, sms, rows);
+                    assert!(
+                        m <= u64::from(v.config.max_rows()),
+                        "{m}x{n}x{k}: {}",
+                        v.name
+                    );
+                    let _ = raster_group_m(v, m, n, sms);
+                    if let Some(grid) = split_grid(v, m, n, k, sms) {
+                        let k_blocks = k.div_ceil(u64::from(BLOCK_K));
+                        let tiles = tile_count(v, m, n);
+                        assert!(stream_k::fits(tiles, k_blocks, grid.into()), "{m}x{n}x{k}");
+                    }
+                }
+                let _ = choose_fp8_variant(m, n, k / 2, sms, ScaleMode::Rowwise);
+                for v in &VARIANTS {
+                    let _ = (estimated_cost(v, m, n, k, sms), split_grid(v, m, n, k, sms));
+                }
             }
         }
     }

@@ -262,14 +262,18 @@ fn estimate(
     let stage_us = k_blocks.div_ceil(kps) as f64 * stage;
     let waves = tiles.div_ceil(slots);
     // The tile order walks a band's m-tiles first (`raster`), so a wave's blocks come in
-    // columns of `m_tiles` sharing one n-tile's B.
-    let total_us: f64 = (0..waves)
-        .map(|w| {
-            let blocks = (tiles - w * slots).min(slots);
-            let n_tiles = blocks.div_ceil(m_tiles);
-            stage_us.max(n_tiles as f64 * tile_bytes / DRAM_BYTES_PER_US)
-        })
-        .sum();
+    // columns of `m_tiles` sharing one n-tile's B: every wave but a partial last one has
+    // `slots` blocks.
+    let wave_us = |blocks: u64| {
+        let n_tiles = blocks.div_ceil(m_tiles);
+        stage_us.max(n_tiles as f64 * tile_bytes / DRAM_BYTES_PER_US)
+    };
+    let (full_waves, last) = (tiles / slots, tiles % slots);
+    let total_us = [(full_waves, slots), (1, last)]
+        .into_iter()
+        .filter(|&(waves, blocks)| waves > 0 && blocks > 0)
+        .map(|(waves, blocks)| waves as f64 * wave_us(blocks))
+        .sum::<f64>();
     Some(Estimate {
         total_us: total_us.max(off_sector_us),
         stage_us: stage_us * waves as f64,

@@ -75,17 +75,27 @@ impl StreamK {
         (g0, g1 - g0 + 1)
     }
 
-    /// The most pieces any tile is cut into.
+    /// The most pieces any tile is cut into. Only a tile that holds the start of some
+    /// block's range (past position 0) is cut, so the tiles holding those `G − 1` starts are
+    /// all there is to look at, however many tiles there are.
     pub fn max_pieces(&self) -> u32 {
-        let tiles = self.work / self.k_blocks;
-        (0..tiles).map(|t| self.pieces(t).1).max().unwrap_or(1)
+        (1..self.blocks)
+            .map(|g| self.pieces(self.start(g) / self.k_blocks).1)
+            .max()
+            .unwrap_or(1)
     }
 }
 
 /// Whether `tiles` tiles of `k_blocks` k-blocks can be partitioned among `grid` blocks in
 /// 32-bit arithmetic ([`StreamK::new`]).
 pub const fn fits(tiles: u64, k_blocks: u64, grid: u64) -> bool {
-    tiles * k_blocks * grid <= u32::MAX as u64
+    match tiles.checked_mul(k_blocks) {
+        Some(work) => match work.checked_mul(grid) {
+            Some(product) => product <= u32::MAX as u64,
+            None => false,
+        },
+        None => false,
+    }
 }
 
 /// The piece that starts at position `x` of a range ending at `end`, with `k_blocks` per
@@ -159,6 +169,8 @@ mod tests {
                 assert_eq!(blocks, &expected, "tile {t} of {tiles}x{k_blocks}/{grid}");
             }
             assert!(slots.iter().all(|&s| s < tiles + grid));
+            let most = pieces_of.iter().map(Vec::len).max().unwrap_or(1).max(1);
+            assert_eq!(sk.max_pieces() as usize, most, "{tiles}x{k_blocks}/{grid}");
         }
     }
 
