@@ -1,27 +1,44 @@
-//! Where the ring's stages, barriers and staging buffers sit in a block's shared memory.
+//! Where the ring's stages, barriers and staging buffers sit in a block's shared memory:
+//!
+//! ```text
+//! A tiles [stages] | B tiles [stages] | staging buffers (staged tiles) |
+//! full[stages] empty[stages] c_loaded[4] (order[2], ping-pong) | abort word, split words |
+//! row-wise FP8 scales (staged tiles)
+//! ```
+//!
+//! Offsets come from [`TileConfig`] (`barrier_offset`, `staging_offset`, …), which the host
+//! also uses to size the launch's dynamic shared memory.
 use crate::device::mbarrier::MBarrier;
 use crate::gemm_abi::*;
 
 /// Shared-memory addresses of the ring.
 #[derive(Clone, Copy)]
 pub(super) struct Ring {
+    /// The dynamic shared memory's address in the shared window (1024-byte aligned).
     pub(super) base: u32,
+    /// The configuration whose layout this is.
     pub(super) tile: TileConfig,
 }
 
 impl Ring {
+    /// Slot `stage`'s A tile: `a_rows` rows of 64 elements, 128-byte swizzled.
     #[inline(always)]
     pub(super) fn a_tile(self, stage: u32) -> u32 {
         self.base + stage * self.tile.a_tile_bytes()
     }
+    /// Slot `stage`'s B tile: `block_n` rows of 64 elements, 128-byte swizzled.
     #[inline(always)]
     pub(super) fn b_tile(self, stage: u32) -> u32 {
         self.base + self.tile.stages * self.tile.a_tile_bytes() + stage * self.tile.b_tile_bytes()
     }
+    /// Completes when slot `stage` holds its k-block(s): the producer's arrival and the TMA
+    /// bytes it announced.
     #[inline(always)]
     pub(super) fn full(self, stage: u32) -> MBarrier {
         MBarrier(self.base + self.tile.barrier_offset() + 8 * stage)
     }
+    /// Completes when every consumer warp (of every block in the cluster) has released slot
+    /// `stage`.
     #[inline(always)]
     pub(super) fn empty(self, stage: u32) -> MBarrier {
         MBarrier(self.base + self.tile.barrier_offset() + 8 * (self.tile.stages + stage))

@@ -12,7 +12,9 @@ use crate::layout::stream_k::{self, StreamK};
 /// of its first k-block.
 #[derive(Clone, Copy)]
 pub(super) struct Tiles {
+    /// Cluster rows of tiles (`⌈⌈M / block_m⌉ / cluster_m⌉`).
     num_m: u32,
+    /// Columns of tiles (`⌈N / block_n⌉`).
     num_n: u32,
     /// The first unit: a cluster tile, or (split-K) a position.
     pub(super) first: u32,
@@ -23,7 +25,9 @@ pub(super) struct Tiles {
     /// This block's rank in its cluster (0 without clusters): which of a cluster tile's
     /// tiles it computes, and which share of B it loads.
     pub(super) rank: u32,
+    /// Height of the tile order's bands ([`raster::tile_coord`]).
     group_m: u32,
+    /// 64-wide k-blocks of a whole tile (`⌈K / 64⌉`).
     k_blocks: u32,
     tile: TileConfig,
 }
