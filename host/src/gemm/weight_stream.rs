@@ -271,8 +271,8 @@ fn estimate(
     let (full_waves, last) = (tiles / slots, tiles % slots);
     let total_us = [(full_waves, slots), (1, last)]
         .into_iter()
-        .filter(|&(waves, blocks)| waves > 0 && blocks > 0)
-        .map(|(waves, blocks)| waves as f64 * wave_us(blocks))
+        .filter(|&(count, blocks)| count > 0 && blocks > 0)
+        .map(|(count, blocks)| count as f64 * wave_us(blocks))
         .sum::<f64>();
     Some(Estimate {
         total_us: total_us.max(off_sector_us),
