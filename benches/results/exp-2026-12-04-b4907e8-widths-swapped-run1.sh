@@ -1,7 +1,7 @@
 #!/bin/bash
 # Session 42 bundle (5b97202 + exp-2026-12-04-b4907e8-{wave-widths,wide-swapped}.patch and
 # exp-2026-12-04-5b97202-wide-swapped-tokens.patch, NOTES steps 98-101), call 1: gpu_gemm
-# with the fourteen new configurations in every case, then step 99's transposed tiles beside
+# with the seventeen new configurations in every case, then step 99's transposed tiles beside
 # the rule's pick, three rounds.
 cd "$(dirname "$0")"
 gunzip -c kernels_gpu.ptx.gz > kernels_gpu.ptx
