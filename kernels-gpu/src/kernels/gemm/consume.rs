@@ -100,32 +100,16 @@ pub(super) unsafe fn consume<T: InputType, C: Config>(
             wgmma::fence();
             let a = descriptor::k_major_sw128(ring.a_tile(slot.stage) + wg_row * BLOCK_K * 2);
             let b = descriptor::k_major_sw128(ring.b_tile(slot.stage) + wg_col * BLOCK_K * 2);
-            seq!(K in 0..4 {
-                unsafe {
-                    C::mma::<T>(
-                        &mut acc,
-                        descriptor::offset_in_atom(a, K * descriptor::K16_STEP_BYTES),
-                        descriptor::offset_in_atom(b, K * descriptor::K16_STEP_BYTES),
-                        if K == 0 { (st > st0) as u32 } else { 1 },
-                    )
-                };
-            });
+            // The unit's first k-block overwrites the accumulators (`scale-d` 0), every later
+            // one adds to them.
+            unsafe { mma_k_block::<T, C>(&mut acc, a, b, (st > st0) as u32) };
             // The stage's further k-blocks (zeros past K): each its own A and B tiles, whole
             // swizzle atoms on (`J < kps` is a constant: the untaken ones compile away).
             seq!(J in 1..4 {
                 if J < kps {
                     let a = descriptor::advance_atoms(a, J * C::TILE.a_block_bytes());
                     let b = descriptor::advance_atoms(b, J * C::TILE.b_block_bytes());
-                    seq!(K in 0..4 {
-                        unsafe {
-                            C::mma::<T>(
-                                &mut acc,
-                                descriptor::offset_in_atom(a, K * descriptor::K16_STEP_BYTES),
-                                descriptor::offset_in_atom(b, K * descriptor::K16_STEP_BYTES),
-                                1,
-                            )
-                        };
-                    });
+                    unsafe { mma_k_block::<T, C>(&mut acc, a, b, 1) };
                 }
             });
             wgmma::commit_group();
@@ -176,6 +160,27 @@ pub(super) unsafe fn consume<T: InputType, C: Config>(
         // output must be complete when the grid is.
         tma::wait_group::<0>();
     }
+}
+
+/// Issues one 64-deep k-block's `wgmma`s: four k16 steps, 32 bytes apart inside the 128-byte
+/// swizzle atoms of the A and B tiles that `a` and `b` describe; the first step scales the
+/// accumulators by `scale_d` (0: start from zero, 1: add), the others add.
+///
+/// # Safety
+/// Between `wgmma.fence` and `commit_group`, with `a` and `b` describing k-major, 128-byte
+/// swizzled tiles of a full ring slot (the contract of [`Config::mma`]).
+#[inline(always)]
+unsafe fn mma_k_block<T: InputType, C: Config>(acc: &mut C::Acc, a: u64, b: u64, scale_d: u32) {
+    seq!(K in 0..4 {
+        unsafe {
+            C::mma::<T>(
+                acc,
+                descriptor::offset_in_atom(a, K * descriptor::K16_STEP_BYTES),
+                descriptor::offset_in_atom(b, K * descriptor::K16_STEP_BYTES),
+                if K == 0 { scale_d } else { 1 },
+            )
+        };
+    });
 }
 
 /// Hands slot `stage` back: one arrival per consumer warp on the slot's `empty` barrier of
