@@ -14,6 +14,21 @@ use crate::gemm_abi::*;
 use crate::layout::{descriptor, swizzle};
 use seq_macro::seq;
 
+/// The output row `r0` of thread `t`'s registers `4j + {0, 1}` in slab `s` of a warpgroup's
+/// share whose top row is `row` (the `wgmma` accumulator layout: `r0 = row + 64·s + 16·warp +
+/// lane / 4`; registers `4j + {2, 3}` hold row `r0 + 8`).
+#[inline(always)]
+fn slab_row(row: u32, s: u32, t: u32) -> u32 {
+    row + s * SLAB_M + 16 * (t / 32) + (t % 32) / 4
+}
+
+/// Whether thread `t`'s two rows in slab `s` ([`slab_row`]) are rows of the output (below `m`).
+#[inline(always)]
+fn slab_rows(row: u32, s: u32, t: u32, m: u32) -> [bool; 2] {
+    let r0 = slab_row(row, s, t);
+    [r0 < m, r0 + 8 < m]
+}
+
 /// Implements [`Config`] as type `$name` for each tile configuration `$name: TILE` listed
 /// (configurations of one tile shape share the counts below), whose consumer
 /// warpgroup share is `slabs` slabs of 64 × `WN` outputs (`WN = TileConfig::wg_cols()`):
@@ -80,7 +95,7 @@ macro_rules! config {
                 let t = index::thread_in_warpgroup();
                 let c0 = col + 2 * (t % 4);
                 seq!(S in 0..$slabs {
-                    let r0 = row + S * SLAB_M + 16 * (t / 32) + (t % 32) / 4;
+                    let r0 = slab_row(row, S, t);
                     seq!(J in 0..$blocks {
                         unsafe {
                             store_pair::<T>(p, r0, c0 + 8 * J, acc[S][4 * J], acc[S][4 * J + 1]);
@@ -95,8 +110,7 @@ macro_rules! config {
             unsafe fn store_partial(acc: &Self::Acc, slot: *mut f32, row: u32, m: u32) {
                 let t = index::thread_in_warpgroup();
                 seq!(S in 0..$slabs {
-                    let r0 = row + S * SLAB_M + 16 * (t / 32) + (t % 32) / 4;
-                    let rows = [r0 < m, r0 + 8 < m];
+                    let rows = slab_rows(row, S, t, m);
                     seq!(R in 0..$regs {
                         if rows[(R % 4) / 2] {
                             let at = ((S * $regs + R) * 128 + t) as usize;
@@ -125,8 +139,7 @@ macro_rules! config {
                         if G < SUM_GROUP && j0 + G < splits {
                             let slot = unsafe { first.add((j0 + G) as usize * stride) };
                             seq!(S in 0..$slabs {
-                                let r0 = row + S * SLAB_M + 16 * (t / 32) + (t % 32) / 4;
-                                let rows = [r0 < m, r0 + 8 < m];
+                                let rows = slab_rows(row, S, t, m);
                                 seq!(R in 0..$regs {
                                     if rows[(R % 4) / 2] {
                                         let at = ((S * $regs + R) * 128 + t) as usize;
@@ -147,8 +160,7 @@ macro_rules! config {
                         seq!(G in 0..4 {
                             if G < SUM_GROUP && j0 + G < splits {
                                 seq!(S in 0..$slabs {
-                                    let r0 = row + S * SLAB_M + 16 * (t / 32) + (t % 32) / 4;
-                                    let rows = [r0 < m, r0 + 8 < m];
+                                    let rows = slab_rows(row, S, t, m);
                                     seq!(R in 0..$regs {
                                         if rows[(R % 4) / 2] {
                                             add_split(&mut acc[S][R], v~G[S][R], j0 + G == 0);
