@@ -285,7 +285,7 @@ fn main_loop_cost(variant: &GemmVariant, rows: SectorAlignment) -> f64 {
 const OFF_SECTOR_ROW_COST: f64 = 1.27;
 
 /// Output tiles of `variant` on an `m × n` output, whole clusters.
-fn tile_count(variant: &GemmVariant, m: u64, n: u64) -> u64 {
+pub(super) fn tile_count(variant: &GemmVariant, m: u64, n: u64) -> u64 {
     let c = variant.config;
     m.div_ceil(u64::from(c.block_m))
         .next_multiple_of(u64::from(c.cluster_m))

@@ -1,5 +1,7 @@
 //! Preparing and launching the GEMM stage kernel on one GPU.
-use super::choose::{choose_fp8_variant, choose_variant_for, raster_group_m, split_grid};
+use super::choose::{
+    choose_fp8_variant, choose_variant_for, raster_group_m, split_grid, tile_count,
+};
 use super::{Fp8GemmArgs, GemmArgs, GemmError, MatrixView, SectorAlignment, check};
 use crate::dtype::Dtype;
 use crate::fp8::ScaleMode;
@@ -347,11 +349,7 @@ impl GemmKernel {
 /// by `cluster_m` along M): the kernel walks them with 32-bit indices, so an output of 2³² or
 /// more is refused (`check` bounds each dimension below 2³¹, not their product).
 fn cluster_tiles(variant: &GemmVariant, m: u64, n: u64) -> Result<u32, GemmError> {
-    let c = variant.config;
-    let tiles = m
-        .div_ceil(u64::from(c.block_m))
-        .div_ceil(u64::from(c.cluster_m))
-        * n.div_ceil(u64::from(c.block_n));
+    let tiles = tile_count(variant, m, n) / u64::from(variant.config.cluster_m);
     u32::try_from(tiles).map_err(|_| {
         GemmError::Shape(format!(
             "{m}x{n} output is {tiles} tiles of {}, more than the kernel's 32-bit tile \
