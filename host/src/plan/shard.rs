@@ -54,6 +54,19 @@ pub enum SizeError {
 }
 
 impl SizeError {
+    /// The C to shard: `None` when beta is 0 (a C given is ignored), else `c`, which must be
+    /// there ([`SizeError::MissingC`]) with M·N elements.
+    fn checked_c<'c, T>(p: &Problem, c: Option<&'c [T]>) -> Result<Option<&'c [T]>, SizeError> {
+        match (p.has_c(), c) {
+            (false, _) => Ok(None),
+            (true, None) => Err(SizeError::MissingC { beta: p.beta }),
+            (true, Some(c)) => {
+                SizeError::check("C", c.len(), p.m * p.n)?;
+                Ok(Some(c))
+            }
+        }
+    }
+
     /// `Ok` when `got == expected`, else [`SizeError::Elements`] naming `matrix`.
     pub(crate) fn check(matrix: &str, got: usize, expected: usize) -> Result<(), SizeError> {
         if got == expected {
@@ -131,14 +144,7 @@ impl Plan {
         let p = &self.problem;
         SizeError::check("A", inputs.a.len(), p.m * p.k)?;
         SizeError::check("B", inputs.b.len(), p.n * p.k)?;
-        let c = match (p.has_c(), &inputs.c) {
-            (false, _) => None,
-            (true, None) => return Err(SizeError::MissingC { beta: p.beta }),
-            (true, Some(c)) => {
-                SizeError::check("C", c.len(), p.m * p.n)?;
-                Some(c)
-            }
-        };
+        let c = SizeError::checked_c(p, inputs.c.as_deref())?;
         Ok(self
             .devices
             .iter()
@@ -283,14 +289,7 @@ impl Plan {
             });
         }
         inputs.scales.validate(p.m, p.n)?;
-        let c = match (p.has_c(), &inputs.c) {
-            (false, _) => None,
-            (true, None) => return Err(SizeError::MissingC { beta: p.beta }),
-            (true, Some(c)) => {
-                SizeError::check("C", c.len(), p.m * p.n)?;
-                Some(c)
-            }
-        };
+        let c = SizeError::checked_c(p, inputs.c.as_deref())?;
         Ok(self
             .devices
             .iter()
