@@ -57,181 +57,208 @@ const SPLIT_K_REPEATS: usize = 5;
 /// tiles.
 const SPLIT_K_GRID_CAPS: [u32; 3] = [37, 5, 1];
 
-/// Runs `case` on our kernel and on cuBLASLt and checks every element; returns the worst
-/// error relative to the bound. Split-K configurations also run [`SPLIT_K_REPEATS`] more times
-/// and must give the same bits every time, then run on the smaller grids of
-/// [`SPLIT_K_GRID_CAPS`].
-fn check_case<T: Element + CublasLtElement + DeviceCopy>(
-    variant: Option<&GemmVariant>,
-    c_owner: Option<&Gpu>,
-    gpu: &Gpu,
-    kernel: &GemmKernel,
-    stream: &Arc<CudaStream>,
-    c: Case,
-) -> Verdict {
-    let Case {
-        m, n, k, pad, beta, ..
-    } = c;
-    let (lda, ldb, ldd) = (k + pad, k + pad, (n + pad).next_multiple_of(8));
-    let mut rng = SmallRng::seed_from_u64(m ^ (n << 20) ^ (k << 40));
-    let a_host: Vec<T> = random_matrix(&mut rng, m * lda);
-    let b_host: Vec<T> = random_matrix(&mut rng, n * ldb);
-    let c_host: Vec<T> = if beta != 0.0 {
-        random_matrix(&mut rng, m * ldd)
-    } else {
-        Vec::new()
-    };
-    let a = DeviceBuffer::from_host(gpu, stream, &a_host).expect("upload A");
-    let b = DeviceBuffer::from_host(gpu, stream, &b_host).expect("upload B");
-    let c_dev =
-        (beta != 0.0).then(|| DeviceBuffer::from_host(gpu, stream, &c_host).expect("upload C"));
-    // C for our kernel: the local copy, or one in another GPU's memory (read over NVLink, as
-    // the reduce-scatter schedules read the left neighbour's partial sums).
-    let c_remote = c_owner.filter(|_| beta != 0.0).map(|owner| {
-        let owner_stream = owner.new_stream().expect("peer stream");
-        let c = DeviceBuffer::from_host(owner, &owner_stream, &c_host).expect("upload peer C");
-        owner.synchronize().expect("peer sync");
-        c
-    });
-    let c_ours = c_remote.as_ref().or(c_dev.as_ref());
-    let mut ours = DeviceBuffer::<T>::alloc(gpu, (m * ldd) as usize).expect("alloc D");
-    let mut theirs = DeviceBuffer::<T>::alloc(gpu, (m * ldd) as usize).expect("alloc D ref");
-    ours.fill(stream, T::nan()).expect("poison D");
-    theirs.fill(stream, T::nan()).expect("poison D ref");
-
-    let args = GemmArgs {
-        dtype: T::DTYPE,
-        a: MatrixView {
-            ptr: a.device_ptr(),
-            rows: m,
-            cols: k,
-            ld: lda,
-        },
-        b: MatrixView {
-            ptr: b.device_ptr(),
-            rows: n,
-            cols: k,
-            ld: ldb,
-        },
-        c: c_ours.map(|c| MatrixView {
-            ptr: c.device_ptr(),
-            rows: m,
-            cols: n,
-            ld: ldd,
-        }),
-        d: MatrixView {
-            ptr: ours.device_ptr(),
-            rows: m,
-            cols: n,
-            ld: ldd,
-        },
-        alpha: 1.0,
-        beta,
-    };
-    if let Some(v) = variant.filter(|v| !serves(v, m)) {
-        return refused(kernel.prepare_variant(stream, &args, v).err(), v);
-    }
-    let mut prepared = match variant {
-        Some(v) => kernel.prepare_variant(stream, &args, v),
-        None => kernel.prepare(stream, &args),
-    }
-    .expect("prepare GEMM");
-    let name = format!("{} [{}]", c.name, prepared.variant().name);
-    let shape = TnGemmShape {
-        m,
-        n,
-        k,
-        lda,
-        ldb,
-        ldc: ldd,
-        ldd,
-    };
-    let lt = CublasLtGemm::<T>::new(gpu, stream.clone(), shape).expect("cuBLASLt");
-    lt.run(&a, &b, c_dev.as_ref(), &mut theirs, 1.0, beta)
-        .expect("cuBLASLt run");
-    let theirs = theirs.download(stream).expect("download D ref");
-
-    let u = T::DTYPE.unit_roundoff();
-    let s = 1e-2 * (k as f64).sqrt();
-    let accumulation = 8.0 * k as f64 * 2f64.powi(-24);
-    let bound = |r: f64| 2.0 * u * (r.abs() + s) + accumulation;
-    // Every element of `ours` (D of run `label`) against cuBLASLt; the worst error over the
-    // bound.
-    let check_all = |ours: &[T], label: &str| {
-        let mut worst: f64 = 0.0;
-        for row in 0..m {
-            for col in 0..ldd {
-                let i = (row * ldd + col) as usize;
-                let (o, t) = (ours[i].to_f32() as f64, theirs[i].to_f32() as f64);
-                if col >= n {
-                    assert!(
-                        o.is_nan(),
-                        "{name}{label}: padding D[{row}][{col}] was written ({o})"
-                    );
-                    continue;
-                }
-                let err = (o - t).abs();
-                assert!(
-                    err <= bound(t),
-                    "{name}{label}: D[{row}][{col}] = {o}, cuBLASLt {t} (|err| {err} > bound {})",
-                    bound(t)
-                );
-                worst = worst.max(err / bound(t));
-            }
-        }
-        worst
-    };
-    let mut run = |prepared: &distgemm::gemm::PreparedGemm| {
-        ours.fill(stream, T::nan()).expect("poison D");
-        // SAFETY: the operands are live buffers of the viewed sizes, read back after the
-        // launch.
-        unsafe { prepared.launch(stream, false) }.expect("launch GEMM");
-        ours.download(stream).expect("download D")
-    };
-    let first = run(&prepared);
-    let mut worst = check_all(&first, "");
-    if prepared.variant().config.split_k {
-        // Split-K adds a tile's partial sums in k order, whichever block finishes it, and
-        // leaves its counters zero: every run on the same grid gives the same bits.
-        for again in 1..=SPLIT_K_REPEATS {
-            let same = run(&prepared)
-                .iter()
-                .zip(&first)
-                .all(|(x, y)| x.to_bits() == y.to_bits());
-            assert!(same, "{name}: run {again} differs from the first run");
-        }
-        // Smaller grids cut the tiles elsewhere (stream-K ranges that start and end inside
-        // tiles, several pieces per block, or one block for everything).
-        for cap in SPLIT_K_GRID_CAPS {
-            prepared.cap_grid(cap);
-            worst = worst.max(check_all(&run(&prepared), &format!(" on {cap} blocks")));
-        }
-    }
-    let ours = first;
-    // Float64 reference on sampled elements: corners, the last row/column (tails) and random picks.
-    let mut samples = vec![(0, 0), (m - 1, n - 1), (m - 1, 0), (0, n - 1)];
-    samples.extend((0..256).map(|_| (rng.random_range(0..m), rng.random_range(0..n))));
-    for (row, col) in samples {
-        let mut r: f64 = (0..k)
-            .map(|kk| {
-                a_host[(row * lda + kk) as usize].to_f32() as f64
-                    * b_host[(col * ldb + kk) as usize].to_f32() as f64
-            })
-            .sum();
-        if beta != 0.0 {
-            r += beta as f64 * c_host[(row * ldd + col) as usize].to_f32() as f64;
-        }
-        let o = ours[(row * ldd + col) as usize].to_f32() as f64;
-        assert!(
-            (o - r).abs() <= bound(r),
-            "{}: D[{row}][{col}] = {o}, f64 reference {r}",
-            name
-        );
-    }
-    Verdict::Checked(worst)
+/// One case set up for checking: its operands on the GPU (C also in another GPU's memory
+/// where asked), cuBLASLt's D for them, and the float64 reference on sampled elements — all
+/// built once, then each configuration is checked against them ([`CaseRun::check`]).
+struct CaseRun<T: Element + DeviceCopy> {
+    case: Case,
+    /// Leading dimensions of A, B and of C and D.
+    lda: u64,
+    ldb: u64,
+    ldd: u64,
+    a: DeviceBuffer<T>,
+    b: DeviceBuffer<T>,
+    /// C where our kernel reads it: in another GPU's memory (read over NVLink, as the
+    /// reduce-scatter schedules read the left neighbour's partial sums), or the local copy.
+    c: Option<DeviceBuffer<T>>,
+    /// Our D, poisoned with NaN before every run.
+    ours: DeviceBuffer<T>,
+    /// cuBLASLt's D (NaN in the padding between rows).
+    theirs: Vec<T>,
+    /// Sampled elements `(row, col, f64 reference)`: the corners (tails) and random picks.
+    samples: Vec<(u64, u64, f64)>,
 }
 
-/// What `check_case` found: every element within the bound (the worst error over the bound),
+impl<T: Element + CublasLtElement + DeviceCopy> CaseRun<T> {
+    /// Random N(0, 1) operands for `c` (C in `c_owner`'s memory for our kernel, when given
+    /// and beta ≠ 0), cuBLASLt's D and the f64 reference on 260 sampled elements.
+    fn new(c_owner: Option<&Gpu>, gpu: &Gpu, stream: &Arc<CudaStream>, c: Case) -> Self {
+        let Case {
+            m, n, k, pad, beta, ..
+        } = c;
+        let (lda, ldb, ldd) = (k + pad, k + pad, (n + pad).next_multiple_of(8));
+        let mut rng = SmallRng::seed_from_u64(m ^ (n << 20) ^ (k << 40));
+        let a_host: Vec<T> = random_matrix(&mut rng, m * lda);
+        let b_host: Vec<T> = random_matrix(&mut rng, n * ldb);
+        let c_host: Vec<T> = if beta != 0.0 {
+            random_matrix(&mut rng, m * ldd)
+        } else {
+            Vec::new()
+        };
+        let a = DeviceBuffer::from_host(gpu, stream, &a_host).expect("upload A");
+        let b = DeviceBuffer::from_host(gpu, stream, &b_host).expect("upload B");
+        let c_local =
+            (beta != 0.0).then(|| DeviceBuffer::from_host(gpu, stream, &c_host).expect("upload C"));
+        let c_remote = c_owner.filter(|_| beta != 0.0).map(|owner| {
+            let owner_stream = owner.new_stream().expect("peer stream");
+            let c = DeviceBuffer::from_host(owner, &owner_stream, &c_host).expect("upload peer C");
+            owner.synchronize().expect("peer sync");
+            c
+        });
+        let ours = DeviceBuffer::<T>::alloc(gpu, (m * ldd) as usize).expect("alloc D");
+        let mut theirs = DeviceBuffer::<T>::alloc(gpu, (m * ldd) as usize).expect("alloc D ref");
+        theirs.fill(stream, T::nan()).expect("poison D ref");
+        let shape = TnGemmShape {
+            m,
+            n,
+            k,
+            lda,
+            ldb,
+            ldc: ldd,
+            ldd,
+        };
+        let lt = CublasLtGemm::<T>::new(gpu, stream.clone(), shape).expect("cuBLASLt");
+        lt.run(&a, &b, c_local.as_ref(), &mut theirs, 1.0, beta)
+            .expect("cuBLASLt run");
+        let theirs = theirs.download(stream).expect("download D ref");
+        let mut picks = vec![(0, 0), (m - 1, n - 1), (m - 1, 0), (0, n - 1)];
+        picks.extend((0..256).map(|_| (rng.random_range(0..m), rng.random_range(0..n))));
+        let samples = picks
+            .into_iter()
+            .map(|(row, col)| {
+                let mut r: f64 = (0..k)
+                    .map(|kk| {
+                        a_host[(row * lda + kk) as usize].to_f32() as f64
+                            * b_host[(col * ldb + kk) as usize].to_f32() as f64
+                    })
+                    .sum();
+                if beta != 0.0 {
+                    r += beta as f64 * c_host[(row * ldd + col) as usize].to_f32() as f64;
+                }
+                (row, col, r)
+            })
+            .collect();
+        CaseRun {
+            case: c,
+            lda,
+            ldb,
+            ldd,
+            a,
+            b,
+            c: c_remote.or(c_local),
+            ours,
+            theirs,
+            samples,
+        }
+    }
+
+    /// Runs the case on `variant` (the rule's pick for `None`) and checks every element
+    /// against cuBLASLt and the samples against the f64 reference; returns the worst error
+    /// relative to the bound. Split-K configurations also run [`SPLIT_K_REPEATS`] more times
+    /// and must give the same bits every time, then run on the smaller grids of
+    /// [`SPLIT_K_GRID_CAPS`]. A short tile on more rows than it serves must be refused.
+    fn check(
+        &mut self,
+        variant: Option<&GemmVariant>,
+        kernel: &GemmKernel,
+        stream: &Arc<CudaStream>,
+    ) -> Verdict {
+        let Case { m, n, k, beta, .. } = self.case;
+        let (lda, ldb, ldd) = (self.lda, self.ldb, self.ldd);
+        let view = |buffer: &DeviceBuffer<T>, rows: u64, cols: u64, ld: u64| MatrixView {
+            ptr: buffer.device_ptr(),
+            rows,
+            cols,
+            ld,
+        };
+        let args = GemmArgs {
+            dtype: T::DTYPE,
+            a: view(&self.a, m, k, lda),
+            b: view(&self.b, n, k, ldb),
+            c: self.c.as_ref().map(|c| view(c, m, n, ldd)),
+            d: view(&self.ours, m, n, ldd),
+            alpha: 1.0,
+            beta,
+        };
+        if let Some(v) = variant.filter(|v| !serves(v, m)) {
+            return refused(kernel.prepare_variant(stream, &args, v).err(), v);
+        }
+        let mut prepared = match variant {
+            Some(v) => kernel.prepare_variant(stream, &args, v),
+            None => kernel.prepare(stream, &args),
+        }
+        .expect("prepare GEMM");
+        let name = format!("{} [{}]", self.case.name, prepared.variant().name);
+        let u = T::DTYPE.unit_roundoff();
+        let s = 1e-2 * (k as f64).sqrt();
+        let accumulation = 8.0 * k as f64 * 2f64.powi(-24);
+        let bound = |r: f64| 2.0 * u * (r.abs() + s) + accumulation;
+        let theirs = &self.theirs;
+        // Every element of `ours` (D of run `label`) against cuBLASLt; the worst error over the
+        // bound.
+        let check_all = |ours: &[T], label: &str| {
+            let mut worst: f64 = 0.0;
+            for row in 0..m {
+                for col in 0..ldd {
+                    let i = (row * ldd + col) as usize;
+                    let (o, t) = (ours[i].to_f32() as f64, theirs[i].to_f32() as f64);
+                    if col >= n {
+                        assert!(
+                            o.is_nan(),
+                            "{name}{label}: padding D[{row}][{col}] was written ({o})"
+                        );
+                        continue;
+                    }
+                    let err = (o - t).abs();
+                    assert!(
+                        err <= bound(t),
+                        "{name}{label}: D[{row}][{col}] = {o}, cuBLASLt {t} (|err| {err} > bound {})",
+                        bound(t)
+                    );
+                    worst = worst.max(err / bound(t));
+                }
+            }
+            worst
+        };
+        let ours = &mut self.ours;
+        let mut run = |prepared: &distgemm::gemm::PreparedGemm| {
+            ours.fill(stream, T::nan()).expect("poison D");
+            // SAFETY: the operands are live buffers of the viewed sizes, read back after the
+            // launch.
+            unsafe { prepared.launch(stream, false) }.expect("launch GEMM");
+            ours.download(stream).expect("download D")
+        };
+        let first = run(&prepared);
+        let mut worst = check_all(&first, "");
+        if prepared.variant().config.split_k {
+            // Split-K adds a tile's partial sums in k order, whichever block finishes it, and
+            // leaves its counters zero: every run on the same grid gives the same bits.
+            for again in 1..=SPLIT_K_REPEATS {
+                let same = run(&prepared)
+                    .iter()
+                    .zip(&first)
+                    .all(|(x, y)| x.to_bits() == y.to_bits());
+                assert!(same, "{name}: run {again} differs from the first run");
+            }
+            // Smaller grids cut the tiles elsewhere (stream-K ranges that start and end inside
+            // tiles, several pieces per block, or one block for everything).
+            for cap in SPLIT_K_GRID_CAPS {
+                prepared.cap_grid(cap);
+                worst = worst.max(check_all(&run(&prepared), &format!(" on {cap} blocks")));
+            }
+        }
+        for &(row, col, r) in &self.samples {
+            let o = first[(row * ldd + col) as usize].to_f32() as f64;
+            assert!(
+                (o - r).abs() <= bound(r),
+                "{name}: D[{row}][{col}] = {o}, f64 reference {r}"
+            );
+        }
+        Verdict::Checked(worst)
+    }
+}
+
+/// What [`CaseRun::check`] found: every element within the bound (the worst error over the bound),
 /// or the named refusal of a short tile on more rows than it serves.
 enum Verdict {
     Checked(f64),
@@ -262,6 +289,19 @@ fn refused(err: Option<GemmLaunchError>, variant: &GemmVariant) -> Verdict {
 /// Checks every case with the configuration the rule picks (`every_variant == false`) or with
 /// every compiled configuration.
 fn run_cases(test: &str, dtype: Dtype, cases: &[Case], every_variant: bool) {
+    match dtype {
+        Dtype::Bf16 => run_cases_of::<half::bf16>(test, cases, every_variant),
+        Dtype::F16 => run_cases_of::<half::f16>(test, cases, every_variant),
+    }
+}
+
+/// [`run_cases`] in element type `T`: each case is set up once ([`CaseRun::new`]) and checked
+/// with every configuration asked for.
+fn run_cases_of<T: Element + CublasLtElement + DeviceCopy>(
+    test: &str,
+    cases: &[Case],
+    every_variant: bool,
+) {
     let Some(session) = gpu::hopper_gpu(test) else {
         return;
     };
@@ -274,19 +314,18 @@ fn run_cases(test: &str, dtype: Dtype, cases: &[Case], every_variant: bool) {
         vec![None]
     };
     for &c in cases {
+        let mut run = CaseRun::<T>::new(None, &session.gpu, &stream, c);
         for &v in &variants {
-            let verdict = match dtype {
-                Dtype::Bf16 => check_case::<half::bf16>(v, None, &session.gpu, &kernel, &stream, c),
-                Dtype::F16 => check_case::<half::f16>(v, None, &session.gpu, &kernel, &stream, c),
-            };
+            let verdict = run.check(v, &kernel, &stream);
             visible_line(&format!(
-                "{test}: {} {}x{}x{} pad {} beta {} {dtype} [{}]: {}",
+                "{test}: {} {}x{}x{} pad {} beta {} {} [{}]: {}",
                 c.name,
                 c.m,
                 c.n,
                 c.k,
                 c.pad,
                 c.beta,
+                T::DTYPE,
                 v.map_or("chosen", |v| v.name),
                 verdict
             ));
@@ -482,10 +521,10 @@ fn c_from_the_other_gpu() {
         },
     ];
     for c in cases {
+        let mut run = CaseRun::<half::bf16>::new(Some(&peer), &session.gpu, &stream, c);
+        session.gpu.bind().expect("bind GPU 0");
         for v in &VARIANTS {
-            let verdict =
-                check_case::<half::bf16>(Some(v), Some(&peer), &session.gpu, &kernel, &stream, c);
-            session.gpu.bind().expect("bind GPU 0");
+            let verdict = run.check(Some(v), &kernel, &stream);
             visible_line(&format!("{test}: {} [{}]: {verdict}", c.name, v.name));
         }
     }
