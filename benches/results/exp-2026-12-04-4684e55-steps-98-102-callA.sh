@@ -1,12 +1,12 @@
 #!/bin/bash
-# Session 43 bundle (44695ea + the step 102, 98, 99 and 101 patches; NOTES steps 98-102), call
+# Session 43 bundle (4684e55 + the step 102, 98, 99 and 101 patches; NOTES steps 98-102), call
 # A: gpu_gemm whole (every new configuration and the split configurations' data-parallel
 # heads in every case), then step 99's transposed tiles beside the rule's pick, three rounds.
 # About 9 minutes.
 cd "$(dirname "$0")"
 gunzip -c kernels_gpu.ptx.gz > kernels_gpu.ptx
 source ./gpu-env.sh
-COMMIT=44695ea-dirty-98-99-101-102
+COMMIT=4684e55-dirty-98-99-101-102
 mkdir -p $OUT/r
 pack() { tar -C $OUT -czf $OUT/r.tgz r; }
 timeout 420 ./gpu_gemm --test-threads=1 > $OUT/r/tests-gpu_gemm.log 2>&1; echo "gemm rc=$? $SECONDS" >> $OUT/r/status

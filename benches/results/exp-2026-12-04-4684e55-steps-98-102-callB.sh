@@ -5,7 +5,7 @@
 cd "$(dirname "$0")"
 gunzip -c kernels_gpu.ptx.gz > kernels_gpu.ptx
 source ./gpu-env.sh
-COMMIT=44695ea-dirty-98-99-101-102
+COMMIT=4684e55-dirty-98-99-101-102
 mkdir -p $OUT/r
 pack() { tar -C $OUT -czf $OUT/r.tgz r; }
 i=0

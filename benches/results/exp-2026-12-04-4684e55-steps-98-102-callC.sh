@@ -4,7 +4,7 @@
 cd "$(dirname "$0")"
 gunzip -c kernels_gpu.ptx.gz > kernels_gpu.ptx
 source ./gpu-env.sh
-COMMIT=44695ea-dirty-98-99-101-102
+COMMIT=4684e55-dirty-98-99-101-102
 mkdir -p $OUT/r
 pack() { tar -C $OUT -czf $OUT/r.tgz r; }
 S1=400x3584x3584,257x4608x3584,600x2560x8192,777x6144x4096,257x14784x8192,1500x3584x3584,2200x2304x16384,777x3072x8192
