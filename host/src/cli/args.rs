@@ -173,6 +173,24 @@ pub(crate) enum ReportFormat {
     Json,
 }
 
+/// How `run` and `bench` write their report: `--format text|json`, or `--json` for short.
+#[derive(Debug, Args)]
+pub(crate) struct ReportArgs {
+    /// Output format.
+    #[arg(long, value_enum, default_value = "text")]
+    pub(crate) format: ReportFormat,
+    /// Same as --format json.
+    #[arg(long, conflicts_with = "format")]
+    pub(crate) json: bool,
+}
+
+impl ReportArgs {
+    /// Whether the report is JSON (`--format json` or `--json`).
+    pub(crate) fn json(&self) -> bool {
+        self.json || self.format == ReportFormat::Json
+    }
+}
+
 /// Where `run` executes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub(crate) enum Backend {
@@ -200,12 +218,8 @@ pub(crate) struct RunArgs {
     /// Consecutive runs of the plan (1..=10000).
     #[arg(long, default_value_t = 1)]
     pub(crate) iters: usize,
-    /// Output format.
-    #[arg(long, value_enum, default_value = "text")]
-    pub(crate) format: ReportFormat,
-    /// Same as --format json.
-    #[arg(long, conflicts_with = "format")]
-    pub(crate) json: bool,
+    #[command(flatten)]
+    pub(crate) report: ReportArgs,
     /// Seed of the random inputs.
     #[arg(long, default_value_t = 0)]
     pub(crate) seed: u64,
@@ -224,13 +238,6 @@ pub(crate) struct RunArgs {
 
 /// Most iterations `run` accepts (as `bench`'s repetitions).
 pub(crate) const MAX_RUN_ITERS: usize = 10_000;
-
-impl RunArgs {
-    /// Whether the report is JSON (`--format json` or `--json`).
-    pub(crate) fn json(&self) -> bool {
-        self.json || self.format == ReportFormat::Json
-    }
-}
 
 /// Fewest timed repetitions `bench` accepts.
 pub(crate) const MIN_BENCH_REPS: usize = 1;
@@ -255,19 +262,8 @@ pub(crate) struct BenchArgs {
     /// Bound of every GPU wait, in milliseconds (a stuck peer becomes an error, not a hang).
     #[arg(long, default_value_t = 10_000)]
     pub(crate) timeout_ms: u64,
-    /// Output format.
-    #[arg(long, value_enum, default_value = "text")]
-    pub(crate) format: ReportFormat,
-    /// Same as --format json.
-    #[arg(long, conflicts_with = "format")]
-    pub(crate) json: bool,
-}
-
-impl BenchArgs {
-    /// Whether the report is JSON (`--format json` or `--json`).
-    pub(crate) fn json(&self) -> bool {
-        self.json || self.format == ReportFormat::Json
-    }
+    #[command(flatten)]
+    pub(crate) report: ReportArgs,
 }
 
 /// Default total of timed runs per candidate of `tune`, over all rounds.

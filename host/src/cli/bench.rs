@@ -77,7 +77,7 @@ pub(super) fn bench(args: &BenchArgs, out: &mut dyn Write) -> Result<(), CliErro
         Dtype::Bf16 => bench_typed::<half::bf16>(args, problem, gpus)?,
         Dtype::F16 => bench_typed::<half::f16>(args, problem, gpus)?,
     };
-    if args.json() {
+    if args.report.json() {
         writeln!(out, "{}", serde_json::to_string(&report)?)?;
     } else {
         write!(out, "{}", render_text(&report))?;

@@ -217,7 +217,7 @@ fn run_typed<T: Element>(args: &RunArgs, plan: Plan, out: &mut dyn Write) -> Res
     exec.load_inputs(&shards)?;
     exec.poison();
 
-    let bar = if args.json() || args.iters < 2 {
+    let bar = if args.report.json() || args.iters < 2 {
         ProgressBar::hidden()
     } else {
         ProgressBar::new(args.iters as u64)
@@ -587,7 +587,7 @@ fn print_report(
         check: report,
         check_coverage: coverage,
     };
-    if args.json() {
+    if args.report.json() {
         writeln!(out, "{}", serde_json::to_string(&summary)?)?;
     } else {
         writeln!(
