@@ -1,8 +1,10 @@
 //! The Hopper GEMM stage kernel against cuBLASLt (same process, same inputs) and a float64
-//! reference on sampled elements, over the shapes and views the schedules need.
+//! reference on sampled elements, over the shapes and views the schedules need and over shapes
+//! drawn at random (`random_cases`), where the rule picks the configuration.
 //!
 //! Inputs are N(0, 1) (never zeros); D is poisoned with NaN before every run, and every element
-//! of D, including the padding between rows of strided views (which must stay NaN), is checked.
+//! of D's buffer, including the padding between rows of strided views and the elements before
+//! a view that starts inside its buffer (which must stay NaN), is checked.
 //! Error bound, with `u` the unit roundoff of the element type (bf16 2⁻⁸, f16 2⁻¹¹):
 //! `|ours − ref| ≤ 2u·(|ref| + 10⁻²·√K) + 8·K·2⁻²⁴` per element. The first term is one
 //! rounding of the output on each side; the second the difference of two f32 accumulations
@@ -21,7 +23,8 @@ use rand::{Rng, SeedableRng};
 use rand_distr::StandardNormal;
 use std::sync::Arc;
 
-/// One GEMM to check: shape, extra elements of row padding per operand, beta.
+/// One GEMM to check: shape, extra elements of row padding per operand, where the operands
+/// start in their buffers, alpha and beta.
 #[derive(Clone, Copy, Debug)]
 struct Case {
     name: &'static str,
@@ -29,6 +32,10 @@ struct Case {
     n: u64,
     k: u64,
     pad: u64,
+    /// Elements (a multiple of 8: 16 bytes) before A, B, C and D in their buffers, NaN there
+    /// (a read before a view's start poisons D; a write there is caught).
+    offset: u64,
+    alpha: f32,
     beta: f32,
 }
 
@@ -39,6 +46,8 @@ const fn case(name: &'static str, m: u64, n: u64, k: u64) -> Case {
         n,
         k,
         pad: 0,
+        offset: 0,
+        alpha: 1.0,
         beta: 0.0,
     }
 }
@@ -47,6 +56,18 @@ fn random_matrix<T: Element>(rng: &mut SmallRng, len: u64) -> Vec<T> {
     (0..len)
         .map(|_| T::from_f32(rng.sample::<f32, _>(StandardNormal)))
         .collect()
+}
+
+/// `data` uploaded `offset` elements into a new buffer whose first `offset` elements are NaN.
+fn upload_at<T: Element + DeviceCopy>(
+    gpu: &Gpu,
+    stream: &CudaStream,
+    data: &[T],
+    offset: u64,
+) -> DeviceBuffer<T> {
+    let mut host = vec![T::nan(); offset as usize];
+    host.extend_from_slice(data);
+    DeviceBuffer::from_host(gpu, stream, &host).expect("upload operand")
 }
 
 /// Runs of a split-K configuration after the first, each compared bit for bit with it.
@@ -66,14 +87,15 @@ struct CaseRun<T: Element + DeviceCopy> {
     lda: u64,
     ldb: u64,
     ldd: u64,
+    /// A and B for our kernel, each `case.offset` elements into its buffer.
     a: DeviceBuffer<T>,
     b: DeviceBuffer<T>,
     /// C where our kernel reads it: in another GPU's memory (read over NVLink, as the
     /// reduce-scatter schedules read the left neighbour's partial sums), or the local copy.
     c: Option<DeviceBuffer<T>>,
-    /// Our D, poisoned with NaN before every run.
+    /// Our D (`case.offset` elements into the buffer), poisoned with NaN before every run.
     ours: DeviceBuffer<T>,
-    /// cuBLASLt's D (NaN in the padding between rows).
+    /// cuBLASLt's D, dense from the buffer's start (NaN in the padding between rows).
     theirs: Vec<T>,
     /// Sampled elements `(row, col, f64 reference)`: the corners (tails) and random picks.
     samples: Vec<(u64, u64, f64)>,
@@ -84,7 +106,14 @@ impl<T: Element + CublasLtElement + DeviceCopy> CaseRun<T> {
     /// and beta ≠ 0), cuBLASLt's D and the f64 reference on 260 sampled elements.
     fn new(c_owner: Option<&Gpu>, gpu: &Gpu, stream: &Arc<CudaStream>, c: Case) -> Self {
         let Case {
-            m, n, k, pad, beta, ..
+            m,
+            n,
+            k,
+            pad,
+            offset,
+            alpha,
+            beta,
+            ..
         } = c;
         let (lda, ldb, ldd) = (k + pad, k + pad, (n + pad).next_multiple_of(8));
         let mut rng = SmallRng::seed_from_u64(m ^ (n << 20) ^ (k << 40));
@@ -95,17 +124,16 @@ impl<T: Element + CublasLtElement + DeviceCopy> CaseRun<T> {
         } else {
             Vec::new()
         };
-        let a = DeviceBuffer::from_host(gpu, stream, &a_host).expect("upload A");
-        let b = DeviceBuffer::from_host(gpu, stream, &b_host).expect("upload B");
-        let c_local =
-            (beta != 0.0).then(|| DeviceBuffer::from_host(gpu, stream, &c_host).expect("upload C"));
+        let a = upload_at(gpu, stream, &a_host, offset);
+        let b = upload_at(gpu, stream, &b_host, offset);
+        let c_local = (beta != 0.0).then(|| upload_at(gpu, stream, &c_host, offset));
         let c_remote = c_owner.filter(|_| beta != 0.0).map(|owner| {
             let owner_stream = owner.new_stream().expect("peer stream");
-            let c = DeviceBuffer::from_host(owner, &owner_stream, &c_host).expect("upload peer C");
+            let c = upload_at(owner, &owner_stream, &c_host, offset);
             owner.synchronize().expect("peer sync");
             c
         });
-        let ours = DeviceBuffer::<T>::alloc(gpu, (m * ldd) as usize).expect("alloc D");
+        let ours = DeviceBuffer::<T>::alloc(gpu, (offset + m * ldd) as usize).expect("alloc D");
         let mut theirs = DeviceBuffer::<T>::alloc(gpu, (m * ldd) as usize).expect("alloc D ref");
         theirs.fill(stream, T::nan()).expect("poison D ref");
         let shape = TnGemmShape {
@@ -118,7 +146,17 @@ impl<T: Element + CublasLtElement + DeviceCopy> CaseRun<T> {
             ldd,
         };
         let lt = CublasLtGemm::<T>::new(gpu, stream.clone(), shape).expect("cuBLASLt");
-        lt.run(&a, &b, c_local.as_ref(), &mut theirs, 1.0, beta)
+        // cuBLASLt takes whole buffers: dense copies of the operands when ours start later.
+        let dense = (offset != 0).then(|| {
+            let upload = |data: &[T]| upload_at(gpu, stream, data, 0);
+            let c = (beta != 0.0).then(|| upload(&c_host));
+            (upload(&a_host), upload(&b_host), c)
+        });
+        let (lt_a, lt_b, lt_c) = match &dense {
+            Some((a, b, c)) => (a, b, c.as_ref()),
+            None => (&a, &b, c_local.as_ref()),
+        };
+        lt.run(lt_a, lt_b, lt_c, &mut theirs, alpha, beta)
             .expect("cuBLASLt run");
         let theirs = theirs.download(stream).expect("download D ref");
         let mut picks = vec![(0, 0), (m - 1, n - 1), (m - 1, 0), (0, n - 1)];
@@ -126,12 +164,13 @@ impl<T: Element + CublasLtElement + DeviceCopy> CaseRun<T> {
         let samples = picks
             .into_iter()
             .map(|(row, col)| {
-                let mut r: f64 = (0..k)
-                    .map(|kk| {
-                        a_host[(row * lda + kk) as usize].to_f32() as f64
-                            * b_host[(col * ldb + kk) as usize].to_f32() as f64
-                    })
-                    .sum();
+                let mut r: f64 = alpha as f64
+                    * (0..k)
+                        .map(|kk| {
+                            a_host[(row * lda + kk) as usize].to_f32() as f64
+                                * b_host[(col * ldb + kk) as usize].to_f32() as f64
+                        })
+                        .sum::<f64>();
                 if beta != 0.0 {
                     r += beta as f64 * c_host[(row * ldd + col) as usize].to_f32() as f64;
                 }
@@ -163,10 +202,18 @@ impl<T: Element + CublasLtElement + DeviceCopy> CaseRun<T> {
         kernel: &GemmKernel,
         stream: &Arc<CudaStream>,
     ) -> Verdict {
-        let Case { m, n, k, beta, .. } = self.case;
+        let Case {
+            m,
+            n,
+            k,
+            offset,
+            alpha,
+            beta,
+            ..
+        } = self.case;
         let (lda, ldb, ldd) = (self.lda, self.ldb, self.ldd);
         let view = |buffer: &DeviceBuffer<T>, rows: u64, cols: u64, ld: u64| MatrixView {
-            ptr: buffer.device_ptr(),
+            ptr: buffer.device_ptr() + offset * std::mem::size_of::<T>() as u64,
             rows,
             cols,
             ld,
@@ -177,7 +224,7 @@ impl<T: Element + CublasLtElement + DeviceCopy> CaseRun<T> {
             b: view(&self.b, n, k, ldb),
             c: self.c.as_ref().map(|c| view(c, m, n, ldd)),
             d: view(&self.ours, m, n, ldd),
-            alpha: 1.0,
+            alpha,
             beta,
         };
         if let Some(v) = variant.filter(|v| !serves(v, m)) {
@@ -194,9 +241,13 @@ impl<T: Element + CublasLtElement + DeviceCopy> CaseRun<T> {
         let accumulation = 8.0 * k as f64 * 2f64.powi(-24);
         let bound = |r: f64| 2.0 * u * (r.abs() + s) + accumulation;
         let theirs = &self.theirs;
-        // Every element of `ours` (D of run `label`) against cuBLASLt; the worst error over the
-        // bound.
+        // Every element of `ours` (the buffer of D of run `label`) against cuBLASLt; the worst
+        // error over the bound.
         let check_all = |ours: &[T], label: &str| {
+            let (before, ours) = ours.split_at(offset as usize);
+            if let Some(i) = before.iter().position(|x| !x.to_f32().is_nan()) {
+                panic!("{name}{label}: element {i} of D's buffer, before D, was written");
+            }
             let mut worst: f64 = 0.0;
             for row in 0..m {
                 for col in 0..ldd {
@@ -248,27 +299,33 @@ impl<T: Element + CublasLtElement + DeviceCopy> CaseRun<T> {
             }
         }
         for &(row, col, r) in &self.samples {
-            let o = first[(row * ldd + col) as usize].to_f32() as f64;
+            let o = first[(offset + row * ldd + col) as usize].to_f32() as f64;
             assert!(
                 (o - r).abs() <= bound(r),
                 "{name}: D[{row}][{col}] = {o}, f64 reference {r}"
             );
         }
-        Verdict::Checked(worst)
+        Verdict::Checked {
+            variant: prepared.variant().name,
+            worst,
+        }
     }
 }
 
-/// What [`CaseRun::check`] found: every element within the bound (the worst error over the bound),
-/// or the named refusal of a short tile on more rows than it serves.
+/// What [`CaseRun::check`] found: every element within the bound (the configuration that ran
+/// and the worst error over the bound), or the named refusal of a short tile on more rows than
+/// it serves.
 enum Verdict {
-    Checked(f64),
+    Checked { variant: &'static str, worst: f64 },
     Refused,
 }
 
 impl std::fmt::Display for Verdict {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Verdict::Checked(worst) => write!(f, "ok (worst error {worst:.2} of bound)"),
+            Verdict::Checked { variant, worst } => {
+                write!(f, "ok on {variant} (worst error {worst:.2} of bound)")
+            }
             Verdict::Refused => write!(f, "refused as it should be (more rows than it serves)"),
         }
     }
@@ -318,12 +375,14 @@ fn run_cases_of<T: Element + CublasLtElement + DeviceCopy>(
         for &v in &variants {
             let verdict = run.check(v, &kernel, &stream);
             visible_line(&format!(
-                "{test}: {} {}x{}x{} pad {} beta {} {} [{}]: {}",
+                "{test}: {} {}x{}x{} pad {} offset {} alpha {} beta {} {} [{}]: {}",
                 c.name,
                 c.m,
                 c.n,
                 c.k,
                 c.pad,
+                c.offset,
+                c.alpha,
                 c.beta,
                 T::DTYPE,
                 v.map_or("chosen", |v| v.name),
@@ -341,28 +400,17 @@ const EDGE_CASES: &[Case] = &[
     case("tails 1000", 1000, 1000, 1024),
     case("K not a multiple of 64", 300, 520, 200),
     Case {
-        name: "strided views",
-        m: 300,
-        n: 520,
-        k: 200,
         pad: 24,
-        beta: 0.0,
+        ..case("strided views", 300, 520, 200)
     },
     Case {
-        name: "beta 1",
-        m: 513,
-        n: 1000,
-        k: 512,
-        pad: 0,
         beta: 1.0,
+        ..case("beta 1", 513, 1000, 512)
     },
     Case {
-        name: "beta 1 strided",
-        m: 257,
-        n: 385,
-        k: 136,
         pad: 40,
         beta: 1.0,
+        ..case("beta 1 strided", 257, 385, 136)
     },
     case("many tiles", 2048, 2048, 2048),
     // Several tiles per block with a k-block count (7) that no ring size divides: a block's
@@ -371,12 +419,8 @@ const EDGE_CASES: &[Case] = &[
     // More tiles than SMs with C read through the staging buffers: a block's later tiles
     // continue the buffers' phase parities (odd chunk counts per tile with 224-wide tiles).
     Case {
-        name: "beta 1, several tiles per block",
-        m: 2048,
-        n: 2048,
-        k: 256,
-        pad: 0,
         beta: 1.0,
+        ..case("beta 1, several tiles per block", 2048, 2048, 256)
     },
 ];
 
@@ -388,30 +432,20 @@ const DECODE_CASES: &[Case] = &[
     case("decode M=65, wide K", 65, 4096, 14336),
     case("decode M=16, one tile", 16, 256, 8192),
     Case {
-        name: "decode M=33 beta 1",
-        m: 33,
-        n: 1024,
-        k: 3000,
-        pad: 0,
         beta: 1.0,
+        ..case("decode M=33 beta 1", 33, 1024, 3000)
     },
     Case {
-        name: "decode M=9, N not a multiple of 8, strided",
-        m: 9,
-        n: 1001,
-        k: 2048,
         pad: 24,
         beta: 1.0,
+        ..case("decode M=9, N not a multiple of 8, strided", 9, 1001, 2048)
     },
     // An odd k-block count (21): the two-k-block tiles' last stage reads its second k-block
     // past K (zero-filled); a ragged last n-tile.
     Case {
-        name: "decode M=3, odd k-block count, strided",
-        m: 3,
-        n: 2000,
-        k: 1304,
         pad: 8,
         beta: 1.0,
+        ..case("decode M=3, odd k-block count, strided", 3, 2000, 1304)
     },
 ];
 
@@ -476,6 +510,90 @@ fn large_shapes_f16() {
     );
 }
 
+/// Shapes nobody listed, drawn at random from a fixed seed (so a failure reproduces), each run
+/// with the configuration the rule picks: M log-uniform over 1–256 for half the cases and
+/// 257–4096 for the other half; N log-uniform over 8–16384, rounded up to a multiple of 128,
+/// of 8 or left as drawn; K log-uniform over 512–16384 (over 8–512 for three cases in ten), a
+/// multiple of 64 or of 8; rows padded or
+/// not; operands starting 16–64 bytes into their buffers (off 32-byte sectors for the odd
+/// multiples of 16, which moves the rule) or not; alpha 1, 0.5 or −1; beta 0, 1 or −0.5. A and
+/// B hold at most 40·2²⁰ elements together and D at most 16·2²⁰ (the test's host time).
+fn random_cases(seed: u64, count: usize) -> Vec<Case> {
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let log_uniform = |rng: &mut SmallRng, lo: u64, hi: u64| -> u64 {
+        let x = rng.random_range((lo as f64).ln()..=(hi as f64).ln()).exp();
+        (x.round() as u64).clamp(lo, hi)
+    };
+    (0..count)
+        .map(|i| {
+            let mut m = if i % 2 == 0 {
+                log_uniform(&mut rng, 1, 256)
+            } else {
+                log_uniform(&mut rng, 257, 4096)
+            };
+            let mut n = log_uniform(&mut rng, 8, 16384);
+            n = match rng.random_range(0..10) {
+                0..4 => n.next_multiple_of(128),
+                4..7 => n.next_multiple_of(8),
+                _ => n,
+            };
+            let mut k = if rng.random_bool(0.7) {
+                log_uniform(&mut rng, 512, 16384)
+            } else {
+                log_uniform(&mut rng, 8, 512)
+            };
+            k = if rng.random_bool(0.5) {
+                k.next_multiple_of(64)
+            } else {
+                k.next_multiple_of(8)
+            };
+            // Halve the largest dimension (keeping K a multiple of 8) until the case fits.
+            while (m + n) * k > 40 << 20 || m * n > 16 << 20 {
+                if k >= m.max(n) {
+                    k = (k / 2).next_multiple_of(8);
+                } else if m >= n {
+                    m /= 2;
+                } else {
+                    n /= 2;
+                }
+            }
+            let multiple_of_8_or_0 = |rng: &mut SmallRng, hi: u64| {
+                if rng.random_bool(0.6) {
+                    0
+                } else {
+                    8 * rng.random_range(1..=hi)
+                }
+            };
+            let pad = multiple_of_8_or_0(&mut rng, 8);
+            let offset = multiple_of_8_or_0(&mut rng, 4);
+            let alpha = [1.0, 0.5, -1.0][rng.random_range(0..3)];
+            let beta = [0.0, 0.0, 1.0, -0.5][rng.random_range(0..4)];
+            Case {
+                pad,
+                offset,
+                alpha,
+                beta,
+                ..case("random", m, n, k)
+            }
+        })
+        .collect()
+}
+
+/// How many random shapes each dtype's test runs.
+const RANDOM_CASES: usize = 40;
+
+#[test]
+fn random_shapes_bf16() {
+    let cases = random_cases(0x05EE_DB16, RANDOM_CASES);
+    run_cases("gpu_gemm::random_shapes_bf16", Dtype::Bf16, &cases, false);
+}
+
+#[test]
+fn random_shapes_f16() {
+    let cases = random_cases(0x05EE_DF16, RANDOM_CASES);
+    run_cases("gpu_gemm::random_shapes_f16", Dtype::F16, &cases, false);
+}
+
 /// C in the other GPU's memory (NVLink peer access), beta = 1, every tile configuration.
 /// Needs two Hopper GPUs with peer access; skips visibly otherwise (also on GPU runs).
 #[test]
@@ -504,20 +622,13 @@ fn c_from_the_other_gpu() {
     let stream = session.gpu.new_stream().expect("stream");
     let cases = [
         Case {
-            name: "peer C",
-            m: 1000,
-            n: 1000,
-            k: 1024,
-            pad: 0,
             beta: 1.0,
+            ..case("peer C", 1000, 1000, 1024)
         },
         Case {
-            name: "peer C strided",
-            m: 2048,
-            n: 2048,
-            k: 512,
             pad: 24,
             beta: 1.0,
+            ..case("peer C strided", 2048, 2048, 512)
         },
     ];
     for c in cases {
