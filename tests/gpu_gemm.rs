@@ -641,8 +641,10 @@ fn c_from_the_other_gpu() {
     }
 }
 
-/// One FP8 case: shape (dense operands) and beta.
-const FP8_CASES: &[(&str, u64, u64, u64, f32)] = &[
+/// One FP8 case: name, shape (dense operands) and beta.
+type Fp8Case = (&'static str, u64, u64, u64, f32);
+
+const FP8_CASES: &[Fp8Case] = &[
     ("decode M=1", 1, 4096, 4096, 0.0),
     // 544 pairs of e4m3: 9 k-blocks, an odd count (the two-k-block tiles' zero-filled half).
     ("decode M=5, odd k-block count, beta 1", 5, 1000, 1088, 1.0),
@@ -661,12 +663,46 @@ const FP8_CASES: &[(&str, u64, u64, u64, f32)] = &[
 /// [0.25, 2), D poisoned with NaN before every run.
 #[test]
 fn fp8_every_configuration_and_scale_mode() {
+    run_fp8_cases(
+        "gpu_gemm::fp8_every_configuration_and_scale_mode",
+        FP8_CASES,
+        true,
+    );
+}
+
+/// The shapes of [`random_cases`] in e4m3 (dense operands, K rounded up to a multiple of 16,
+/// beta 0 or 1, at most 2²⁹ products a case for the f64 reference), both scale modes, on the
+/// configuration the FP8 rule picks.
+#[test]
+fn fp8_random_shapes() {
+    let cases: Vec<Fp8Case> = random_cases(0x005E_EDF8, 24)
+        .into_iter()
+        .map(|c| {
+            let (mut m, mut n, mut k) = (c.m, c.n, c.k.next_multiple_of(16));
+            while m * n * k > 1 << 29 {
+                if k >= m.max(n) {
+                    k = (k / 2).next_multiple_of(16);
+                } else if m >= n {
+                    m /= 2;
+                } else {
+                    n /= 2;
+                }
+            }
+            ("random", m, n, k, if c.beta == 0.0 { 0.0 } else { 1.0 })
+        })
+        .collect();
+    run_fp8_cases("gpu_gemm::fp8_random_shapes", &cases, false);
+}
+
+/// Checks every FP8 case in both scale modes with the configuration the FP8 rule picks
+/// (`every_variant == false`) or with every configuration compiled for e4m3 (then also that a
+/// configuration without an e4m3 entry point is a named error).
+fn run_fp8_cases(test: &str, cases: &[Fp8Case], every_variant: bool) {
     use distgemm::fp8::{E4m3, Scales};
     use distgemm::gemm::{Fp8GemmArgs, Fp8Scales};
     use distgemm::problem::Problem;
     use distgemm::reference::{ScaledCheckInputs, check_scaled_each};
 
-    let test = "gpu_gemm::fp8_every_configuration_and_scale_mode";
     let Some(session) = gpu::hopper_gpu(test) else {
         return;
     };
@@ -678,8 +714,17 @@ fn fp8_every_configuration_and_scale_mode() {
             .map(|_| E4m3::from_f32(4.0 * rng.sample::<f32, _>(StandardNormal)))
             .collect()
     };
+    let variants: Vec<Option<&GemmVariant>> = if every_variant {
+        VARIANTS
+            .iter()
+            .filter(|v| v.kernel_e4m3.is_some())
+            .map(Some)
+            .collect()
+    } else {
+        vec![None]
+    };
     let alpha = 0.75f32;
-    for &(name, m, n, k, beta) in FP8_CASES {
+    for &(name, m, n, k, beta) in cases {
         let mut rng = SmallRng::seed_from_u64(m ^ (n << 20) ^ (k << 40) ^ 0xF8);
         let (a_host, b_host) = (e4m3(&mut rng, m * k), e4m3(&mut rng, n * k));
         let c_host: Vec<half::bf16> = random_matrix(&mut rng, m * n);
@@ -717,7 +762,7 @@ fn fp8_every_configuration_and_scale_mode() {
             // Every configuration's D, checked together below: the f64 reference (M·N·K
             // products, most of this test's time at 2048³) is computed once for all of them.
             let mut outputs: Vec<(String, Vec<half::bf16>)> = Vec::new();
-            for v in VARIANTS.iter().filter(|v| v.kernel_e4m3.is_some()) {
+            for &v in &variants {
                 let mut d =
                     DeviceBuffer::<half::bf16>::alloc(&session.gpu, (m * n) as usize).expect("D");
                 d.fill(&stream, half::bf16::NAN).expect("poison D");
@@ -730,20 +775,32 @@ fn fp8_every_configuration_and_scale_mode() {
                     beta,
                     scales: *scales,
                 };
-                let what = format!("{name} {m}x{n}x{k} beta {beta} {mode} [{}]", v.name);
-                if !serves(v, m) {
+                if let Some(v) = v.filter(|v| !serves(v, m)) {
                     let verdict = refused(kernel.prepare_fp8_variant(&stream, &args, v).err(), v);
-                    visible_line(&format!("{test}: {what}: {verdict}"));
+                    visible_line(&format!(
+                        "{test}: {name} {m}x{n}x{k} beta {beta} {mode} [{}]: {verdict}",
+                        v.name
+                    ));
                     continue;
                 }
-                let prepared = kernel
-                    .prepare_fp8_variant(&stream, &args, v)
-                    .unwrap_or_else(|e| panic!("{what}: prepare: {e}"));
+                let prepared = match v {
+                    Some(v) => kernel.prepare_fp8_variant(&stream, &args, v),
+                    None => kernel.prepare_fp8(&stream, &args),
+                }
+                .unwrap_or_else(|e| panic!("{name} {m}x{n}x{k} {mode}: prepare: {e}"));
+                let what = format!(
+                    "{name} {m}x{n}x{k} beta {beta} {mode} [{}{}]",
+                    if v.is_some() { "" } else { "chosen: " },
+                    prepared.variant().name
+                );
                 // SAFETY: A, B, C, D and the scales are live buffers of the viewed sizes,
                 // read back after.
                 unsafe { prepared.launch(&stream, false) }.expect("launch");
                 outputs.push((what, d.download(&stream).expect("download D")));
-                if let Some(plain) = VARIANTS.iter().find(|v| v.kernel_e4m3.is_none()) {
+                if let Some(plain) = VARIANTS
+                    .iter()
+                    .find(|v| every_variant && v.kernel_e4m3.is_none())
+                {
                     // A configuration without an e4m3 entry point is a named error.
                     let err = kernel
                         .prepare_fp8_variant(&stream, &args, plain)
