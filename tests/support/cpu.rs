@@ -1,4 +1,5 @@
-//! Helpers of the CPU-executor tests: valid random shapes per schedule, and a checked run.
+//! Helpers of the CPU-executor tests (valid random shapes per schedule, and a checked run),
+//! the shape units also used by the GPU tests' random shapes.
 
 use distgemm::cpu::CpuExecutor;
 use distgemm::dtype::Element;
@@ -7,10 +8,10 @@ use distgemm::reference::{CheckInputs, CheckReport, check};
 use distgemm::schedule::{Collective, ScheduleKind};
 use proptest::prelude::*;
 
-/// Random (M, N, K) meeting `kind`'s constraints at `tp`, kept small for debug builds:
-/// a dimension TP splits is a multiple of TP (of 8·TP where its TP-slice is a view offset or
-/// leading dimension); K and every leading dimension a multiple of 8.
-pub fn shape(kind: ScheduleKind, tp: usize) -> impl Strategy<Value = (usize, usize, usize)> {
+/// The units (M, N, K) of `kind`'s shapes at `tp`: each dimension must be a multiple of its
+/// unit. A dimension TP splits is a multiple of TP (of 8·TP where its TP-slice is a view
+/// offset or leading dimension); K and every leading dimension a multiple of 8.
+pub fn shape_units(kind: ScheduleKind, tp: usize) -> (usize, usize, usize) {
     let splits_m = kind.collective() == Collective::AllGather || kind.tiles_rows();
     let m_unit = if splits_m { tp } else { 1 };
     let n_unit = match kind {
@@ -23,6 +24,13 @@ pub fn shape(kind: ScheduleKind, tp: usize) -> impl Strategy<Value = (usize, usi
     } else {
         8
     };
+    (m_unit, n_unit, k_unit)
+}
+
+/// Random (M, N, K) meeting `kind`'s constraints at `tp` ([`shape_units`]), kept small for
+/// debug builds.
+pub fn shape(kind: ScheduleKind, tp: usize) -> impl Strategy<Value = (usize, usize, usize)> {
+    let (m_unit, n_unit, k_unit) = shape_units(kind, tp);
     (1..=24 / m_unit.min(24) + 1, 1..=2usize, 1..=2usize)
         .prop_map(move |(m, n, k)| (m * m_unit, n * n_unit, k * k_unit))
 }
