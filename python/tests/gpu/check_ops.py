@@ -6,7 +6,7 @@
 With fewer GPUs than ranks every rank runs on GPU 0 (gloo backend, DISTGEMM_ALLOW_SHARED_GPU=1),
 which is how one H200 tests TP=2; times mean nothing then, results do. For every op (the
 linear-style ops and the torch.ops.symm_mem drop-ins), both dtypes, the four Llama-3 presets at
-small token counts and ragged shapes, it checks:
+small token counts, ragged shapes and shapes drawn at random, it checks:
 
 - FP8 (float8_e4m3fn operands, tensor-wise scales, bf16 out): every schedule the ops expose
   (auto, ag-a, ag-a-single; auto, rs-a read and push, rs-a-single) on a ragged and a 256-token
@@ -39,7 +39,9 @@ Rank 0 prints one line per check and a summary; the exit status is 1 if any rank
 
 import argparse
 import datetime
+import math
 import os
+import random
 import sys
 import time
 import traceback
@@ -885,6 +887,22 @@ def main():
                 reduce_op="avg",
             )
             dropin_ag(f"drop-in M={world * 20} N={2 * n} K={k}", dtype_name, world * 20, 2 * n, k)
+
+        # Shapes nobody listed, drawn from a fixed seed (every rank draws the same): both ops,
+        # bf16 and f16 alternately, M = TP·[1, 512] and N, K = 8·TP·[1, 512], log-uniform;
+        # the f64 bound only (a stage may split K where the one-rank GEMM does not).
+        draw = random.Random(0x5EED)
+
+        def log_uniform(lo, hi):
+            return min(hi, max(lo, round(math.exp(draw.uniform(math.log(lo), math.log(hi))))))
+
+        for i in range(4 if args.quick else 12):
+            m = world * log_uniform(1, 512)
+            n, k = (8 * world * log_uniform(1, 512) for _ in range(2))
+            dtype_name = ("bf16", "f16")[i % 2]
+            tag = f"random M={m} N={n} K={k}"
+            ag_case(tag, dtype_name, m, n, k, 1, bitwise=False)
+            rs_case(tag, dtype_name, m, n, k, 1)
 
         # What a call costs on the host (informational; GPU times mean nothing on a shared
         # GPU): the first call of a new token count builds the instance (collective), a
