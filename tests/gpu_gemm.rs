@@ -670,22 +670,22 @@ fn fp8_every_configuration_and_scale_mode() {
     );
 }
 
-/// The shapes of [`random_cases`] in e4m3 (dense operands, K rounded up to a multiple of 16,
-/// beta 0 or 1, at most 2²⁹ products a case for the f64 reference), both scale modes, on the
-/// configuration the FP8 rule picks.
+/// The shapes of [`random_cases`] in e4m3 (dense operands: K rounded up to a multiple of 16
+/// and N to one of 8, D's and C's leading dimension; beta 0 or 1; at most 2²⁹ products a case
+/// for the f64 reference), both scale modes, on the configuration the FP8 rule picks.
 #[test]
 fn fp8_random_shapes() {
     let cases: Vec<Fp8Case> = random_cases(0x005E_EDF8, 24)
         .into_iter()
         .map(|c| {
-            let (mut m, mut n, mut k) = (c.m, c.n, c.k.next_multiple_of(16));
+            let (mut m, mut n, mut k) = (c.m, c.n.next_multiple_of(8), c.k.next_multiple_of(16));
             while m * n * k > 1 << 29 {
                 if k >= m.max(n) {
                     k = (k / 2).next_multiple_of(16);
                 } else if m >= n {
                     m /= 2;
                 } else {
-                    n /= 2;
+                    n = (n / 2).next_multiple_of(8);
                 }
             }
             ("random", m, n, k, if c.beta == 0.0 { 0.0 } else { 1.0 })
