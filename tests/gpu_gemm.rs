@@ -514,10 +514,10 @@ fn large_shapes_f16() {
 /// with the configuration the rule picks: M log-uniform over 1–256 for half the cases and
 /// 257–4096 for the other half; N log-uniform over 8–16384, rounded up to a multiple of 128,
 /// of 8 or left as drawn; K log-uniform over 512–16384 (over 8–512 for three cases in ten), a
-/// multiple of 64 or of 8; rows padded or
-/// not; operands starting 16–64 bytes into their buffers (off 32-byte sectors for the odd
-/// multiples of 16, which moves the rule) or not; alpha 1, 0.5 or −1; beta 0, 1 or −0.5. A and
-/// B hold at most 40·2²⁰ elements together and D at most 16·2²⁰ (the test's host time).
+/// multiple of 64 or of 8; rows padded or not; operands starting 16–64 bytes into their
+/// buffers (off 32-byte sectors for the odd multiples of 16, which moves the rule) or not;
+/// alpha 1, 0.5 or −1; beta 0, 1 or −0.5. A and B hold at most 40·2²⁰ elements together and D
+/// at most 16·2²⁰ (the test's host time).
 fn random_cases(seed: u64, count: usize) -> Vec<Case> {
     let mut rng = SmallRng::seed_from_u64(seed);
     let log_uniform = |rng: &mut SmallRng, lo: u64, hi: u64| -> u64 {
