@@ -10,7 +10,8 @@
 //! - Every `rust` code block is an excerpt of `host/examples/distgemm_library.rs`, which CI
 //!   compiles, so the README shows code that builds.
 //! - Every `--example NAME` names an example that exists.
-//! - `benches/results/README.md`'s index names every file in `benches/results/`.
+//! - `benches/results/README.md`'s index names every file in `benches/results/`, and no log
+//!   there is over 20 KB uncompressed.
 
 use std::process::{Command, Output};
 
@@ -274,5 +275,30 @@ fn the_results_index_lists_every_result_file() {
         missing.is_empty(),
         "benches/results/README.md's index does not list {missing:?}: add one line per result, \
          \"- `FILE.md`, `FILE.json`: what it measured. machine, date, commit.\""
+    );
+}
+
+/// Largest uncompressed log in `benches/results/`: the tracked tree travels to the GPU machine
+/// with every device call, within 64 MiB, so a larger log is stored as `.log.gz`.
+const MAX_PLAIN_LOG_BYTES: u64 = 20_000;
+
+#[test]
+fn large_result_logs_are_gzipped() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../benches/results");
+    let entries =
+        std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("cannot list {}: {e}", dir.display()));
+    let mut large: Vec<String> = entries
+        .filter_map(|entry| {
+            let entry = entry.ok()?;
+            let name = entry.file_name().into_string().ok()?;
+            let bytes = entry.metadata().ok()?.len();
+            (name.ends_with(".log") && bytes > MAX_PLAIN_LOG_BYTES).then_some(name)
+        })
+        .collect();
+    large.sort();
+    assert!(
+        large.is_empty(),
+        "logs over {MAX_PLAIN_LOG_BYTES} bytes in benches/results: {large:?}; store them as \
+         `gzip -9n FILE.log` and index `FILE.log.gz` in benches/results/README.md"
     );
 }
