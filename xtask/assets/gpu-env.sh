@@ -13,6 +13,10 @@ export RUST_BACKTRACE="${RUST_BACKTRACE:-1}"
 # GPU tests fail instead of skipping when no usable Hopper GPU is found (set it to 0 to allow skips).
 export DISTGEMM_REQUIRE_GPU="${DISTGEMM_REQUIRE_GPU:-1}"
 
+# The bundle carries the PTX gzipped: unpacked here on first use.
+if [ ! -f "$DISTGEMM_PTX" ] && [ -f "$DISTGEMM_PTX.gz" ]; then
+  gunzip -c "$DISTGEMM_PTX.gz" > "$DISTGEMM_PTX.part" && mv "$DISTGEMM_PTX.part" "$DISTGEMM_PTX"
+fi
 if [ ! -f "$DISTGEMM_PTX" ]; then
   echo "gpu-env.sh: $DISTGEMM_PTX is missing: rebuild the bundle with 'cargo xtask bundle'" >&2
   return 1

@@ -1,5 +1,5 @@
-//! `cargo xtask bundle [--out DIR]`: everything a machine with only a CUDA driver needs to run
-//! the GPU tests and benches, in one folder.
+//! `cargo xtask bundle [--out DIR] [--only PARTS]`: everything a machine with only a CUDA
+//! driver needs to run the GPU tests and benches, in one folder (or the parts asked for).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -34,9 +34,58 @@ pub const SCRIPTS: [(&str, &str); 5] = [
 const LIMIT: u64 = 64 * 1024 * 1024;
 /// Marker file that says a folder is a bundle (so `bundle` may clear it).
 const MANIFEST: &str = "MANIFEST.txt";
+/// The bundle's PTX, gzipped (`gpu-env.sh` unpacks it beside itself as `kernels_gpu.ptx`).
+const PTX_GZ: &str = "kernels_gpu.ptx.gz";
 
 pub struct Options {
     pub out: Option<PathBuf>,
+    pub parts: Parts,
+}
+
+/// What a bundle holds besides the PTX and the scripts. `--only tests,python` leaves out the
+/// CLI and the benches: a smaller folder to carry when only the checks are to run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Parts {
+    /// `bin/distgemm`.
+    pub cli: bool,
+    /// `tests/`: every integration-test binary.
+    pub tests: bool,
+    /// `benches/` and the PyTorch peer scripts in `peers/`.
+    pub benches: bool,
+    /// `python/`: the abi3 wheel, its GPU checks and the MLP example.
+    pub python: bool,
+}
+
+impl Parts {
+    pub const ALL: Parts = Parts {
+        cli: true,
+        tests: true,
+        benches: true,
+        python: true,
+    };
+
+    /// The parts a comma-separated list names (`cli`, `tests`, `benches`, `python`).
+    pub fn parse(list: &str) -> Result<Parts> {
+        let mut parts = Parts {
+            cli: false,
+            tests: false,
+            benches: false,
+            python: false,
+        };
+        for name in list.split(',').map(str::trim) {
+            match name {
+                "cli" => parts.cli = true,
+                "tests" => parts.tests = true,
+                "benches" => parts.benches = true,
+                "python" => parts.python = true,
+                other => bail!(
+                    "bundle: `--only` takes parts among cli, tests, benches, python \
+                     (comma-separated), not `{other}`"
+                ),
+            }
+        }
+        Ok(parts)
+    }
 }
 
 /// One executable cargo built, from `--message-format=json` output.
@@ -111,33 +160,55 @@ pub fn bundle(opts: &Options) -> Result<()> {
             .join(out)
     };
 
+    let parts = opts.parts;
     let ptx = build_ptx::build_ptx()?;
     println!("xtask bundle: building release binaries (stripped: [profile.release] strip)");
-    let bins = cargo_json(
-        &["build", "--release", "-p", "distgemm", "--bins"],
-        &[],
-        "host binaries",
-        &["bin"],
-    )?;
-    let tests = cargo_json(
-        &["test", "--release", "--no-run", "-p", "distgemm-tests"],
-        &[],
-        "integration tests",
-        &["test"],
-    )?;
-    // The benches record the commit they measure; the GPU machine has no repository to ask.
-    let commit = bench_commit();
-    let benches = cargo_json(
-        &["bench", "--no-run", "-p", "distgemm-benches"],
-        &[("DISTGEMM_COMMIT", commit.as_str())],
-        "benches",
-        &["bench"],
-    )?;
-
-    let python = python_package(&root)?;
+    let bins = if parts.cli {
+        cargo_json(
+            &["build", "--release", "-p", "distgemm", "--bins"],
+            &[],
+            "host binaries",
+            &["bin"],
+        )?
+    } else {
+        Vec::new()
+    };
+    let tests = if parts.tests {
+        cargo_json(
+            &["test", "--release", "--no-run", "-p", "distgemm-tests"],
+            &[],
+            "integration tests",
+            &["test"],
+        )?
+    } else {
+        Vec::new()
+    };
+    let benches = if parts.benches {
+        // The benches record the commit they measure; the GPU machine has no repository to
+        // ask.
+        let commit = bench_commit();
+        cargo_json(
+            &["bench", "--no-run", "-p", "distgemm-benches"],
+            &[("DISTGEMM_COMMIT", commit.as_str())],
+            "benches",
+            &["bench"],
+        )?
+    } else {
+        Vec::new()
+    };
+    let python = if parts.python {
+        python_package(&root)?
+    } else {
+        Vec::new()
+    };
 
     prepare_out_dir(&out)?;
-    let mut files: Vec<(String, u64)> = Vec::new();
+    // The PTX gzipped (a sixth of its size); `gpu-env.sh` unpacks it on the GPU machine. The
+    // binaries embed the same PTX: this copy is what `DISTGEMM_PTX` points at, so another PTX
+    // can be swapped in without rebuilding them.
+    let ptx_gz = out.join(PTX_GZ);
+    gzip(&ptx, &ptx_gz)?;
+    let mut files: Vec<(String, u64)> = vec![(PTX_GZ.into(), file_len(&ptx_gz)?)];
     let mut copy = |from: &Path, to_rel: &str| -> Result<()> {
         let to = out.join(to_rel);
         if let Some(dir) = to.parent() {
@@ -153,7 +224,6 @@ pub fn bundle(opts: &Options) -> Result<()> {
         files.push((to_rel.to_string(), n));
         Ok(())
     };
-    copy(&ptx, "kernels_gpu.ptx")?;
     for a in unique_names(&bins) {
         copy(&a.1.executable, &format!("bin/{}", a.0))?;
     }
@@ -164,7 +234,11 @@ pub fn bundle(opts: &Options) -> Result<()> {
         copy(&a.1.executable, &format!("benches/{}", a.0))?;
     }
     let peers = root.join("benches/peers");
-    if let Ok(dir) = std::fs::read_dir(&peers) {
+    if let Some(dir) = parts
+        .benches
+        .then(|| std::fs::read_dir(&peers).ok())
+        .flatten()
+    {
         let mut scripts: Vec<PathBuf> = dir
             .filter_map(|e| e.ok().map(|e| e.path()))
             .filter(|p| p.extension().is_some_and(|x| x == "py") && p.is_file())
@@ -192,12 +266,12 @@ pub fn bundle(opts: &Options) -> Result<()> {
     let manifest = manifest(&files, total);
     util::write(&out.join(MANIFEST), &manifest)?;
     print!("{manifest}");
-    if tests.is_empty() {
+    if parts.tests && tests.is_empty() {
         println!(
             "xtask bundle: warning: package distgemm-tests has no integration-test targets yet"
         );
     }
-    if benches.is_empty() {
+    if parts.benches && benches.is_empty() {
         println!("xtask bundle: note: package distgemm-benches has no bench targets yet");
     }
     if total >= LIMIT {
@@ -288,6 +362,25 @@ fn prepare_out_dir(out: &Path) -> Result<()> {
     util::create_dir_all(out)
 }
 
+/// `from` compressed into `to` by `gzip -9n` (no name or time stamp in the header).
+fn gzip(from: &Path, to: &Path) -> Result<()> {
+    let output = util::capture(Command::new("gzip").args(["-9n", "-c"]).arg(from))?;
+    if !output.status.success() {
+        bail!(
+            "gzip {} failed: {}",
+            from.display(),
+            String::from_utf8_lossy(&output.stderr).trim()
+        );
+    }
+    util::write(to, output.stdout)
+}
+
+fn file_len(path: &Path) -> Result<u64> {
+    std::fs::metadata(path)
+        .map(|m| m.len())
+        .map_err(|e| util::Error(format!("cannot stat {}: {e}", path.display())))
+}
+
 fn set_executable(path: &Path) -> Result<()> {
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755))
@@ -371,6 +464,28 @@ mod tests {
                 .is_empty()
         );
         assert!(executables("{not json\n", &["test"]).is_err());
+    }
+
+    #[test]
+    fn only_names_the_parts_it_lists() {
+        let parts = Parts::parse("tests,python").expect("parses");
+        assert_eq!(
+            parts,
+            Parts {
+                cli: false,
+                tests: true,
+                benches: false,
+                python: true
+            }
+        );
+        assert_eq!(
+            Parts::parse("cli, tests,benches,python").expect("parses"),
+            Parts::ALL
+        );
+        for bad in ["", "tests,", "docs", "tests;python"] {
+            let err = Parts::parse(bad).expect_err(bad).to_string();
+            assert!(err.contains("cli, tests, benches, python"), "{bad}: {err}");
+        }
     }
 
     #[test]

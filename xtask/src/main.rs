@@ -6,8 +6,8 @@
 //!   resource table; fails on C7508/C7510/C7511/C7515/C7517, on stack/spills in
 //!   register-resident kernels, on wgmma kernels without `HGMMA`/`QGMMA`, and on a committed
 //!   `host/ptx/kernels_gpu.ptx` that differs from the fresh build (`build-ptx --update-committed`).
-//! - `bundle [--out DIR]`: PTX + host, test and bench binaries + `run-gpu-tests.sh` for a
-//!   machine with only a CUDA driver.
+//! - `bundle [--out DIR] [--only PARTS]`: PTX + host, test and bench binaries, the PyTorch
+//!   wheel + `run-gpu-tests.sh` for a machine with only a CUDA driver (or the parts named).
 
 mod build_ptx;
 mod bundle;
@@ -30,8 +30,11 @@ tasks:
                           PTX that crates depending on distgemm embed; commit it)
   check-ptx [--no-build]  build-ptx, then ptxas -v / cuobjdump gates (CUDA 13.0 tools from
                           PATH or PyPI wheels cached in target/cuda-tools)
-  bundle [--out DIR]      release build + PTX + test/bench binaries + run-gpu-tests.sh
-                          into DIR (default: bundle/ in the workspace root)
+  bundle [--out DIR] [--only PARTS]
+                          release build + PTX (gzipped) + the CLI, test and bench binaries,
+                          the PyTorch wheel + run-gpu-tests.sh into DIR (default: bundle/ in
+                          the workspace root); --only takes a comma-separated list of the
+                          parts cli, tests, benches, python (e.g. --only tests,python)
 ";
 
 fn main() -> ExitCode {
@@ -77,6 +80,7 @@ fn dispatch(args: &[String]) -> util::Result<()> {
         }
         "bundle" => {
             let mut out = None;
+            let mut parts = bundle::Parts::ALL;
             let mut it = rest.iter();
             while let Some(a) = it.next() {
                 match a.as_str() {
@@ -85,10 +89,15 @@ fn dispatch(args: &[String]) -> util::Result<()> {
                         None => bail!("bundle: `--out` needs a directory"),
                     },
                     s if s.starts_with("--out=") => out = Some(PathBuf::from(&s[6..])),
+                    "--only" => match it.next() {
+                        Some(list) => parts = bundle::Parts::parse(list)?,
+                        None => bail!("bundle: `--only` needs a list of parts"),
+                    },
+                    s if s.starts_with("--only=") => parts = bundle::Parts::parse(&s[7..])?,
                     other => bail!("bundle: unknown argument `{other}`\n{USAGE}"),
                 }
             }
-            bundle::bundle(&bundle::Options { out })
+            bundle::bundle(&bundle::Options { out, parts })
         }
         "-h" | "--help" | "help" => {
             print!("{USAGE}");
