@@ -4,7 +4,8 @@
 //! - `lower` (private): the pure part — every plan node becomes one graph node (barrier / GEMM /
 //!   reduce / release-wait kernels, peer memcpy, flag write-value) with all addresses, prologue hooks and error
 //!   codes resolved, every plan edge one graph edge (programmatic between kernels where the
-//!   plan says so). Unit-tested without a GPU.
+//!   plan says so): `lower::resolve` the addresses, `lower::nodes` one method per node kind.
+//!   Unit-tested without a GPU.
 //! - [`DistGemm`]: one process drives every GPU — validation, peer access, workspaces, graph
 //!   construction and instantiation, `run` / `wait`, pointer updates through
 //!   `cuGraphExec*SetParams`, and errors that name the device, stage and flag of a wait that

@@ -61,7 +61,7 @@ impl Fp8GemmArgs {
     /// the kernel's epilogue (none for tensor-wise). Checks what the pair view needs, with
     /// messages in e4m3 elements: K and the leading dimensions of A and B multiples of 16
     /// (16-byte rows), valid tensor-wise scales, non-null 4-byte-aligned row-wise scale
-    /// addresses; the rest is [`super::check`]'s.
+    /// addresses; the rest is [`super::check()`]'s.
     pub fn as_pairs(&self) -> Result<(GemmArgs, RowScales), GemmError> {
         let (m, n) = (self.a.rows, self.b.rows);
         let (alpha, row_scales) = match self.scales {

@@ -2,7 +2,7 @@
 //!
 //! [`GemmArgs`] describes one GEMM over operand *views* (device pointer, rows, cols, leading
 //! dimension), so a distributed stage can read a sub-block of a shard or a workspace slot and
-//! write a sub-block of an output in place. [`check`] validates it without a GPU;
+//! write a sub-block of an output in place. [`check()`] validates it without a GPU;
 //! [`GemmKernel::prepare`] builds the TMA tensor maps and the kernel's parameter block, and
 //! [`PreparedGemm::launch`] launches it (optionally with PDL). The same prepared parameter
 //! block is what the CUDA-graph lowering puts into its kernel nodes. [`Fp8GemmArgs`] and
