@@ -14,6 +14,8 @@
 //! - the benchmarks' copy-cut diagnostic (`TimingDiagnostics::copy_limit`): capped copies move only their first
 //!   bytes (NaN outputs over a poisoned workspace) and uncapping restores the result;
 //! - every schedule at TP = 4 and TP = 8 where the machine has that many GPUs;
+//! - 24 problems drawn at random (`distgemm_tests::shapes::random_problem`), two ranks on one
+//!   GPU, every schedule, bf16 and f16;
 //! - graph edges read back from the driver (programmatic type and port where the plan says so);
 //! - a stuck peer (never launched) and a missing signal: errors naming device, stage and flag
 //!   within the configured timeout, not hangs.
@@ -33,10 +35,10 @@ use distgemm::runtime::caller_stream::copy_device_async;
 use distgemm::runtime::stream::DependencyKind;
 use distgemm::runtime::{CudaStream, DeviceBuffer, DeviceCopy, Gpu, Module};
 use distgemm::schedule::{BufferKind, Collective, FlagRef, ScheduleKind};
-use distgemm_tests::cpu::shape_units;
 use distgemm_tests::gpu::{self, visible_line};
+use distgemm_tests::shapes::random_problem;
+use rand::SeedableRng;
 use rand::rngs::SmallRng;
-use rand::{Rng, SeedableRng};
 use std::sync::Arc;
 
 /// Bound of every GPU wait in these tests (a failure costs seconds, not the 10 s default).
@@ -862,11 +864,9 @@ fn two_ranks_on_one_gpu() {
 }
 
 /// Shapes nobody listed, two ranks on one GPU: 24 problems drawn from a fixed seed (so a
-/// failure reproduces), three of every schedule, bf16 and f16 alternately; M log-uniform over
-/// 1–4096, N and K over 8–8192, each rounded up to a multiple of the schedule's unit at TP = 2
-/// (`shape_units`) and halved, largest first, to at most 2²⁹ products (the f64 check's time);
-/// alpha 1, 0.5 or −1.25; beta 0 or 0.75 in the all-gathers (the reduce-scatters take no C).
-/// Each is checked as [`run_and_check`] checks.
+/// failure reproduces) by `random_problem` (at most 2²⁹ products, the f64 check's time),
+/// three of every schedule, bf16 and f16 alternately. Each is checked as [`run_and_check`]
+/// checks.
 #[test]
 fn two_ranks_on_one_gpu_random_shapes() {
     let test = "gpu_distributed::two_ranks_on_one_gpu_random_shapes";
@@ -876,36 +876,8 @@ fn two_ranks_on_one_gpu_random_shapes() {
     let modules = vec![session.module().expect("module")];
     let gpus = vec![session.gpu.clone(), session.gpu.clone()];
     let mut rng = SmallRng::seed_from_u64(0x2_4A4B);
-    let log_uniform = |rng: &mut SmallRng, lo: usize, hi: usize| -> usize {
-        let x = rng.random_range((lo as f64).ln()..=(hi as f64).ln()).exp();
-        (x.round() as usize).clamp(lo, hi)
-    };
     for (i, kind) in ScheduleKind::ALL.into_iter().cycle().take(24).enumerate() {
-        let (mu, nu, ku) = shape_units(kind, gpus.len());
-        let mut m = log_uniform(&mut rng, 1, 4096);
-        let mut n = log_uniform(&mut rng, 8, 8192);
-        let mut k = log_uniform(&mut rng, 8, 8192);
-        while m * n * k > 1 << 29 {
-            let largest = m.max(n).max(k);
-            if k == largest {
-                k /= 2;
-            } else if m == largest {
-                m /= 2;
-            } else {
-                n /= 2;
-            }
-        }
-        let (m, n, k) = (
-            m.next_multiple_of(mu),
-            n.next_multiple_of(nu),
-            k.next_multiple_of(ku),
-        );
-        let alpha = [1.0, 0.5, -1.25][rng.random_range(0..3)];
-        let beta = match kind.collective() {
-            Collective::AllGather if rng.random_bool(0.5) => 0.75,
-            _ => 0.0,
-        };
-        let problem = Problem::new(m, n, k).with_scalars(alpha, beta);
+        let problem = random_problem(kind, gpus.len(), &mut rng, 1 << 29);
         if i % 2 == 0 {
             run_and_check::<half::bf16>(test, &gpus, &modules, kind, problem, true);
         } else {

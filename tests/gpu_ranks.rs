@@ -20,6 +20,8 @@
 //!   runs alternating two input sets at new addresses, D checked after each; 64 runs queued
 //!   with no host synchronisation, each into its own D, all checked; then the caller's shard
 //!   overwritten on its stream right after each launch, and the zero-copy input slot;
+//! - `random`: 16 problems drawn at random from a fixed seed, two of every schedule, bf16 and
+//!   f16, checked as the ragged shapes of `schedules` are;
 //! - `host-cost`: the host time of a launch (same addresses, new addresses, zero-copy) and of
 //!   a build at 256 tokens, printed;
 //! - `killed`: rank 1 exits after building; rank 0 gets a named timeout within the bound;
@@ -39,7 +41,10 @@ use distgemm::reference::ErrorBound;
 use distgemm::runtime::{CudaStream, DeviceBuffer, DeviceCopy, Gpu, Module};
 use distgemm::schedule::{Block, BufferKind, Collective, RsPartials, ScheduleKind};
 use distgemm_tests::gpu::{self, visible_line};
+use distgemm_tests::shapes::random_problem;
 use half::{bf16, f16};
+use rand::SeedableRng;
+use rand::rngs::SmallRng;
 
 const CHILD_ENV: &str = "DISTGEMM_RANK_TEST";
 const TP: usize = 2;
@@ -109,6 +114,15 @@ fn every_schedule_across_two_processes() {
 }
 
 #[test]
+fn random_shapes_across_two_processes() {
+    run_ranks(
+        "gpu_ranks::random_shapes_across_two_processes",
+        "random",
+        Duration::from_secs(600),
+    );
+}
+
+#[test]
 fn repeated_runs_with_new_and_overwritten_inputs() {
     run_ranks(
         "gpu_ranks::repeated_runs_with_new_and_overwritten_inputs",
@@ -174,6 +188,7 @@ fn child(spec: &str) {
     };
     match section.as_str() {
         "schedules" => schedules(&r),
+        "random" => random(&r),
         "repeat" => repeat(&r),
         "host-cost" => host_cost(&r),
         "killed" => killed(&r),
@@ -521,6 +536,21 @@ fn schedules(r: &Rank) {
     for preset in Preset::ALL {
         for kind in families {
             check_case::<bf16>(r, kind, preset.problem(TP * 64), true);
+        }
+    }
+}
+
+/// Shapes nobody listed: 16 problems drawn from a fixed seed by `random_problem` (both ranks
+/// draw the same; at most 2²⁹ products), two of every schedule, bf16 and f16 alternately,
+/// every element checked as `schedules` checks the ragged shapes.
+fn random(r: &Rank) {
+    let mut rng = SmallRng::seed_from_u64(0x0024_A4B2);
+    for (i, kind) in ScheduleKind::ALL.into_iter().cycle().take(16).enumerate() {
+        let problem = random_problem(kind, TP, &mut rng, 1 << 29);
+        if i % 2 == 0 {
+            check_case::<bf16>(r, kind, problem, false);
+        } else {
+            check_case::<f16>(r, kind, problem, false);
         }
     }
 }

@@ -1,31 +1,13 @@
-//! Helpers of the CPU-executor tests (valid random shapes per schedule, and a checked run),
-//! the shape units also used by the GPU tests' random shapes.
+//! Helpers of the CPU-executor tests: valid random shapes per schedule, and a checked run.
 
 use distgemm::cpu::CpuExecutor;
 use distgemm::dtype::Element;
 use distgemm::plan::{GlobalInputs, Plan};
 use distgemm::reference::{CheckInputs, CheckReport, check};
-use distgemm::schedule::{Collective, ScheduleKind};
+use distgemm::schedule::ScheduleKind;
 use proptest::prelude::*;
 
-/// The units (M, N, K) of `kind`'s shapes at `tp`: each dimension must be a multiple of its
-/// unit. A dimension TP splits is a multiple of TP (of 8·TP where its TP-slice is a view
-/// offset or leading dimension); K and every leading dimension a multiple of 8.
-pub fn shape_units(kind: ScheduleKind, tp: usize) -> (usize, usize, usize) {
-    let splits_m = kind.collective() == Collective::AllGather || kind.tiles_rows();
-    let m_unit = if splits_m { tp } else { 1 };
-    let n_unit = match kind {
-        ScheduleKind::ReduceScatterTilingA | ScheduleKind::ReduceScatterSingleStageA => 8,
-        ScheduleKind::AllGatherSingleStageB => num_lcm(tp, 8),
-        _ => 8 * tp,
-    };
-    let k_unit = if kind.collective() == Collective::ReduceScatter {
-        8 * tp
-    } else {
-        8
-    };
-    (m_unit, n_unit, k_unit)
-}
+use crate::shapes::shape_units;
 
 /// Random (M, N, K) meeting `kind`'s constraints at `tp` ([`shape_units`]), kept small for
 /// debug builds.
@@ -33,14 +15,6 @@ pub fn shape(kind: ScheduleKind, tp: usize) -> impl Strategy<Value = (usize, usi
     let (m_unit, n_unit, k_unit) = shape_units(kind, tp);
     (1..=24 / m_unit.min(24) + 1, 1..=2usize, 1..=2usize)
         .prop_map(move |(m, n, k)| (m * m_unit, n * n_unit, k * k_unit))
-}
-
-/// Least common multiple of `tp` and 8: the smallest multiple of 8 that `tp` divides.
-fn num_lcm(tp: usize, eight: usize) -> usize {
-    (1..=tp)
-        .map(|i| i * eight)
-        .find(|x| x.is_multiple_of(tp))
-        .unwrap_or(tp * eight)
 }
 
 /// Loads fresh random inputs (from `seed`), poisons outputs and workspace with NaN, runs
