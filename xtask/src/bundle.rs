@@ -280,6 +280,20 @@ pub fn bundle(opts: &Options) -> Result<()> {
             util::human_bytes(total)
         );
     }
+    if let Some(tree) = tracked_tree_bytes() {
+        // A device call carries the checkout's tracked files too, within the same limit.
+        let carried = tree + total;
+        println!(
+            "xtask bundle: with the tracked tree ({}), a call that carries it moves {}{}",
+            util::human_bytes(tree),
+            util::human_bytes(carried),
+            if carried >= LIMIT {
+                " — over the 64 MiB a device call carries: build fewer parts (--only)"
+            } else {
+                " of the 64 MiB a device call carries"
+            }
+        );
+    }
     let folder = out
         .file_name()
         .map_or("bundle".into(), |n| n.to_string_lossy().into_owned());
@@ -360,6 +374,26 @@ fn prepare_out_dir(out: &Path) -> Result<()> {
             .map_err(|e| util::Error(format!("cannot clear {}: {e}", out.display())))?;
     }
     util::create_dir_all(out)
+}
+
+/// The size of the files git tracks in the workspace, or `None` without git.
+fn tracked_tree_bytes() -> Option<u64> {
+    let root = util::workspace_root();
+    let listed = util::capture(
+        Command::new("git")
+            .current_dir(&root)
+            .args(["ls-files", "-z"]),
+    )
+    .ok()
+    .filter(|o| o.status.success())?;
+    let bytes = listed
+        .stdout
+        .split(|&b| b == 0)
+        .filter(|p| !p.is_empty())
+        .filter_map(|p| std::fs::metadata(root.join(String::from_utf8_lossy(p).as_ref())).ok())
+        .map(|m| m.len())
+        .sum();
+    Some(bytes)
 }
 
 /// `from` compressed into `to` by `gzip -9n` (no name or time stamp in the header).
