@@ -9,10 +9,10 @@ linear-style ops and the torch.ops.symm_mem drop-ins), both dtypes, the four Lla
 small token counts, ragged shapes and shapes drawn at random, it checks:
 
 - FP8 (float8_e4m3fn operands, tensor-wise scales, bf16 out): every schedule the ops expose
-  (auto, ag-a, ag-a-single; auto, rs-a read and push, rs-a-single) on a ragged and a 256-token
-  shape, random e4m3 inputs, the output poisoned with NaN, every element within the float64
-  bound of fp8_bound; a second call with new inputs and new scales on the same instance (no
-  rebuild); fused_all_gather_scaled_matmul and fused_scaled_matmul_reduce_scatter (bitwise
+  (auto, ag-a, ag-a-single; auto, rs-a read and push, rs-a-single) on a ragged, a 256-token
+  and three randomly drawn shapes, random e4m3 inputs, the output poisoned with NaN, every
+  element within the float64 bound of fp8_bound; a second call with new inputs and new scales
+  on the same instance (no rebuild); fused_all_gather_scaled_matmul and fused_scaled_matmul_reduce_scatter (bitwise
   equal to all_gather_linear / linear_reduce_scatter); FP8 arguments that must raise;
 - FP8 with row-wise scales (float32, random in [0.5, 2) per row): the same schedules and
   shapes, two calls per instance with new inputs and scales of torch's shapes, every element
@@ -136,6 +136,20 @@ def main():
     solos = [dist.new_group([r]) for r in range(world)]
     solo = solos[rank]
     dtypes = {"bf16": torch.bfloat16, "f16": torch.float16}
+
+    def random_shapes(seed, count, k_unit):
+        """``count`` shapes drawn from ``seed`` (every rank draws the same): M = TP·[1, 512],
+        N = 8·TP·[1, 512] and K = k_unit·TP·[1, 512], each factor log-uniform."""
+        draw = random.Random(seed)
+
+        def log_uniform(lo, hi):
+            return min(hi, max(lo, round(math.exp(draw.uniform(math.log(lo), math.log(hi))))))
+
+        return [
+            (world * log_uniform(1, 512), 8 * world * log_uniform(1, 512),
+             k_unit * world * log_uniform(1, 512))
+            for _ in range(count)
+        ]
 
     def rand(shape, dtype, seed):
         g = torch.Generator(device=dev)
@@ -552,9 +566,11 @@ def main():
         distgemm.synchronize()
 
     def fp8_schedule_cases(ag_case, rs_case):
-        """Both FP8 shapes (one ragged) through every schedule the ops expose, with the
-        pipelined reduce-scatter's partials read and pushed."""
+        """The FP8 shapes (one ragged, and three drawn at random: random_shapes with K a
+        multiple of 16·TP) through every schedule the ops expose, with the pipelined
+        reduce-scatter's partials read and pushed."""
         shapes = [(world * 37, world * 8 * 13, 16 * world * 29), (256, world * 256, 2048)]
+        shapes += random_shapes(0xF8, 1 if args.quick else 3, 16)
         for m, n, k in shapes:
             tag = f"fp8 M={m} N={n} K={k}"
             for schedule in ("auto", "ag-a", "ag-a-single"):
@@ -888,17 +904,9 @@ def main():
             )
             dropin_ag(f"drop-in M={world * 20} N={2 * n} K={k}", dtype_name, world * 20, 2 * n, k)
 
-        # Shapes nobody listed, drawn from a fixed seed (every rank draws the same): both ops,
-        # bf16 and f16 alternately, M = TP·[1, 512] and N, K = 8·TP·[1, 512], log-uniform;
-        # the f64 bound only (a stage may split K where the one-rank GEMM does not).
-        draw = random.Random(0x5EED)
-
-        def log_uniform(lo, hi):
-            return min(hi, max(lo, round(math.exp(draw.uniform(math.log(lo), math.log(hi))))))
-
-        for i in range(4 if args.quick else 12):
-            m = world * log_uniform(1, 512)
-            n, k = (8 * world * log_uniform(1, 512) for _ in range(2))
+        # Shapes nobody listed (random_shapes): both ops, bf16 and f16 alternately; the f64
+        # bound only (a stage may split K where the one-rank GEMM does not).
+        for i, (m, n, k) in enumerate(random_shapes(0x5EED, 4 if args.quick else 12, 8)):
             dtype_name = ("bf16", "f16")[i % 2]
             tag = f"random M={m} N={n} K={k}"
             ag_case(tag, dtype_name, m, n, k, 1, bitwise=False)
