@@ -12,8 +12,9 @@ small token counts, ragged shapes and shapes drawn at random, it checks:
   (auto, ag-a, ag-a-single; auto, rs-a read and push, rs-a-single) on a ragged, a 256-token
   and three randomly drawn shapes, random e4m3 inputs, the output poisoned with NaN, every
   element within the float64 bound of fp8_bound; a second call with new inputs and new scales
-  on the same instance (no rebuild); fused_all_gather_scaled_matmul and fused_scaled_matmul_reduce_scatter (bitwise
-  equal to all_gather_linear / linear_reduce_scatter); FP8 arguments that must raise;
+  on the same instance (no rebuild); fused_all_gather_scaled_matmul and
+  fused_scaled_matmul_reduce_scatter (bitwise equal to all_gather_linear /
+  linear_reduce_scatter); FP8 arguments that must raise;
 - FP8 with row-wise scales (float32, random in [0.5, 2) per row): the same schedules and
   shapes, two calls per instance with new inputs and scales of torch's shapes, every element
   against the f64 reference of fp8_row_bound (all-gather: the gathered rows' scales times this
