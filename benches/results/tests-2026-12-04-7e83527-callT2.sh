@@ -1,6 +1,6 @@
 #!/bin/bash
 # Session 44: the same bundle of main at 7e83527, call T2: the PyTorch package's GPU checks
-# (python/run.sh: check_ops.py with its random shapes, then the TP MLP example; two ranks
+# (python/run.sh: check_ops.py of 3ad9223 with its random shapes, then the TP MLP example; two ranks
 # sharing the GPU), then benches/gemm as split into modules at 81c773d (built at 7e83527; text moved, so
 # its rows and file names should read as before) on two small shapes.
 cd "$(dirname "$0")"
