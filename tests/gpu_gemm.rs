@@ -18,6 +18,7 @@ use distgemm::dtype::{Dtype, Element};
 use distgemm::gemm::{GemmArgs, GemmKernel, GemmLaunchError, GemmVariant, MatrixView, VARIANTS};
 use distgemm::runtime::{CudaStream, DeviceBuffer, DeviceCopy, Gpu, enable_peer_access_between};
 use distgemm_tests::gpu::{self, visible_line};
+use distgemm_tests::shapes::log_uniform;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use rand_distr::StandardNormal;
@@ -520,10 +521,6 @@ fn large_shapes_f16() {
 /// at most 16·2²⁰ (the test's host time).
 fn random_cases(seed: u64, count: usize) -> Vec<Case> {
     let mut rng = SmallRng::seed_from_u64(seed);
-    let log_uniform = |rng: &mut SmallRng, lo: u64, hi: u64| -> u64 {
-        let x = rng.random_range((lo as f64).ln()..=(hi as f64).ln()).exp();
-        (x.round() as u64).clamp(lo, hi)
-    };
     (0..count)
         .map(|i| {
             let mut m = if i % 2 == 0 {

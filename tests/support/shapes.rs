@@ -32,6 +32,12 @@ fn num_lcm(tp: usize, eight: usize) -> usize {
         .unwrap_or(tp * eight)
 }
 
+/// A whole number drawn from `rng`, log-uniform over `lo..=hi` (`1 ≤ lo ≤ hi`).
+pub fn log_uniform(rng: &mut impl Rng, lo: u64, hi: u64) -> u64 {
+    let x = rng.random_range((lo as f64).ln()..=(hi as f64).ln()).exp();
+    (x.round() as u64).clamp(lo, hi)
+}
+
 /// A problem for `kind` at `tp` drawn from `rng`: M log-uniform over 1–4096, N and K over
 /// 8–8192, the largest halved until M·N·K ≤ `max_products` (the f64 check's time), each then
 /// rounded up to a multiple of its [`shape_units`]; alpha 1, 0.5 or −1.25; beta 0 or 0.75 in
@@ -42,15 +48,8 @@ pub fn random_problem(
     rng: &mut impl Rng,
     max_products: usize,
 ) -> Problem {
-    let mut log_uniform = |lo: usize, hi: usize| -> usize {
-        let x = rng.random_range((lo as f64).ln()..=(hi as f64).ln()).exp();
-        (x.round() as usize).clamp(lo, hi)
-    };
-    let (mut m, mut n, mut k) = (
-        log_uniform(1, 4096),
-        log_uniform(8, 8192),
-        log_uniform(8, 8192),
-    );
+    let mut draw = |lo: u64, hi: u64| log_uniform(rng, lo, hi) as usize;
+    let (mut m, mut n, mut k) = (draw(1, 4096), draw(8, 8192), draw(8, 8192));
     while m * n * k > max_products {
         let largest = m.max(n).max(k);
         if k == largest {
