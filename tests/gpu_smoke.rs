@@ -460,6 +460,174 @@ fn cublaslt_tn_gemm_f16() {
     cublaslt_case::<f16>("gpu_smoke::cublaslt_tn_gemm_f16", 0x5eed_0021);
 }
 
+/// One reference-products case: `m × n × k` with leading dimensions `lda`, `ldb`.
+#[derive(Clone, Copy, Debug)]
+struct ProductsCase {
+    m: usize,
+    n: usize,
+    k: usize,
+    lda: usize,
+    ldb: usize,
+}
+
+/// Shapes of the reference kernel's test: one element; tails of the 64 × 64 tile and the
+/// 32-element k step on every side with padded rows; K = 1; and a D of 4100 × 8200 whose two
+/// f64 outputs (538 MB) take two chunks of `CHUNK_BYTES`.
+const PRODUCTS_CASES: [ProductsCase; 5] = [
+    ProductsCase {
+        m: 1,
+        n: 1,
+        k: 1,
+        lda: 1,
+        ldb: 1,
+    },
+    ProductsCase {
+        m: 67,
+        n: 130,
+        k: 45,
+        lda: 48,
+        ldb: 53,
+    },
+    ProductsCase {
+        m: 200,
+        n: 64,
+        k: 700,
+        lda: 700,
+        ldb: 704,
+    },
+    ProductsCase {
+        m: 197,
+        n: 257,
+        k: 1,
+        lda: 3,
+        ldb: 1,
+    },
+    ProductsCase {
+        m: 4100,
+        n: 8200,
+        k: 16,
+        lda: 16,
+        ldb: 24,
+    },
+];
+
+/// `reference::gpu::products` against the host's f64 sums of the same values, bit for bit,
+/// on every element of [`PRODUCTS_CASES`] (`random` draws an operand element, `value` is its
+/// exact value); then a leading dimension below K and a short operand are errors.
+fn products_case<O: distgemm::reference::gpu::ReferenceOperand>(
+    test: &str,
+    seed: u64,
+    random: impl Fn(&mut StdRng) -> O,
+    value: impl Fn(O) -> f64,
+) {
+    use distgemm::reference::gpu::{GpuReferenceError, Operand, products};
+    let Some(session) = gpu::hopper_gpu(test) else {
+        return;
+    };
+    let s = Setup::new(session);
+    let mut rng = StdRng::seed_from_u64(seed);
+    for case in PRODUCTS_CASES {
+        let ProductsCase { m, n, k, lda, ldb } = case;
+        let a: Vec<O> = (0..(m - 1) * lda + k).map(|_| random(&mut rng)).collect();
+        let b: Vec<O> = (0..(n - 1) * ldb + k).map(|_| random(&mut rng)).collect();
+        let (a_op, b_op) = (Operand { data: &a, ld: lda }, Operand { data: &b, ld: ldb });
+        let got = t!(products(&s.module, &s.stream, a_op, b_op, (m, n, k)));
+        assert_all(&format!("{test} {case:?}"), m * n, |idx| {
+            let (i, j) = (idx / n, idx % n);
+            let (mut exact, mut magnitude) = (0.0f64, 0.0f64);
+            for kk in 0..k {
+                let p = value(a[i * lda + kk]) * value(b[j * ldb + kk]);
+                exact += p;
+                magnitude += p.abs();
+            }
+            let same = got.exact[idx].to_bits() == exact.to_bits()
+                && got.magnitude[idx].to_bits() == magnitude.to_bits();
+            (!same).then(|| {
+                format!(
+                    "({i}, {j}): GPU ({}, {}), host ({exact}, {magnitude})",
+                    got.exact[idx], got.magnitude[idx]
+                )
+            })
+        });
+    }
+    let (a, b): (Vec<O>, Vec<O>) = (
+        (0..64).map(|_| random(&mut rng)).collect(),
+        (0..64).map(|_| random(&mut rng)).collect(),
+    );
+    let narrow = products(
+        &s.module,
+        &s.stream,
+        Operand { data: &a, ld: 7 },
+        Operand { data: &b, ld: 8 },
+        (8, 8, 8),
+    );
+    assert!(
+        matches!(
+            narrow,
+            Err(GpuReferenceError::LeadingDimension {
+                operand: "A",
+                ld: 7,
+                k: 8
+            })
+        ),
+        "{narrow:?}"
+    );
+    let short = products(
+        &s.module,
+        &s.stream,
+        Operand { data: &a, ld: 8 },
+        Operand { data: &b, ld: 8 },
+        (8, 9, 8),
+    );
+    assert!(
+        matches!(short, Err(GpuReferenceError::Size(_))),
+        "{short:?}"
+    );
+}
+
+/// A random finite value of magnitude 2^-12 … 2^12 (bf16) or 2^-8 … 2^4 (f16), never zero.
+fn spread_half<T: Half16>(rng: &mut StdRng, low: i32, high: i32) -> T {
+    let x = normal_half::<T>(rng, 1)[0];
+    T::round(x.value() as f32 * 2f32.powi(rng.random_range(low..=high)))
+}
+
+#[test]
+fn reference_products_bf16() {
+    products_case(
+        "gpu_smoke::reference_products_bf16",
+        0x5eed_0030,
+        |rng| spread_half::<bf16>(rng, -12, 12),
+        |x| f64::from(x.to_f32()),
+    );
+}
+
+#[test]
+fn reference_products_f16() {
+    products_case(
+        "gpu_smoke::reference_products_f16",
+        0x5eed_0031,
+        |rng| spread_half::<f16>(rng, -8, 4),
+        |x| f64::from(x.to_f32()),
+    );
+}
+
+#[test]
+fn reference_products_e4m3() {
+    use distgemm::fp8::E4m3;
+    products_case(
+        "gpu_smoke::reference_products_e4m3",
+        0x5eed_0032,
+        // Every finite code (the NaN codes 0x7F and 0xFF excluded), subnormals included.
+        |rng| loop {
+            let code = E4m3::from_bits(rng.random());
+            if !code.is_nan() {
+                break code;
+            }
+        },
+        |x| f64::from(x.to_f32()),
+    );
+}
+
 #[test]
 fn corrupt_ptx_is_rejected_with_the_jit_log() {
     let Some(session) = gpu::hopper_gpu("gpu_smoke::corrupt_ptx_is_rejected_with_the_jit_log")

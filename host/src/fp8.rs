@@ -339,6 +339,18 @@ mod tests {
     }
 
     #[test]
+    fn the_device_widening_of_every_code_is_the_hosts() {
+        for bits in 0..=u8::MAX {
+            let (host, device) = (
+                f64::from(E4m3::from_bits(bits).to_f32()),
+                kernels_gpu::widen::e4m3_to_f64(bits),
+            );
+            let same = (host.is_nan() && device.is_nan()) || host.to_bits() == device.to_bits();
+            assert!(same, "{bits:#04x}: host {host}, device {device}");
+        }
+    }
+
+    #[test]
     fn every_code_widens_to_its_defined_value() {
         for code in 0..=255u8 {
             let got = E4m3::from_bits(code).to_f32();

@@ -18,6 +18,8 @@ pub mod collective_abi;
 pub mod gemm_abi;
 pub mod layout;
 pub mod meta;
+pub mod reference_abi;
+pub mod widen;
 
 #[cfg(target_arch = "nvptx64")]
 pub mod device;

@@ -27,11 +27,12 @@ use crate::dtype::{Dtype, Element};
 use crate::plan::SizeError;
 use crate::problem::Problem;
 
+pub mod gpu;
 mod scaled;
 
 pub use scaled::{
-    ScaledCheckInputs, check_scaled, check_scaled_each, check_scaled_sampled, gemm_scaled_f32,
-    gemm_scaled_f64,
+    ScaledCheckInputs, check_scaled, check_scaled_each, check_scaled_products,
+    check_scaled_sampled, gemm_scaled_f32, gemm_scaled_f64,
 };
 
 /// `A·Bᵀ` in f64: A is m×k (ld `lda`), B is n×k (ld `ldb`); returns m×n row-major.
@@ -389,14 +390,36 @@ fn check_operand_sizes(
     let (m, n, k) = (problem.m, problem.n, problem.k);
     SizeError::check("A", a, m * k)?;
     SizeError::check("B", b, n * k)?;
+    check_output_sizes(problem, c, d)
+}
+
+/// The M×N lengths of a check's optional C and D against `problem` (C required when
+/// beta ≠ 0).
+fn check_output_sizes(problem: &Problem, c: Option<usize>, d: usize) -> Result<(), SizeError> {
+    let elements = problem.m * problem.n;
     match c {
-        Some(c) => SizeError::check("C", c, m * n)?,
+        Some(c) => SizeError::check("C", c, elements)?,
         None if problem.beta != 0.0 => {
             return Err(SizeError::MissingC { beta: problem.beta });
         }
         None => {}
     }
-    SizeError::check("D", d, m * n)
+    SizeError::check("D", d, elements)
+}
+
+/// Element `idx` of an optional C, widened (0 without C).
+fn c_at<T: Element>(c: Option<&[T]>, idx: usize) -> f64 {
+    c.map_or(0.0, |c| f64::from(c[idx].to_f32()))
+}
+
+/// `(Σ x·y, Σ |x·y|)` over `pairs` in f64, in order, from 0: the two sums of each element of
+/// the reference. Products of 16-bit or e4m3 values are exact in f64, so only the additions
+/// round.
+fn dot(pairs: impl Iterator<Item = (f64, f64)>) -> (f64, f64) {
+    pairs.fold((0.0, 0.0), |(exact, magnitude), (x, y)| {
+        let product = x * y;
+        (exact + product, magnitude + product.abs())
+    })
 }
 
 /// Global operands of a check: A (M×K), B (N×K), optional C (M×N), all packed row-major.
@@ -437,16 +460,12 @@ impl<T: Element> CheckInputs<'_, T> {
         compare_one(bound, scalars, elements, d, |idx| {
             let (i, j) = (idx / n, idx % n);
             let (row, col) = (&self.a[i * k..(i + 1) * k], &self.b[j * k..(j + 1) * k]);
-            let (mut exact, mut magnitude) = (0.0, 0.0);
-            for (x, y) in row.iter().zip(col) {
-                let p = f64::from(x.to_f32()) * f64::from(y.to_f32());
-                exact += p;
-                magnitude += p.abs();
-            }
+            let widened = |x: &T| f64::from(x.to_f32());
+            let (exact, magnitude) = dot(row.iter().map(widened).zip(col.iter().map(widened)));
             Expected {
                 exact,
                 magnitude,
-                c: self.c.map_or(0.0, |c| f64::from(c[idx].to_f32())),
+                c: c_at(self.c, idx),
             }
         })
     }
@@ -500,6 +519,58 @@ pub fn check_sampled<T: Element>(
     inputs.check_sizes(problem, d)?;
     check_sample(problem, indices)?;
     Ok(inputs.compare(problem, roundings, tp, d, Elements::Sample(indices)))
+}
+
+/// Each element's `Σ_k a_ik·b_jk` (`exact`) and `Σ_k |a_ik·b_jk|` (`magnitude`) of an M×N
+/// product, row-major, in f64: the M·N·K part of a check. Given them (from the GPU by
+/// [`gpu::products`], at sizes where the host's loop would take minutes), [`check_products`]
+/// and [`check_scaled_products`] compare every element of D in M·N steps with the bounds of
+/// [`check`] and [`check_scaled`]. On the FP8 path the sums are of the e4m3 codes, unscaled.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Products {
+    /// `Σ_k a_ik·b_jk` at `i·N + j`.
+    pub exact: Vec<f64>,
+    /// `Σ_k |a_ik·b_jk|` at `i·N + j`.
+    pub magnitude: Vec<f64>,
+}
+
+impl Products {
+    /// Both sums have M·N elements.
+    fn check_sizes(&self, problem: &Problem) -> Result<(), SizeError> {
+        let elements = problem.m * problem.n;
+        SizeError::check("the products' exact sums", self.exact.len(), elements)?;
+        SizeError::check("the products' magnitudes", self.magnitude.len(), elements)
+    }
+
+    /// Element `idx`'s values for the comparison, its sums times `scale` (1 unscaled).
+    fn expected(&self, idx: usize, scale: f64, c: f64) -> Expected {
+        Expected {
+            exact: scale * self.exact[idx],
+            magnitude: scale.abs() * self.magnitude[idx],
+            c,
+        }
+    }
+}
+
+/// As [`check`], with each element's sums taken from `products` instead of computed from A
+/// and B: every element of `d` against `alpha·Σ a·b + beta·c` with the same bound.
+/// Products, C or D of the wrong size, or no C while beta ≠ 0, are a [`SizeError`].
+pub fn check_products<T: Element>(
+    problem: &Problem,
+    roundings: usize,
+    tp: usize,
+    products: &Products,
+    c: Option<&[T]>,
+    d: &[T],
+) -> Result<CheckReport, SizeError> {
+    products.check_sizes(problem)?;
+    check_output_sizes(problem, c.map(<[T]>::len), d.len())?;
+    let bound = ErrorBound::new(problem.dtype, roundings, problem.k, tp);
+    let scalars = (f64::from(problem.alpha), f64::from(problem.beta));
+    let all = Elements::All(problem.m * problem.n);
+    Ok(compare_one(bound, scalars, all, d, |idx| {
+        products.expected(idx, 1.0, c_at(c, idx))
+    }))
 }
 
 #[cfg(test)]
@@ -598,6 +669,54 @@ mod tests {
                 reversed.max_abs_error
             ),
             (3, last, report.max_abs_error)
+        );
+    }
+
+    /// The products of packed A (m×k) and B (n×k) by the host's loop.
+    fn host_products<T: Element>(m: usize, n: usize, k: usize, a: &[T], b: &[T]) -> Products {
+        let widened = |x: &T| f64::from(x.to_f32());
+        let (exact, magnitude) = (0..m * n)
+            .map(|idx| {
+                let (row, col) = (&a[idx / n * k..][..k], &b[idx % n * k..][..k]);
+                dot(row.iter().map(widened).zip(col.iter().map(widened)))
+            })
+            .unzip();
+        Products { exact, magnitude }
+    }
+
+    #[test]
+    fn a_check_on_given_products_is_the_check_on_the_operands() {
+        // 40×24×56 with C and a wrong element: the report is the one `check` gives.
+        let (m, n, k) = (40, 24, 56);
+        let value = |i: usize| ((i * 53 % 97) as f32 - 48.0) / 8.0;
+        let a: Vec<bf16> = (0..m * k).map(|i| bf16::from_f32(value(i))).collect();
+        let b: Vec<bf16> = (0..n * k).map(|i| bf16::from_f32(value(i + 11))).collect();
+        let c: Vec<bf16> = (0..m * n).map(|i| bf16::from_f32(value(i + 5))).collect();
+        let mut d = gemm_like_stage(m, n, k, &a, k, &b, k, 0.75, -1.5, Some(&c));
+        d[m * n / 2] = bf16::from_f32(d[m * n / 2].to_f32() * 2.0 + 1.0);
+        let problem = Problem::new(m, n, k).with_scalars(0.75, -1.5);
+        let inputs = CheckInputs {
+            a: &a,
+            b: &b,
+            c: Some(&c),
+        };
+        let products = host_products(m, n, k, &a, &b);
+        let want = check(&problem, 1, 2, inputs, &d).unwrap_or_else(|e| panic!("{e}"));
+        let got = check_products(&problem, 1, 2, &products, Some(&c), &d)
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(got, want);
+        assert_eq!((got.mismatches, got.worst_index), (1, m * n / 2));
+        // Wrong sizes are errors: products, C, D; and no C while beta ≠ 0.
+        let short = Products {
+            exact: products.exact[1..].to_vec(),
+            ..products.clone()
+        };
+        assert!(check_products(&problem, 1, 2, &short, Some(&c), &d).is_err());
+        assert!(check_products(&problem, 1, 2, &products, Some(&c[1..]), &d).is_err());
+        assert!(check_products(&problem, 1, 2, &products, Some(&c), &d[1..]).is_err());
+        assert_eq!(
+            check_products(&problem, 1, 2, &products, None, &d).err(),
+            Some(SizeError::MissingC { beta: -1.5 })
         );
     }
 

@@ -5,8 +5,8 @@
 //! of [`ErrorBound::scaled`], on the parent module's comparison machinery.
 
 use super::{
-    CheckReport, Elements, EpilogueInput, ErrorBound, Expected, check_operand_sizes, check_sample,
-    compare, compare_one,
+    CheckReport, Elements, EpilogueInput, ErrorBound, Expected, Products, c_at,
+    check_operand_sizes, check_output_sizes, check_sample, compare, compare_one, dot,
 };
 use crate::dtype::Element;
 use crate::fp8::{E4m3, Scales};
@@ -46,12 +46,8 @@ fn check_scaled_operands(
 
 /// `Σ_k a_k·b_k` and `Σ_k |a_k·b_k|` in f64, both exact for K ≤ 171 196 (see [`crate::fp8`]).
 fn dot_e4m3(a: &[E4m3], b: &[E4m3]) -> (f64, f64) {
-    a.iter()
-        .zip(b)
-        .fold((0.0, 0.0), |(sum, magnitude), (x, y)| {
-            let product = f64::from(x.to_f32()) * f64::from(y.to_f32());
-            (sum + product, magnitude + product.abs())
-        })
+    let widened = |x: &E4m3| f64::from(x.to_f32());
+    dot(a.iter().map(widened).zip(b.iter().map(widened)))
 }
 
 /// `(sa ⊙ A)·(sb ⊙ B)ᵀ` in f64 from e4m3 operands: A is m×k (ld `lda`), B is n×k (ld `ldb`);
@@ -158,15 +154,20 @@ impl<T: Element> ScaledCheckInputs<'_, T> {
             let (i, j) = (idx / n, idx % n);
             let (sum, magnitude) =
                 dot_e4m3(&self.a[i * k..(i + 1) * k], &self.b[j * k..(j + 1) * k]);
-            let (sa, sb) = self.scales.pair(i, j);
-            let scale = f64::from(sa) * f64::from(sb);
+            let scale = scale_of(self.scales, i, j);
             Expected {
                 exact: scale * sum,
                 magnitude: scale.abs() * magnitude,
-                c: self.c.map_or(0.0, |c| f64::from(c[idx].to_f32())),
+                c: c_at(self.c, idx),
             }
         }
     }
+}
+
+/// `sa_i·sb_j` in f64 (exact: a product of two f32).
+fn scale_of(scales: &Scales, i: usize, j: usize) -> f64 {
+    let (sa, sb) = scales.pair(i, j);
+    f64::from(sa) * f64::from(sb)
 }
 
 /// The bound and `(alpha, beta)` of a scaled check with output type `T`.
@@ -252,6 +253,29 @@ pub fn check_scaled_sampled<T: Element>(
     ))
 }
 
+/// As [`check_scaled`], with each element's sums of the e4m3 codes taken from `products`
+/// (unscaled; the scales are applied here) instead of computed from A and B. Products,
+/// scales, C or D of the wrong size, or no C while beta ≠ 0, are a [`SizeError`].
+pub fn check_scaled_products<T: Element>(
+    problem: &Problem,
+    roundings: usize,
+    tp: usize,
+    products: &Products,
+    scales: &Scales,
+    c: Option<&[T]>,
+    d: &[T],
+) -> Result<CheckReport, SizeError> {
+    scales.validate(problem.m, problem.n)?;
+    products.check_sizes(problem)?;
+    check_output_sizes(problem, c.map(<[T]>::len), d.len())?;
+    let (bound, scalars) = bound_and_scalars::<T>(problem, roundings, tp);
+    let n = problem.n;
+    let all = Elements::All(problem.m * n);
+    Ok(compare_one(bound, scalars, all, d, |idx| {
+        products.expected(idx, scale_of(scales, idx / n, idx % n), c_at(c, idx))
+    }))
+}
+
 #[cfg(test)]
 mod tests {
     use half::bf16;
@@ -320,6 +344,15 @@ mod tests {
         assert_eq!((sampled.elements, sampled.mismatches), (2, 1));
         assert_eq!(sampled.worst_ratio, report.worst_ratio);
         assert!(check_scaled_sampled(&problem, 1, 1, inputs, &wrong, &[0, 1, 2])?.passed());
+        // The same check on the unscaled sums of the codes (A·Bᵀ above; |a·b| summed).
+        let products = Products {
+            exact: vec![4.5, 2.0, 1.25, -5.0],
+            magnitude: vec![4.5, 2.0, 2.75, 5.0],
+        };
+        let given = check_scaled_products(&problem, 1, 1, &products, &row, Some(&c), &wrong)?;
+        assert_eq!(given, report);
+        // Other scales are another reference, which this D misses.
+        assert!(!check_scaled_products(&problem, 1, 1, &products, &tensor, Some(&c), &d)?.passed());
         wrong[3] = bf16::NAN;
         assert!(
             check_scaled(&problem, 1, 1, inputs, &wrong)?

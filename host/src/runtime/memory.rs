@@ -36,6 +36,8 @@ unsafe impl DeviceCopy for f32 {}
 unsafe impl DeviceCopy for f64 {}
 unsafe impl DeviceCopy for half::f16 {}
 unsafe impl DeviceCopy for half::bf16 {}
+// SAFETY: `repr(transparent)` over a u8, and every byte is an e4m3 code (NaN included).
+unsafe impl DeviceCopy for crate::fp8::E4m3 {}
 
 /// `len` elements of `T` in device memory of one GPU, allocated with `cuMemAlloc`
 /// (256-byte aligned or better) and freed with `cuMemFree` on drop.

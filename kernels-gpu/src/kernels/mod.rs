@@ -2,4 +2,5 @@
 pub mod collective;
 pub mod fill;
 pub mod gemm;
+pub mod reference;
 pub mod smoke;

@@ -1,0 +1,209 @@
+//! The reference's M·N·K part on a GPU: [`products`] runs the `reference_products_*` kernels
+//! (`kernels_gpu::reference_abi`), which compute each element's `Σ a·b` and `Σ |a·b|` in f64
+//! exactly as the host's loop does (the same sums, bit for bit), so [`check_products`] and
+//! [`check_scaled_products`] can compare every element of D at any size.
+//!
+//! The operands are uploaded once; the outputs are computed and downloaded in chunks of rows
+//! of at most [`CHUNK_BYTES`] of GPU memory, so a check of a large D needs little beyond A
+//! and B on the GPU (and its M·N f64 pairs on the host, as the host's full check does).
+//!
+//! [`check_products`]: super::check_products
+//! [`check_scaled_products`]: super::check_scaled_products
+
+use std::sync::Arc;
+
+use kernels_gpu::reference_abi::{
+    REFERENCE_SMEM_BYTES, REFERENCE_THREADS, REFERENCE_TILE, ReferenceParams,
+};
+use thiserror::Error;
+
+use super::Products;
+use crate::fp8::E4m3;
+use crate::plan::SizeError;
+use crate::runtime::{
+    CudaStream, DeviceBuffer, DeviceCopy, KernelArgs, LaunchConfig, Module, RuntimeError, launch,
+};
+
+/// GPU memory the two f64 outputs of one launch may take: 16 bytes per element, so 32 Mi
+/// elements a chunk (4096 rows of 8192 columns).
+pub const CHUNK_BYTES: usize = 512 << 20;
+
+/// Why [`products`] gave no products.
+#[derive(Debug, Error)]
+pub enum GpuReferenceError {
+    /// An operand is shorter than its rows need.
+    #[error(transparent)]
+    Size(#[from] SizeError),
+    /// A leading dimension below K.
+    #[error("{operand}'s leading dimension {ld} is below K = {k}")]
+    LeadingDimension {
+        /// "A" or "B".
+        operand: &'static str,
+        /// The leading dimension given.
+        ld: usize,
+        /// The problem's K.
+        k: usize,
+    },
+    /// A dimension or grid beyond the kernel's 32-bit parameters.
+    #[error("{what} = {value} exceeds the reference kernel's limit of {limit}")]
+    TooLarge {
+        /// "M", "N", "K" or "blocks".
+        what: &'static str,
+        /// The value asked for.
+        value: usize,
+        /// The largest the kernel takes.
+        limit: usize,
+    },
+    /// Allocation, copy or launch failed.
+    #[error(transparent)]
+    Runtime(#[from] RuntimeError),
+}
+
+/// Operand element types the reference kernel reads: the 16-bit floats and e4m3 codes.
+pub trait ReferenceOperand: DeviceCopy {
+    /// The kernel that reads this type.
+    const KERNEL: &'static str;
+}
+
+impl ReferenceOperand for half::bf16 {
+    const KERNEL: &'static str = "reference_products_bf16";
+}
+
+impl ReferenceOperand for half::f16 {
+    const KERNEL: &'static str = "reference_products_f16";
+}
+
+impl ReferenceOperand for E4m3 {
+    const KERNEL: &'static str = "reference_products_e4m3";
+}
+
+/// One operand of [`products`]: `rows` rows of K elements, each `ld ≥ K` apart, row-major.
+#[derive(Clone, Copy, Debug)]
+pub struct Operand<'a, O> {
+    /// The elements (at least `(rows − 1)·ld + K` of them when `rows > 0`).
+    pub data: &'a [O],
+    /// Elements from one row's start to the next's.
+    pub ld: usize,
+}
+
+impl<O> Operand<'_, O> {
+    /// `operand` holds `rows` rows of `k` elements `ld ≥ k` apart; returns the elements they
+    /// span.
+    fn span(
+        &self,
+        operand: &'static str,
+        rows: usize,
+        k: usize,
+    ) -> Result<usize, GpuReferenceError> {
+        if self.ld < k {
+            return Err(GpuReferenceError::LeadingDimension {
+                operand,
+                ld: self.ld,
+                k,
+            });
+        }
+        let needed = match rows {
+            0 => 0,
+            rows => (rows - 1) * self.ld + k,
+        };
+        if self.data.len() < needed {
+            return Err(SizeError::Elements {
+                matrix: operand.to_owned(),
+                got: self.data.len(),
+                expected: needed,
+            }
+            .into());
+        }
+        Ok(needed)
+    }
+}
+
+/// `Ok` when `value` is at most `limit`.
+fn within(what: &'static str, value: usize, limit: usize) -> Result<(), GpuReferenceError> {
+    if value <= limit {
+        Ok(())
+    } else {
+        Err(GpuReferenceError::TooLarge { what, value, limit })
+    }
+}
+
+/// Largest M, N or K the kernel indexes (its parameters are 32-bit).
+const MAX_DIMENSION: usize = u32::MAX as usize;
+
+/// Largest 1-D grid a launch takes (`gridDim.x ≤ 2³¹ − 1`).
+const MAX_BLOCKS: usize = i32::MAX as usize;
+
+/// `Σ_k a_ik·b_jk` and `Σ_k |a_ik·b_jk|` of every element of the `m × n` product of A
+/// (`m × k`) and B (`n × k`), computed on `module`'s GPU in f64 and ordered on `stream`
+/// (which this call waits for). For e4m3 the sums are of the codes, unscaled.
+///
+/// The result equals what the host's f64 loop gives (each product exact, the sums in
+/// increasing k from 0), so a check on it is the host check. Short operands, a leading
+/// dimension below K and dimensions above 2³² − 1 are errors, not launches.
+pub fn products<O: ReferenceOperand>(
+    module: &Arc<Module>,
+    stream: &CudaStream,
+    a: Operand<'_, O>,
+    b: Operand<'_, O>,
+    (m, n, k): (usize, usize, usize),
+) -> Result<Products, GpuReferenceError> {
+    let a_span = a.span("A", m, k)?;
+    let b_span = b.span("B", n, k)?;
+    for (what, value) in [("M", m), ("N", n), ("K", k)] {
+        within(what, value, MAX_DIMENSION)?;
+    }
+    let mut out = Products {
+        exact: vec![0.0; m * n],
+        magnitude: vec![0.0; m * n],
+    };
+    if m == 0 || n == 0 {
+        return Ok(out);
+    }
+    let gpu = module.gpu();
+    let kernel = module.kernel(O::KERNEL)?;
+    let a_dev = DeviceBuffer::from_host(gpu, stream, &a.data[..a_span])?;
+    let b_dev = DeviceBuffer::from_host(gpu, stream, &b.data[..b_span])?;
+    let tile = REFERENCE_TILE as usize;
+    let chunk_rows = (CHUNK_BYTES / (16 * n)).max(1).min(m);
+    for row0 in (0..m).step_by(chunk_rows) {
+        let rows = chunk_rows.min(m - row0);
+        // Poisoned (0xFF bytes: NaN), so an element the kernel missed fails the check.
+        let mut exact = DeviceBuffer::<f64>::alloc(gpu, rows * n)?;
+        let mut magnitude = DeviceBuffer::<f64>::alloc(gpu, rows * n)?;
+        exact.fill_bytes(stream, 0xFF)?;
+        magnitude.fill_bytes(stream, 0xFF)?;
+        let blocks = rows.div_ceil(tile) * n.div_ceil(tile);
+        within("blocks", blocks, MAX_BLOCKS)?;
+        let element = std::mem::size_of::<O>() as u64;
+        let params = ReferenceParams {
+            a: a_dev.device_ptr() + (row0 * a.ld) as u64 * element,
+            b: b_dev.device_ptr(),
+            exact: exact.device_ptr(),
+            magnitude: magnitude.device_ptr(),
+            lda: a.ld as u64,
+            ldb: b.ld as u64,
+            m: rows as u32,
+            n: n as u32,
+            k: k as u32,
+            reserved: 0,
+        };
+        let config = LaunchConfig::linear(blocks as u32, REFERENCE_THREADS)
+            .with_dynamic_smem(REFERENCE_SMEM_BYTES);
+        // SAFETY: A's rows row0..row0 + rows and B's n rows, each k elements `ld` apart, lie in
+        // the uploaded buffers (sizes checked above); the outputs hold rows·n f64 each; the
+        // launch has the block size, shared memory and ⌈rows/64⌉·⌈n/64⌉ blocks the kernel
+        // needs (`ReferenceParams`), and every buffer outlives it (the downloads wait).
+        unsafe {
+            launch(
+                &kernel,
+                stream,
+                &config,
+                &mut KernelArgs::new().by_value(&params),
+            )?
+        };
+        let range = row0 * n..(row0 + rows) * n;
+        exact.download_into(stream, &mut out.exact[range.clone()])?;
+        magnitude.download_into(stream, &mut out.magnitude[range])?;
+    }
+    Ok(out)
+}
