@@ -346,7 +346,9 @@ fn run_and_bench_take_format_json() {
         "run --schedule ag-b --tp 2 --m 32 --n 32 --k 32 --backend cpu --check --format json",
     );
     assert!(
-        json.starts_with('{') && json.contains("\"check_coverage\":\"full\""),
+        json.starts_with('{')
+            && json.contains("\"check_reference\":\"cpu\"")
+            && json.contains("\"elements\":1024"),
         "{json}"
     );
     succeeds("plan --schedule ag-b --tp 2 --m 32 --n 32 --k 32 --format text");
@@ -585,30 +587,37 @@ fn bench_without_gpus_exits_2_naming_the_cuda_backend() {
     }
 }
 
-/// On a machine with 2 Hopper GPUs with peer access: `run --check` above the CPU cap uses the
-/// sampled check and passes, and a PTX file the driver rejects is bad input (exit 2, one line).
-/// Elsewhere both are refused for want of GPUs (exit 2) and the test says it skipped.
+/// On a machine with a Hopper GPU: `run --check` far above the CPU cap compares every element
+/// of D with the f64 reference computed on the GPU (bf16, and FP8 with row-wise scales) and
+/// passes, and a PTX file the driver rejects is bad input (exit 2, one line). Elsewhere both
+/// are refused for want of a GPU (exit 2) and the test says it skipped.
 #[test]
-fn gpu_runs_above_the_cap_are_checked_by_sampling_and_bad_ptx_is_bad_input() {
-    // 2·2048·4096·4096 ≈ 6.9e10 flop: 16 times the full check's cap.
-    let args = words(
-        "run --schedule ag-a --tp 2 --m 2048 --n 4096 --k 4096 --backend cuda --check --format json",
-    );
-    let out = distgemm(&args);
-    let err = text(&out.stderr);
-    if out.status.code() == Some(2) && err.contains("CUDA backend unavailable") {
-        println!(
-            "SKIPPED cli::gpu_runs_above_the_cap: no Hopper GPU pair ({})",
-            err.trim()
+fn gpu_runs_above_the_cap_are_checked_in_full_on_the_gpu_and_bad_ptx_is_bad_input() {
+    // 2·2048·4096·4096 ≈ 6.9e10 flop: 16 times the CPU's cap; D has 8 388 608 elements.
+    for extra in ["", " --dtype e4m3 --scales row"] {
+        let line = format!(
+            "run --schedule ag-a --tp 1 --m 2048 --n 4096 --k 4096 --backend cuda --check \
+             --format json{extra}"
         );
-        return;
+        let args = words(&line);
+        let out = distgemm(&args);
+        let err = text(&out.stderr);
+        if out.status.code() == Some(2) && err.contains("CUDA backend unavailable") {
+            println!(
+                "SKIPPED cli::gpu_runs_above_the_cap: no Hopper GPU ({})",
+                err.trim()
+            );
+            return;
+        }
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {err}");
+        let json = text(&out.stdout);
+        assert!(
+            json.contains("\"check_reference\":\"gpu\"")
+                && json.contains("\"elements\":8388608")
+                && json.contains("\"mismatches\":0"),
+            "{json}"
+        );
     }
-    assert_eq!(out.status.code(), Some(0), "{args:?}: {err}");
-    let json = text(&out.stdout);
-    assert!(
-        json.contains("\"check_coverage\":\"sampled\"") && json.contains("\"mismatches\":0"),
-        "{json}"
-    );
 
     let dir = std::env::temp_dir().join(format!("distgemm-cli-jit-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
@@ -618,6 +627,37 @@ fn gpu_runs_above_the_cap_are_checked_by_sampling_and_bad_ptx_is_bad_input() {
     let out = distgemm_with_ptx(&args, Some(&garbage.to_string_lossy()));
     assert_one_line_exit_2(&args, &out, "rejected the PTX");
     std::fs::remove_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
+}
+
+/// On a machine with a Hopper GPU: `run --ranks 2 --share-gpu --check` above the CPU cap
+/// compares every element of each rank's block of D with the f64 reference computed on the
+/// rank's GPU (bf16, and FP8 with row-wise scales, whose block takes its part of the scale
+/// vectors). Elsewhere the run is refused (exit 2) and the test says it skipped.
+#[test]
+fn ranks_check_every_element_of_their_blocks_on_the_gpu() {
+    // 2·2048·2048·4096 ≈ 3.4e10 flop, 4 times the CPU's cap per rank; blocks of 2 097 152.
+    for extra in ["", " --dtype e4m3 --scales row"] {
+        let line = format!(
+            "run --schedule rs-a --tp 2 --m 2048 --n 2048 --k 4096 --ranks 2 --share-gpu \
+             --check{extra}"
+        );
+        let args = words(&line);
+        let out = distgemm(&args);
+        let err = text(&out.stderr);
+        if out.status.code() == Some(2) && err.contains("CUDA backend unavailable") {
+            println!(
+                "SKIPPED cli::ranks_check_every_element: no Hopper GPU ({})",
+                err.trim()
+            );
+            return;
+        }
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {err}");
+        let stdout = text(&out.stdout);
+        let checked = stdout
+            .matches("check ok (2097152 elements of its block)")
+            .count();
+        assert_eq!(checked, 2, "{stdout}");
+    }
 }
 
 #[test]

@@ -30,7 +30,6 @@ mod cupti;
 mod memory;
 mod ranks;
 mod run;
-mod sample;
 mod trace;
 mod tune;
 
@@ -125,6 +124,9 @@ pub enum CliError {
     /// Serialising JSON failed.
     #[error("cannot serialise JSON: {0}")]
     Json(#[from] serde_json::Error),
+    /// `--check`'s f64 reference could not be computed on the GPU.
+    #[error("--check's reference on the GPU: {0}")]
+    Reference(#[from] crate::reference::gpu::GpuReferenceError),
     /// A tuning table (`DISTGEMM_TUNING`, or `tune --out`) is unusable.
     #[error(transparent)]
     Tuning(#[from] crate::cuda::TuningError),

@@ -5,9 +5,9 @@
 //! rank process joins a [`LocalRendezvous`] at the socket, opens its GPU (rank r on GPU r, or
 //! every rank on GPU 0 with `--share-gpu`), builds its `RankGemm`, makes the same seeded random
 //! inputs as `run` and uploads its own shards, runs `--iters` launches on one stream, and with
-//! `--check` compares its block of D with the f64 reference (every element up to the CPU cap,
-//! else the sampled elements that fall in its block). Each rank prints one line; the parent
-//! waits for all of them (bounded) and exits with the worst status.
+//! `--check` compares every element of its block of D with the f64 reference, computed on its
+//! GPU from the rows of A and B the block needs. Each rank prints one line; the parent waits
+//! for all of them (bounded) and exits with the worst status.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -16,20 +16,20 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::args::{ProblemArgs, RunArgs};
-use super::run::{
-    CPU_FLOP_CAP, ScaleVectors, check_failed, e4m3_bytes, upload_row_scales, upload_shard,
-};
-use super::sample::{RANDOM_SAMPLES, sample_indices};
+use super::run::{ScaleVectors, check_failed, e4m3_bytes, upload_row_scales, upload_shard};
 use super::{CliError, EXIT_RUN_FAILED};
 use crate::cuda::rank::RankGemmBuilder;
 use crate::cuda::{LocalRendezvous, RankArgs, RankGemm, Rendezvous};
 use crate::dtype::{Dtype, Element};
+use crate::fp8::Scales;
+use crate::plan::SizeError;
 use crate::plan::{Fp8Inputs, GlobalInputs, Plan};
-use crate::reference::{
-    CheckInputs, CheckReport, ScaledCheckInputs, check_sampled, check_scaled_sampled,
-};
+use crate::problem::Problem;
+use crate::reference::gpu::{self, Operand, ReferenceOperand};
+use crate::reference::{CheckReport, Products, check_products, check_scaled_products};
 use crate::runtime::device::device_count;
-use crate::runtime::{CudaStream, DeviceBuffer, DeviceCopy, Gpu, RawStream};
+use crate::runtime::{CudaStream, DeviceBuffer, DeviceCopy, Gpu, Module, RawStream};
+use crate::schedule::Block;
 
 /// Set in a rank process: `<rank>,<socket path>`.
 pub(crate) const RANK_ENV: &str = "DISTGEMM_RUN_RANK";
@@ -163,21 +163,26 @@ pub(crate) fn join_rank(
 pub(crate) fn rank_main(args: &RunArgs, spec: &str, out: &mut dyn Write) -> Result<(), CliError> {
     let (_, rendezvous, gpu, builder) =
         join_rank(spec, &args.problem, args.timeout_ms, args.share_gpu)?;
+    // One module for the rank's runs and for its check's reference kernel.
+    let module = Module::load(&gpu)?;
+    let builder = builder.module(Arc::clone(&module));
     let problem = args.problem.problem()?;
+    let m = &module;
     match (problem.fp8, problem.dtype) {
-        (None, Dtype::Bf16) => run_rank::<half::bf16>(args, &gpu, builder.build(rendezvous)?, out),
-        (None, Dtype::F16) => run_rank::<half::f16>(args, &gpu, builder.build(rendezvous)?, out),
-        (Some(_), Dtype::Bf16) => run_rank_fp8::<half::bf16>(args, &gpu, builder, rendezvous, out),
-        (Some(_), Dtype::F16) => run_rank_fp8::<half::f16>(args, &gpu, builder, rendezvous, out),
+        (None, Dtype::Bf16) => run_rank::<half::bf16>(args, m, builder.build(rendezvous)?, out),
+        (None, Dtype::F16) => run_rank::<half::f16>(args, m, builder.build(rendezvous)?, out),
+        (Some(_), Dtype::Bf16) => run_rank_fp8::<half::bf16>(args, m, builder, rendezvous, out),
+        (Some(_), Dtype::F16) => run_rank_fp8::<half::f16>(args, m, builder, rendezvous, out),
     }
 }
 
 /// One rank of `run --ranks N --dtype e4m3`: every rank draws the same global inputs from the
 /// seed and builds with their tensor-wise scales (or launches with the full row-wise scale
-/// vectors); then as [`run_rank`], with D checked against `reference::check_scaled`.
+/// vectors); then as [`run_rank`], with its block of D checked against
+/// `reference::check_scaled_products`.
 fn run_rank_fp8<T: Element + DeviceCopy>(
     args: &RunArgs,
-    gpu: &Gpu,
+    module: &Arc<Module>,
     builder: RankGemmBuilder,
     rendezvous: Arc<dyn Rendezvous>,
     out: &mut dyn Write,
@@ -185,47 +190,121 @@ fn run_rank_fp8<T: Element + DeviceCopy>(
     let problem = args.problem.problem()?;
     let inputs = Fp8Inputs::<T>::random(&problem, args.seed);
     let builder = match inputs.scales {
-        crate::fp8::Scales::Tensorwise { a, b } => builder.fp8_scales(a, b),
-        crate::fp8::Scales::Rowwise { .. } => builder,
+        Scales::Tensorwise { a, b } => builder.fp8_scales(a, b),
+        Scales::Rowwise { .. } => builder,
     };
     let dg = builder.build(rendezvous)?;
     let plan = dg.plan().clone();
+    let block = plan.devices[dg.rank()].shards.d;
     let shard = own_shard(plan.shard_fp8_inputs(&inputs)?, dg.rank())?;
-    let host = (e4m3_bytes(&shard.a), e4m3_bytes(&shard.b), shard.c);
-    let check = |d: &[T], indices: &[usize]| {
-        let inputs = ScaledCheckInputs {
-            a: &inputs.a,
-            b: &inputs.b,
-            scales: &inputs.scales,
-            c: inputs.c.as_deref(),
+    let host = (e4m3_bytes(&shard.a), e4m3_bytes(&shard.b), shard.c.clone());
+    let check = |d: &[T]| {
+        let scales = block_scales(&inputs.scales, block)?;
+        let compare = |sub: &Problem, roundings, products: &Products| {
+            check_scaled_products(
+                sub,
+                roundings,
+                plan.tp,
+                products,
+                &scales,
+                shard.c.as_deref(),
+                d,
+            )
         };
-        let roundings = plan.schedule.roundings(plan.tp);
-        check_scaled_sampled(&plan.problem, roundings, plan.tp, inputs, d, indices)
+        check_block(module, &plan, block, (&inputs.a, &inputs.b), compare)
     };
-    run_rank_shard(args, gpu, dg, host, Some(&inputs.scales), check, out)
+    run_rank_shard(
+        args,
+        module.gpu(),
+        dg,
+        host,
+        Some(&inputs.scales),
+        check,
+        out,
+    )
 }
 
 /// One rank of `run --ranks N` in bf16 or f16: the global inputs from the seed, this rank's
-/// shard, then as [`run_rank_shard`], with D checked against `reference::check`.
-fn run_rank<T: Element + DeviceCopy>(
+/// shard, then as [`run_rank_shard`], with its block of D checked against
+/// `reference::check_products`.
+fn run_rank<T: Element + ReferenceOperand>(
     args: &RunArgs,
-    gpu: &Gpu,
+    module: &Arc<Module>,
     dg: RankGemm,
     out: &mut dyn Write,
 ) -> Result<(), CliError> {
     let plan = dg.plan().clone();
     let inputs = GlobalInputs::<T>::random(&plan.problem, args.seed);
+    let block = plan.devices[dg.rank()].shards.d;
     let shard = own_shard(plan.shard_inputs(&inputs)?, dg.rank())?;
-    let check = |d: &[T], indices: &[usize]| {
-        let inputs = CheckInputs {
-            a: &inputs.a,
-            b: &inputs.b,
-            c: inputs.c.as_deref(),
+    let c = shard.c.clone();
+    let check = |d: &[T]| {
+        let compare = |sub: &Problem, roundings, products: &Products| {
+            check_products(sub, roundings, plan.tp, products, c.as_deref(), d)
         };
-        let roundings = plan.schedule.roundings(plan.tp);
-        check_sampled(&plan.problem, roundings, plan.tp, inputs, d, indices)
+        check_block(module, &plan, block, (&inputs.a, &inputs.b), compare)
     };
-    run_rank_shard(args, gpu, dg, (shard.a, shard.b, shard.c), None, check, out)
+    let host = (shard.a, shard.b, shard.c);
+    run_rank_shard(args, module.gpu(), dg, host, None, check, out)
+}
+
+/// `--check` of a rank's `block` of D: every element, against the f64 sums computed on the
+/// rank's GPU (`module`) from the block's rows of A and of B (`a`, `b`: the global M×K and
+/// N×K). `compare` checks the packed block as a problem of its own (its rows and columns, the
+/// same K, scalars and dtype, so the same bound) given the schedule's output roundings; the
+/// worst element is reported at its position in the global D.
+fn check_block<O: ReferenceOperand>(
+    module: &Arc<Module>,
+    plan: &Plan,
+    block: Block,
+    (a, b): (&[O], &[O]),
+    compare: impl FnOnce(&Problem, usize, &Products) -> Result<CheckReport, SizeError>,
+) -> Result<CheckReport, CliError> {
+    let p = plan.problem;
+    // Past the end (a plan at odds with the inputs) is an empty operand: a size error below.
+    let a = Operand {
+        data: a.get(block.row0 * p.k..).unwrap_or_default(),
+        ld: p.k,
+    };
+    let b = Operand {
+        data: b.get(block.col0 * p.k..).unwrap_or_default(),
+        ld: p.k,
+    };
+    let stream = module.gpu().new_stream()?;
+    let products = gpu::products(module, &stream, a, b, (block.rows, block.cols, p.k))?;
+    let sub = Problem {
+        m: block.rows,
+        n: block.cols,
+        ..p
+    };
+    let mut report = compare(&sub, plan.schedule.roundings(plan.tp), &products)?;
+    let cols = block.cols.max(1);
+    let (i, j) = (report.worst_index / cols, report.worst_index % cols);
+    report.worst_index = (block.row0 + i) * p.n + block.col0 + j;
+    Ok(report)
+}
+
+/// The FP8 scales of `block` of D: the same pair tensor-wise; row-wise, the block's rows of
+/// A's vector and its columns of B's.
+fn block_scales(scales: &Scales, block: Block) -> Result<Scales, SizeError> {
+    match scales {
+        Scales::Tensorwise { .. } => Ok(scales.clone()),
+        Scales::Rowwise { a, b } => {
+            let part = |v: &[f32], start: usize, len: usize, matrix: &str| {
+                v.get(start..start + len)
+                    .map(<[f32]>::to_vec)
+                    .ok_or_else(|| SizeError::Elements {
+                        matrix: matrix.to_owned(),
+                        got: v.len(),
+                        expected: start + len,
+                    })
+            };
+            Ok(Scales::Rowwise {
+                a: part(a, block.row0, block.rows, "A's row-wise scales")?,
+                b: part(b, block.col0, block.cols, "B's row-wise scales")?,
+            })
+        }
+    }
 }
 
 /// Rank `rank`'s element of every device's `shards`.
@@ -238,20 +317,16 @@ pub(crate) fn own_shard<S>(shards: Vec<S>, rank: usize) -> Result<S, CliError> {
 
 /// Uploads this rank's operands `(a, b, c)` (A and B as `O`: the element type, or e4m3
 /// bytes) and an FP8 problem's row-wise scale vectors, launches `args.iters` runs, and with
-/// `--check` compares its block of D with `check(global D, indices)` ([`own_block`]);
-/// prints the rank's line.
-fn run_rank_shard<O: DeviceCopy, T: Element + DeviceCopy, E>(
+/// `--check` compares its block of D (packed) with `check`; prints the rank's line.
+fn run_rank_shard<O: DeviceCopy, T: Element + DeviceCopy>(
     args: &RunArgs,
     gpu: &Gpu,
     mut dg: RankGemm,
     (a, b, c): (Vec<O>, Vec<O>, Option<Vec<T>>),
-    scales: Option<&crate::fp8::Scales>,
-    check: impl FnOnce(&[T], &[usize]) -> Result<CheckReport, E>,
+    scales: Option<&Scales>,
+    check: impl FnOnce(&[T]) -> Result<CheckReport, CliError>,
     out: &mut dyn Write,
-) -> Result<(), CliError>
-where
-    CliError: From<E>,
-{
+) -> Result<(), CliError> {
     let plan = dg.plan().clone();
     let rank = dg.rank();
     let stream = gpu.new_stream()?;
@@ -261,8 +336,7 @@ where
     let launch = rank_args(&a, &b, c.as_ref(), &d, rows.as_ref());
     let ms = launch_iters(args.iters, &mut dg, &stream, launch)?;
     let verdict = if args.check {
-        let (global, indices) = own_block(args, &plan, rank, &d.download(&stream)?);
-        let report = check(&global, &indices)?;
+        let report = check(&d.download(&stream)?)?;
         if !report.passed() {
             return Err(check_failed(&report, plan.problem.n));
         }
@@ -306,34 +380,6 @@ pub(crate) fn launch_iters(
     }
     dg.synchronize()?;
     Ok(start.elapsed().as_secs_f64() * 1e3 / iters as f64)
-}
-
-/// Rank `rank`'s block of D (`mine`) placed in a global M×N matrix of NaN, and the indices
-/// `--check` compares there: every element of the block up to [`CPU_FLOP_CAP`] per rank,
-/// else the run's sample restricted to the block.
-fn own_block<T: Element>(
-    args: &RunArgs,
-    plan: &Plan,
-    rank: usize,
-    mine: &[T],
-) -> (Vec<T>, Vec<usize>) {
-    let (p, block) = (&plan.problem, plan.devices[rank].shards.d);
-    let mut global = vec![T::nan(); p.m * p.n];
-    block.insert(mine, &mut global, p.n);
-    let inside = |idx: &usize| {
-        let (i, j) = (idx / p.n, idx % p.n);
-        (block.row0..block.row0 + block.rows).contains(&i)
-            && (block.col0..block.col0 + block.cols).contains(&j)
-    };
-    let indices: Vec<usize> = if p.flops() / plan.tp as f64 <= CPU_FLOP_CAP {
-        (0..global.len()).filter(inside).collect()
-    } else {
-        sample_indices(plan, RANDOM_SAMPLES, args.seed)
-            .into_iter()
-            .filter(inside)
-            .collect()
-    };
-    (global, indices)
 }
 
 /// The rank's one-line summary.

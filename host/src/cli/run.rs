@@ -2,6 +2,7 @@
 //! and the optional check.
 
 use std::io::Write;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
@@ -9,33 +10,34 @@ use serde::Serialize;
 
 use super::args::{Backend, MAX_RUN_ITERS, RunArgs};
 use super::memory::{self, Executor};
-use super::sample::{RANDOM_SAMPLES, sample_indices};
 use super::{CliError, check_ptx_file, cuda_devices};
 use crate::cpu::CpuExecutor;
 use crate::cuda::{DeviceArgs, DistGemm, Fp8RowScales};
 use crate::dtype::{Dtype, Element};
 use crate::plan::{Fp8Inputs, GlobalInputs, Plan, SizeError};
 use crate::problem::Problem;
+use crate::reference::gpu::{self, Operand, ReferenceOperand};
 use crate::reference::{
-    CheckInputs, CheckReport, ScaledCheckInputs, check, check_sampled, check_scaled,
-    check_scaled_sampled,
+    CheckInputs, CheckReport, Products, ScaledCheckInputs, check, check_products, check_scaled,
+    check_scaled_products,
 };
 use crate::runtime::{CudaStream, DeviceBuffer, DeviceCopy, Gpu, Module};
 use crate::schedule::{BufferKind, can_implement};
 
 /// The CPU executor's cap on `2·M·N·K` per iteration (≈4.3 GFLOP: seconds, not hours, on a
-/// laptop; the presets are ~10^4 times larger). The full `--check` (an f64 GEMM on the CPU)
-/// has the same cap; above it `--check` samples.
+/// laptop; the presets are ~10^4 times larger). A rank of `run --ranks` checks every element
+/// of its block of D on the CPU up to the same cap per rank, and samples above it.
 pub const CPU_FLOP_CAP: f64 = 4_294_967_296.0;
 
-/// How much of D `--check` compares.
+/// Where `--check` computed each element's f64 sums; it compares every element of D either
+/// way.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
-enum Coverage {
-    /// Every element.
-    Full,
-    /// The sample of `cli::sample` (edges of D, shards and stage tiles, plus random elements).
-    Sampled,
+enum ReferenceOn {
+    /// The host's f64 loop (the CPU executor's runs, under [`CPU_FLOP_CAP`]).
+    Cpu,
+    /// The reference kernel on the first GPU of the run ([`gpu::products`]), after the run.
+    Gpu,
 }
 
 /// What `run --format json` prints.
@@ -49,7 +51,7 @@ struct RunReport<'a> {
     seconds_per_iter: f64,
     gflops: f64,
     check: Option<CheckReport>,
-    check_coverage: Option<Coverage>,
+    check_reference: Option<ReferenceOn>,
 }
 
 pub(super) fn run(
@@ -72,7 +74,6 @@ pub(super) fn run(
         check_ptx_file()?;
         return super::ranks::launch(args, ranks, out);
     }
-    let full_check = args.check && problem.flops() <= CPU_FLOP_CAP;
     // With `auto`, why the GPUs are not used: a notice before a CPU run, or part of the one
     // error line when the CPU cannot run the problem either.
     let (gpus, no_gpus) = match args.backend {
@@ -80,7 +81,7 @@ pub(super) fn run(
         Backend::Cuda => {
             // Everything that needs no GPU first: the PTX file, then the host memory.
             check_ptx_file()?;
-            check_host_memory(&plan, Executor::Cuda, full_check)?;
+            check_host_memory(&plan, Executor::Cuda, args.check)?;
             let gpus = cuda_devices(plan.tp).map_err(|reason| {
                 CliError::CudaUnavailable(format!(
                     "{reason}; use --backend cpu (or auto, which falls back to the CPU)"
@@ -91,7 +92,7 @@ pub(super) fn run(
         Backend::Auto => match cuda_devices(plan.tp) {
             Ok(gpus) => {
                 check_ptx_file()?;
-                check_host_memory(&plan, Executor::Cuda, full_check)?;
+                check_host_memory(&plan, Executor::Cuda, args.check)?;
                 (Some(gpus), None)
             }
             Err(reason) => (None, Some(reason)),
@@ -113,7 +114,7 @@ pub(super) fn run(
             None => why,
         }));
     }
-    check_host_memory(&plan, Executor::Cpu, full_check)?;
+    check_host_memory(&plan, Executor::Cpu, args.check)?;
     if let Some(reason) = no_gpus {
         writeln!(
             err,
@@ -147,12 +148,12 @@ fn check_counts(args: &RunArgs) -> Result<(), CliError> {
 }
 
 /// Refuses (bad input, with the numbers) when the run would not fit this machine's memory.
-fn check_host_memory(plan: &Plan, executor: Executor, full_check: bool) -> Result<(), CliError> {
+fn check_host_memory(plan: &Plan, executor: Executor, check: bool) -> Result<(), CliError> {
     let what = match executor {
         Executor::Cpu => format!("{} on the CPU executor", plan.problem),
         Executor::Cuda => format!("{} (inputs generated on the host)", plan.problem),
     };
-    memory::check_host(memory::host_bytes(plan, executor, full_check), &what)
+    memory::check_host(memory::host_bytes(plan, executor, check), &what)
 }
 
 /// Why the problem does not fit the CPU executor, and a smaller problem that does.
@@ -206,7 +207,11 @@ fn largest_cpu_tokens(args: &RunArgs, problem: &Problem) -> Option<usize> {
 /// Distinct input sets a checked multi-iteration CPU run cycles through (bounded memory).
 const CHECKED_INPUT_SETS: usize = 4;
 
-fn run_typed<T: Element>(args: &RunArgs, plan: Plan, out: &mut dyn Write) -> Result<(), CliError> {
+fn run_typed<T: Element + ReferenceOperand>(
+    args: &RunArgs,
+    plan: Plan,
+    out: &mut dyn Write,
+) -> Result<(), CliError> {
     if args.check && args.iters > 1 {
         return run_typed_checked_sequence::<T>(args, plan, out);
     }
@@ -231,7 +236,7 @@ fn run_typed<T: Element>(args: &RunArgs, plan: Plan, out: &mut dyn Write) -> Res
     result?;
     let seconds_per_iter = start.elapsed().as_secs_f64() / args.iters as f64;
     let d = exec.gathered_output()?;
-    report(args, exec.plan(), "cpu", &inputs, &d, seconds_per_iter, out)
+    report(args, exec.plan(), None, &inputs, &d, seconds_per_iter, out)
 }
 
 /// `run --backend cpu --dtype e4m3`: random FP8 inputs ([`Fp8Inputs::random`]) sharded with
@@ -249,64 +254,63 @@ fn run_fp8<T: Element>(args: &RunArgs, plan: Plan, out: &mut dyn Write) -> Resul
     exec.run(args.iters)?;
     let seconds_per_iter = start.elapsed().as_secs_f64() / args.iters as f64;
     let d = exec.gathered_output()?;
-    let checked = check_fp8(args, exec.plan(), &inputs, &d)?;
+    let checked = check_fp8(args, exec.plan(), &inputs, &d, None)?;
     print_report(args, exec.plan(), "cpu", checked, seconds_per_iter, out)
 }
 
-/// `--check` of an FP8 run's gathered D against `reference::check_scaled`: every element up
-/// to [`CPU_FLOP_CAP`], else the sample of `cli::sample`.
+/// `--check` of an FP8 run's gathered D against `reference::check_scaled`, every element;
+/// the f64 sums on `gpu` where given (see [`checked`]).
 fn check_fp8<T: Element>(
     args: &RunArgs,
     plan: &Plan,
     inputs: &Fp8Inputs<T>,
     d: &[T],
-) -> Result<(Option<CheckReport>, Option<Coverage>), CliError> {
+    gpu: Option<&Arc<Module>>,
+) -> Result<Option<(CheckReport, ReferenceOn)>, CliError> {
     let check_inputs = ScaledCheckInputs {
         a: &inputs.a,
         b: &inputs.b,
         scales: &inputs.scales,
         c: inputs.c.as_deref(),
     };
+    let c = inputs.c.as_deref();
     checked(
         args,
         plan,
+        gpu.map(|module| (module, &inputs.a[..], &inputs.b[..])),
         |p, roundings, tp| check_scaled(p, roundings, tp, check_inputs, d),
-        |p, roundings, tp, indices| {
-            check_scaled_sampled(p, roundings, tp, check_inputs, d, indices)
+        |p, roundings, tp, products| {
+            check_scaled_products(p, roundings, tp, products, &inputs.scales, c, d)
         },
     )
 }
 
-/// `--check` of a run's gathered D: `full` (every element) up to [`CPU_FLOP_CAP`], else
-/// `sampled` on the sample of `cli::sample`; each gets the problem, the schedule's output
-/// roundings and TP. Nothing without `--check`.
-fn checked(
+/// `--check` of a run's gathered D (nothing without `--check`): every element, against f64
+/// sums computed on the GPU of `gpu`'s module from its A and B (the CUDA backend's runs, at
+/// any size; `given` compares D with them), or on the CPU by `host` (the CPU executor's runs).
+/// Each closure gets the problem, the schedule's output roundings and TP.
+#[allow(clippy::type_complexity)]
+fn checked<O: ReferenceOperand>(
     args: &RunArgs,
     plan: &Plan,
-    full: impl FnOnce(&Problem, usize, usize) -> Result<CheckReport, SizeError>,
-    sampled: impl FnOnce(&Problem, usize, usize, &[usize]) -> Result<CheckReport, SizeError>,
-) -> Result<(Option<CheckReport>, Option<Coverage>), CliError> {
-    let problem = plan.problem;
-    let coverage = coverage(args, &problem);
+    gpu: Option<(&Arc<Module>, &[O], &[O])>,
+    host: impl FnOnce(&Problem, usize, usize) -> Result<CheckReport, SizeError>,
+    given: impl FnOnce(&Problem, usize, usize, &Products) -> Result<CheckReport, SizeError>,
+) -> Result<Option<(CheckReport, ReferenceOn)>, CliError> {
+    if !args.check {
+        return Ok(None);
+    }
+    let p = plan.problem;
     let roundings = plan.schedule.roundings(plan.tp);
-    let report = match coverage {
-        None => None,
-        Some(Coverage::Full) => Some(full(&problem, roundings, plan.tp)?),
-        Some(Coverage::Sampled) => {
-            let indices = sample_indices(plan, RANDOM_SAMPLES, args.seed);
-            Some(sampled(&problem, roundings, plan.tp, &indices)?)
+    Ok(Some(match gpu {
+        None => (host(&p, roundings, plan.tp)?, ReferenceOn::Cpu),
+        Some((module, a, b)) => {
+            let stream = module.gpu().new_stream()?;
+            let (a, b) = (Operand { data: a, ld: p.k }, Operand { data: b, ld: p.k });
+            let products = gpu::products(module, &stream, a, b, (p.m, p.n, p.k))?;
+            (given(&p, roundings, plan.tp, &products)?, ReferenceOn::Gpu)
         }
-    };
-    Ok((report, coverage))
-}
-
-/// How much of D `--check` compares: all of it up to [`CPU_FLOP_CAP`], else a sample.
-fn coverage(args: &RunArgs, problem: &Problem) -> Option<Coverage> {
-    args.check.then_some(if problem.flops() <= CPU_FLOP_CAP {
-        Coverage::Full
-    } else {
-        Coverage::Sampled
-    })
+    }))
 }
 
 /// `run --backend cpu --iters N --check`: every run gets new inputs (seeds `seed`, `seed + 1`,
@@ -314,7 +318,7 @@ fn coverage(args: &RunArgs, problem: &Problem) -> Option<Coverage> {
 /// previous run as a model's next call would ([`CpuExecutor::run_sequence`]), with D poisoned
 /// before each run; every run's D is checked in full (CPU runs are under the CPU cap), so a
 /// run that read a stale flag, slot or input shows up. The report is the last run's.
-fn run_typed_checked_sequence<T: Element>(
+fn run_typed_checked_sequence<T: Element + ReferenceOperand>(
     args: &RunArgs,
     plan: Plan,
     out: &mut dyn Write,
@@ -362,7 +366,7 @@ fn run_typed_checked_sequence<T: Element>(
     report(
         args,
         exec.plan(),
-        "cpu",
+        None,
         &inputs[set],
         &d,
         seconds_per_iter,
@@ -372,7 +376,7 @@ fn run_typed_checked_sequence<T: Element>(
 
 /// `run` on the GPUs: shards uploaded from host-generated inputs, one `DistGemm`, `iters`
 /// runs queued back to back, timed from the first launch to the end of the last.
-fn run_cuda<T: Element + DeviceCopy>(
+fn run_cuda<T: Element + ReferenceOperand>(
     args: &RunArgs,
     plan: Plan,
     gpus: Vec<Gpu>,
@@ -381,10 +385,19 @@ fn run_cuda<T: Element + DeviceCopy>(
     // The kernels first: a PTX that the driver rejects is bad input, reported before the
     // inputs are generated and uploaded.
     let modules = load_modules(&gpus)?;
+    let reference = first_module(&modules)?;
     let inputs = GlobalInputs::<T>::random(&plan.problem, args.seed);
     let shards = host_shards(&plan, &inputs)?;
     let (seconds_per_iter, d) = timed_runs(args, &plan, gpus, modules, shards, None)?;
-    report(args, &plan, "cuda", &inputs, &d, seconds_per_iter, out)
+    report(
+        args,
+        &plan,
+        Some(&reference),
+        &inputs,
+        &d,
+        seconds_per_iter,
+        out,
+    )
 }
 
 /// `run --backend cuda --dtype e4m3`: random FP8 inputs ([`Fp8Inputs::random`]) sharded,
@@ -397,11 +410,12 @@ fn run_cuda_fp8<T: Element + DeviceCopy>(
     out: &mut dyn Write,
 ) -> Result<(), CliError> {
     let modules = load_modules(&gpus)?;
+    let reference = first_module(&modules)?;
     let inputs = Fp8Inputs::<T>::random(&plan.problem, args.seed);
     let shards = fp8_host_shards(&plan, &inputs)?;
     let scales = Some(&inputs.scales);
     let (seconds_per_iter, d) = timed_runs(args, &plan, gpus, modules, shards, scales)?;
-    let checked = check_fp8(args, &plan, &inputs, &d)?;
+    let checked = check_fp8(args, &plan, &inputs, &d, Some(&reference))?;
     print_report(args, &plan, "cuda", checked, seconds_per_iter, out)
 }
 
@@ -435,6 +449,14 @@ pub(super) fn load_modules(gpus: &[Gpu]) -> Result<Vec<std::sync::Arc<Module>>, 
         .iter()
         .map(Module::load)
         .collect::<Result<Vec<_>, _>>()?)
+}
+
+/// The first GPU's module, which `--check` computes its reference on after the runs.
+fn first_module(modules: &[Arc<Module>]) -> Result<Arc<Module>, CliError> {
+    modules
+        .first()
+        .cloned()
+        .ok_or_else(|| CliError::Usage("the run has no GPU".into()))
 }
 
 /// One device's host operands: A and B (`O`: the element type, or e4m3 bytes), C if any.
@@ -540,12 +562,13 @@ pub(super) fn upload_row_scales(
     }
 }
 
-/// Prints the run's summary (and check) and turns a failed check into an error. The check
-/// compares every element up to [`CPU_FLOP_CAP`], else the sample of `cli::sample`.
-fn report<T: Element>(
+/// Prints the run's summary (and check) and turns a failed check into an error: a CUDA run
+/// (`gpu`, the module of its first GPU) has its f64 reference computed there, a CPU run on
+/// the CPU (see [`checked`]).
+fn report<T: Element + ReferenceOperand>(
     args: &RunArgs,
     plan: &Plan,
-    backend: &'static str,
+    gpu: Option<&Arc<Module>>,
     inputs: &GlobalInputs<T>,
     d: &[T],
     seconds_per_iter: f64,
@@ -556,12 +579,15 @@ fn report<T: Element>(
         b: &inputs.b,
         c: inputs.c.as_deref(),
     };
+    let c = inputs.c.as_deref();
     let checked = checked(
         args,
         plan,
+        gpu.map(|module| (module, &inputs.a[..], &inputs.b[..])),
         |p, roundings, tp| check(p, roundings, tp, check_inputs, d),
-        |p, roundings, tp, indices| check_sampled(p, roundings, tp, check_inputs, d, indices),
+        |p, roundings, tp, products| check_products(p, roundings, tp, products, c, d),
     )?;
+    let backend = if gpu.is_some() { "cuda" } else { "cpu" };
     print_report(args, plan, backend, checked, seconds_per_iter, out)
 }
 
@@ -571,7 +597,7 @@ fn print_report(
     args: &RunArgs,
     plan: &Plan,
     backend: &'static str,
-    (report, coverage): (Option<CheckReport>, Option<Coverage>),
+    checked: Option<(CheckReport, ReferenceOn)>,
     seconds_per_iter: f64,
     out: &mut dyn Write,
 ) -> Result<(), CliError> {
@@ -584,8 +610,8 @@ fn print_report(
         iters: args.iters,
         seconds_per_iter,
         gflops: problem.flops() / seconds_per_iter / 1e9,
-        check: report,
-        check_coverage: coverage,
+        check: checked.map(|(r, _)| r),
+        check_reference: checked.map(|(_, on)| on),
     };
     if args.report.json() {
         writeln!(out, "{}", serde_json::to_string(&summary)?)?;
@@ -600,15 +626,10 @@ fn print_report(
             seconds_per_iter * 1e3,
             summary.gflops
         )?;
-        if let Some(r) = &report {
-            let compared = match coverage {
-                Some(Coverage::Sampled) => format!(
-                    "{} of {} elements (sampled: edges of D, of every shard and stage tile, \
-                     and {RANDOM_SAMPLES} random)",
-                    r.elements,
-                    problem.m * problem.n
-                ),
-                _ => format!("{} elements", r.elements),
+        if let Some((r, on)) = &checked {
+            let compared = match on {
+                ReferenceOn::Cpu => format!("{} elements", r.elements),
+                ReferenceOn::Gpu => format!("{} elements (f64 reference on the GPU)", r.elements),
             };
             let scale = match problem.fp8 {
                 Some(_) => "|alpha·sa_i·sb_j|",
@@ -625,8 +646,8 @@ fn print_report(
             )?;
         }
     }
-    match report {
-        Some(r) if !r.passed() => Err(check_failed(&r, problem.n)),
+    match checked {
+        Some((r, _)) if !r.passed() => Err(check_failed(&r, problem.n)),
         _ => Ok(()),
     }
 }
