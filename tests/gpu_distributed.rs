@@ -6,8 +6,8 @@
 //! written, shows up. Checks:
 //! - all-gather schedules: D bit-identical to our single-GPU GEMM kernel run on the gathered
 //!   global problem on GPU 0 (each output element is the same dot product in the same order);
-//! - reduce-scatter schedules: within `distgemm::reference::check`'s bound of the f64
-//!   reference (it counts the schedule's roundings);
+//! - reduce-scatter schedules: within `distgemm::reference::check_products`' bound of the f64
+//!   reference, its sums computed on the GPU (the bound counts the schedule's roundings);
 //! - 1,000 consecutive runs of one graph with the operands rewritten between them in each
 //!   rank's stream order (the end-of-run release), every run's D checked, then the counters;
 //! - new inputs and outputs through the pointer-update path (`DistGemm::set_args`);
@@ -30,7 +30,8 @@ use distgemm::fp8::ScaleMode;
 use distgemm::gemm::{GemmArgs, GemmKernel, MatrixView, SectorAlignment, choose_variant_for};
 use distgemm::plan::{EdgeKind, GlobalInputs, Plan};
 use distgemm::problem::Problem;
-use distgemm::reference::{CheckInputs, check};
+use distgemm::reference::check_products;
+use distgemm::reference::gpu::{Operand, ReferenceOperand, products};
 use distgemm::runtime::caller_stream::copy_device_async;
 use distgemm::runtime::stream::DependencyKind;
 use distgemm::runtime::{CudaStream, DeviceBuffer, DeviceCopy, Gpu, Module};
@@ -190,19 +191,29 @@ fn assert_bit_identical<T: Element>(what: &str, got: &[T], want: &[T]) {
     }
 }
 
-fn assert_within_bound<T: Element>(what: &str, plan: &Plan, inputs: &GlobalInputs<T>, d: &[T]) {
-    let report = check(
-        &plan.problem,
-        plan.schedule.roundings(plan.tp),
-        plan.tp,
-        CheckInputs {
-            a: &inputs.a,
-            b: &inputs.b,
-            c: inputs.c.as_deref(),
-        },
-        d,
+/// Every element of `d` within `reference::check_products`' bound of the f64 reference, its
+/// sums computed on `module`'s GPU.
+fn assert_within_bound<T: Element + ReferenceOperand>(
+    what: &str,
+    module: &Arc<Module>,
+    plan: &Plan,
+    inputs: &GlobalInputs<T>,
+    d: &[T],
+) {
+    let p = &plan.problem;
+    let stream = module.gpu().new_stream().expect("stream");
+    let operand = |data| Operand { data, ld: p.k };
+    let sums = products(
+        module,
+        &stream,
+        operand(&inputs.a),
+        operand(&inputs.b),
+        (p.m, p.n, p.k),
     )
-    .expect("check D");
+    .expect("f64 reference on the GPU");
+    let roundings = plan.schedule.roundings(plan.tp);
+    let report =
+        check_products(p, roundings, plan.tp, &sums, inputs.c.as_deref(), d).expect("check D");
     assert!(report.passed(), "{what}: {report:?}");
 }
 
@@ -294,7 +305,7 @@ fn setup<T: Element + DeviceCopy>(
 /// in the same order (k-block by k-block), whichever tile shape a stage and the whole problem
 /// run with. Split-K adds the splits' sums instead, so where the rule splits K in a stage or
 /// in the whole problem the all-gather result is checked against the f64 bound too.
-fn assert_correct<T: Element + DeviceCopy>(
+fn assert_correct<T: Element + DeviceCopy + ReferenceOperand>(
     what: &str,
     gpus: &[Gpu],
     modules: &[Arc<Module>],
@@ -307,13 +318,14 @@ fn assert_correct<T: Element + DeviceCopy>(
             let want = single_gpu_reference(&gpus[0], &modules[0], &plan.problem, inputs);
             assert_bit_identical(what, d, &want);
         }
-        Collective::AllGather => assert_within_bound(what, plan, inputs, d),
-        Collective::ReduceScatter => assert_within_bound(what, plan, inputs, d),
+        Collective::AllGather | Collective::ReduceScatter => {
+            assert_within_bound(what, &modules[0], plan, inputs, d);
+        }
     }
 }
 
 /// Runs `kind` on `gpus` (TP = gpus.len()) once and checks D ([`assert_correct`]).
-fn run_and_check<T: Element + DeviceCopy>(
+fn run_and_check<T: Element + DeviceCopy + ReferenceOperand>(
     test: &str,
     gpus: &[Gpu],
     modules: &[Arc<Module>],
@@ -859,7 +871,7 @@ fn two_ranks_on_one_gpu() {
     dist.wait()
         .unwrap_or_else(|e| panic!("{kind} x100 on one GPU: {e}"));
     let d = gather(&s.plan, &s.shards);
-    assert_within_bound("100 runs, one GPU", &s.plan, &s.inputs, &d);
+    assert_within_bound("100 runs, one GPU", &modules[0], &s.plan, &s.inputs, &d);
     visible_line(&format!("{test}: 100 runs of {kind} on one GPU: ok"));
 }
 

@@ -1,6 +1,7 @@
-//! The Hopper GEMM stage kernel against cuBLASLt (same process, same inputs) and a float64
-//! reference on sampled elements, over the shapes and views the schedules need and over shapes
-//! drawn at random (`random_cases`), where the rule picks the configuration.
+//! The Hopper GEMM stage kernel against cuBLASLt (same process, same inputs) and against the
+//! float64 reference on every element (computed on the GPU, `reference::gpu::products`), over
+//! the shapes and views the schedules need and over shapes drawn at random (`random_cases`),
+//! where the rule picks the configuration.
 //!
 //! Inputs are N(0, 1) (never zeros); D is poisoned with NaN before every run, and every element
 //! of D's buffer, including the padding between rows of strided views and the elements before
@@ -12,11 +13,18 @@
 //! inputs the partial sums grow to ~√K and each of the K additions rounds by up to
 //! 2⁻²⁴ of its sum, a random walk of standard deviation ~0.6·K·2⁻²⁴ (measured: 3.4·10⁻³ at
 //! K = 14336 against cuBLASLt, half this term). A wrong or missing k-block moves an element
-//! by ~8 (64 products), far outside it.
+//! by ~8 (64 products), far outside it. Against the float64 reference, the library's bound
+//! (`reference::ErrorBound::new`, one rounding to the element type): relative to
+//! `|alpha|·Σ|a·b| + |beta·c|`, so it holds whatever order the f32 sums take.
 use distgemm::baseline::{CublasLtElement, CublasLtGemm, TnGemmShape};
 use distgemm::dtype::{Dtype, Element};
 use distgemm::gemm::{GemmArgs, GemmKernel, GemmLaunchError, GemmVariant, MatrixView, VARIANTS};
-use distgemm::runtime::{CudaStream, DeviceBuffer, DeviceCopy, Gpu, enable_peer_access_between};
+use distgemm::problem::Problem;
+use distgemm::reference::gpu::{Operand, ReferenceOperand, products};
+use distgemm::reference::{Products, check_products};
+use distgemm::runtime::{
+    CudaStream, DeviceBuffer, DeviceCopy, Gpu, Module, enable_peer_access_between,
+};
 use distgemm_tests::gpu::{self, visible_line};
 use distgemm_tests::shapes::log_uniform;
 use rand::rngs::SmallRng;
@@ -71,6 +79,16 @@ fn upload_at<T: Element + DeviceCopy>(
     DeviceBuffer::from_host(gpu, stream, &host).expect("upload operand")
 }
 
+/// The `m × n` matrix of a buffer that holds it `offset` elements in, `ld` elements a row.
+fn packed<T: Copy>(buffer: &[T], offset: u64, m: u64, n: u64, ld: u64) -> Vec<T> {
+    (0..m)
+        .flat_map(|row| {
+            let start = (offset + row * ld) as usize;
+            buffer[start..start + n as usize].iter().copied()
+        })
+        .collect()
+}
+
 /// Runs of a split-K configuration after the first, each compared bit for bit with it.
 const SPLIT_K_REPEATS: usize = 5;
 
@@ -80,8 +98,8 @@ const SPLIT_K_REPEATS: usize = 5;
 const SPLIT_K_GRID_CAPS: [u32; 3] = [37, 5, 1];
 
 /// One case set up for checking: its operands on the GPU (C also in another GPU's memory
-/// where asked), cuBLASLt's D for them, and the float64 reference on sampled elements — all
-/// built once, then each configuration is checked against them ([`CaseRun::check`]).
+/// where asked), cuBLASLt's D for them, and the float64 sums of every element — all built
+/// once, then each configuration is checked against them ([`CaseRun::check`]).
 struct CaseRun<T: Element + DeviceCopy> {
     case: Case,
     /// Leading dimensions of A, B and of C and D.
@@ -98,14 +116,17 @@ struct CaseRun<T: Element + DeviceCopy> {
     ours: DeviceBuffer<T>,
     /// cuBLASLt's D, dense from the buffer's start (NaN in the padding between rows).
     theirs: Vec<T>,
-    /// Sampled elements `(row, col, f64 reference)`: the corners (tails) and random picks.
-    samples: Vec<(u64, u64, f64)>,
+    /// C packed (`m × n`), for the f64 check; `None` at beta 0.
+    c_packed: Option<Vec<T>>,
+    /// Each element's `Σ a·b` and `Σ |a·b|` in f64 (computed on the GPU).
+    products: Products,
 }
 
-impl<T: Element + CublasLtElement + DeviceCopy> CaseRun<T> {
+impl<T: Element + CublasLtElement + DeviceCopy + ReferenceOperand> CaseRun<T> {
     /// Random N(0, 1) operands for `c` (C in `c_owner`'s memory for our kernel, when given
-    /// and beta ≠ 0), cuBLASLt's D and the f64 reference on 260 sampled elements.
-    fn new(c_owner: Option<&Gpu>, gpu: &Gpu, stream: &Arc<CudaStream>, c: Case) -> Self {
+    /// and beta ≠ 0), cuBLASLt's D and the f64 sums of every element (on `module`'s GPU).
+    fn new(c_owner: Option<&Gpu>, module: &Arc<Module>, stream: &Arc<CudaStream>, c: Case) -> Self {
+        let gpu = module.gpu();
         let Case {
             m,
             n,
@@ -160,24 +181,21 @@ impl<T: Element + CublasLtElement + DeviceCopy> CaseRun<T> {
         lt.run(lt_a, lt_b, lt_c, &mut theirs, alpha, beta)
             .expect("cuBLASLt run");
         let theirs = theirs.download(stream).expect("download D ref");
-        let mut picks = vec![(0, 0), (m - 1, n - 1), (m - 1, 0), (0, n - 1)];
-        picks.extend((0..256).map(|_| (rng.random_range(0..m), rng.random_range(0..n))));
-        let samples = picks
-            .into_iter()
-            .map(|(row, col)| {
-                let mut r: f64 = alpha as f64
-                    * (0..k)
-                        .map(|kk| {
-                            a_host[(row * lda + kk) as usize].to_f32() as f64
-                                * b_host[(col * ldb + kk) as usize].to_f32() as f64
-                        })
-                        .sum::<f64>();
-                if beta != 0.0 {
-                    r += beta as f64 * c_host[(row * ldd + col) as usize].to_f32() as f64;
-                }
-                (row, col, r)
-            })
-            .collect();
+        let products = products(
+            module,
+            stream,
+            Operand {
+                data: &a_host,
+                ld: lda as usize,
+            },
+            Operand {
+                data: &b_host,
+                ld: ldb as usize,
+            },
+            (m as usize, n as usize, k as usize),
+        )
+        .expect("f64 reference on the GPU");
+        let c_packed = (beta != 0.0).then(|| packed(&c_host, 0, m, n, ldd));
         CaseRun {
             case: c,
             lda,
@@ -188,13 +206,14 @@ impl<T: Element + CublasLtElement + DeviceCopy> CaseRun<T> {
             c: c_remote.or(c_local),
             ours,
             theirs,
-            samples,
+            c_packed,
+            products,
         }
     }
 
     /// Runs the case on `variant` (the rule's pick for `None`) and checks every element
-    /// against cuBLASLt and the samples against the f64 reference; returns the worst error
-    /// relative to the bound. Split-K configurations also run [`SPLIT_K_REPEATS`] more times
+    /// against cuBLASLt and against the f64 reference; returns the worst errors relative to
+    /// the bounds. Split-K configurations also run [`SPLIT_K_REPEATS`] more times
     /// and must give the same bits every time, then run on the smaller grids of
     /// [`SPLIT_K_GRID_CAPS`]. A short tile on more rows than it serves must be refused.
     fn check(
@@ -272,6 +291,31 @@ impl<T: Element + CublasLtElement + DeviceCopy> CaseRun<T> {
             }
             worst
         };
+        // Every element of `ours` against the f64 reference, with the library's bound; the
+        // worst error over it.
+        let problem = Problem::new(m as usize, n as usize, k as usize)
+            .with_dtype(T::DTYPE)
+            .with_scalars(alpha, beta);
+        let (products, c_packed) = (&self.products, self.c_packed.as_deref());
+        let check_f64 = |ours: &[T], label: &str| {
+            let d = packed(ours, offset, m, n, ldd);
+            let report = check_products(&problem, 1, 1, products, c_packed, &d)
+                .unwrap_or_else(|e| panic!("{name}{label}: {e}"));
+            let (row, col) = (
+                report.worst_index / n as usize,
+                report.worst_index % n as usize,
+            );
+            assert!(
+                report.passed(),
+                "{name}{label}: {} of {} elements outside the f64 bound; worst D[{row}][{col}] = {} at {:.3e} of the bound",
+                report.mismatches,
+                report.elements,
+                d[report.worst_index].to_f32(),
+                report.worst_ratio
+            );
+            report.worst_ratio
+        };
+        let check_both = |ours: &[T], label: &str| (check_all(ours, label), check_f64(ours, label));
         let ours = &mut self.ours;
         let mut run = |prepared: &distgemm::gemm::PreparedGemm| {
             ours.fill(stream, T::nan()).expect("poison D");
@@ -281,7 +325,7 @@ impl<T: Element + CublasLtElement + DeviceCopy> CaseRun<T> {
             ours.download(stream).expect("download D")
         };
         let first = run(&prepared);
-        let mut worst = check_all(&first, "");
+        let (mut worst, mut worst_f64) = check_both(&first, "");
         if prepared.variant().config.split_k {
             // Split-K adds a tile's partial sums in k order, whichever block finishes it, and
             // leaves its counters zero: every run on the same grid gives the same bits.
@@ -296,19 +340,14 @@ impl<T: Element + CublasLtElement + DeviceCopy> CaseRun<T> {
             // tiles, several pieces per block, or one block for everything).
             for cap in SPLIT_K_GRID_CAPS {
                 prepared.cap_grid(cap);
-                worst = worst.max(check_all(&run(&prepared), &format!(" on {cap} blocks")));
+                let (lt, exact) = check_both(&run(&prepared), &format!(" on {cap} blocks"));
+                (worst, worst_f64) = (worst.max(lt), worst_f64.max(exact));
             }
-        }
-        for &(row, col, r) in &self.samples {
-            let o = first[(offset + row * ldd + col) as usize].to_f32() as f64;
-            assert!(
-                (o - r).abs() <= bound(r),
-                "{name}: D[{row}][{col}] = {o}, f64 reference {r}"
-            );
         }
         Verdict::Checked {
             variant: prepared.variant().name,
             worst,
+            worst_f64,
         }
     }
 }
@@ -317,16 +356,26 @@ impl<T: Element + CublasLtElement + DeviceCopy> CaseRun<T> {
 /// and the worst error over the bound), or the named refusal of a short tile on more rows than
 /// it serves.
 enum Verdict {
-    Checked { variant: &'static str, worst: f64 },
+    Checked {
+        variant: &'static str,
+        worst: f64,
+        worst_f64: f64,
+    },
     Refused,
 }
 
 impl std::fmt::Display for Verdict {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Verdict::Checked { variant, worst } => {
-                write!(f, "ok on {variant} (worst error {worst:.2} of bound)")
-            }
+            Verdict::Checked {
+                variant,
+                worst,
+                worst_f64,
+            } => write!(
+                f,
+                "ok on {variant} (worst error {worst:.2} of the bound against cuBLASLt, \
+                 {worst_f64:.2} against f64)"
+            ),
             Verdict::Refused => write!(f, "refused as it should be (more rows than it serves)"),
         }
     }
@@ -355,7 +404,7 @@ fn run_cases(test: &str, dtype: Dtype, cases: &[Case], every_variant: bool) {
 
 /// [`run_cases`] in element type `T`: each case is set up once ([`CaseRun::new`]) and checked
 /// with every configuration asked for.
-fn run_cases_of<T: Element + CublasLtElement + DeviceCopy>(
+fn run_cases_of<T: Element + CublasLtElement + DeviceCopy + ReferenceOperand>(
     test: &str,
     cases: &[Case],
     every_variant: bool,
@@ -372,7 +421,7 @@ fn run_cases_of<T: Element + CublasLtElement + DeviceCopy>(
         vec![None]
     };
     for &c in cases {
-        let mut run = CaseRun::<T>::new(None, &session.gpu, &stream, c);
+        let mut run = CaseRun::<T>::new(None, &module, &stream, c);
         for &v in &variants {
             let verdict = run.check(v, &kernel, &stream);
             visible_line(&format!(
@@ -629,7 +678,7 @@ fn c_from_the_other_gpu() {
         },
     ];
     for c in cases {
-        let mut run = CaseRun::<half::bf16>::new(Some(&peer), &session.gpu, &stream, c);
+        let mut run = CaseRun::<half::bf16>::new(Some(&peer), &module, &stream, c);
         session.gpu.bind().expect("bind GPU 0");
         for v in &VARIANTS {
             let verdict = run.check(Some(v), &kernel, &stream);
