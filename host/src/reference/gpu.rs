@@ -54,7 +54,13 @@ pub enum GpuReferenceError {
         /// The largest the kernel takes.
         limit: usize,
     },
-    /// Allocation, copy or launch failed.
+    /// The host memory for the M·N sums could not be had.
+    #[error("no host memory for the reference's {bytes} bytes of f64 sums")]
+    HostMemory {
+        /// Bytes asked for.
+        bytes: usize,
+    },
+    /// Allocation, copy or launch failed on the GPU.
     #[error(transparent)]
     Runtime(#[from] RuntimeError),
 }
@@ -103,9 +109,16 @@ impl<O> Operand<'_, O> {
             });
         }
         let needed = match rows {
-            0 => 0,
-            rows => (rows - 1) * self.ld + k,
+            0 => Some(0),
+            rows => (rows - 1)
+                .checked_mul(self.ld)
+                .and_then(|x| x.checked_add(k)),
         };
+        let needed = needed.ok_or(GpuReferenceError::TooLarge {
+            what: "an operand's span",
+            value: usize::MAX,
+            limit: isize::MAX as usize,
+        })?;
         if self.data.len() < needed {
             return Err(SizeError::Elements {
                 matrix: operand.to_owned(),
@@ -133,6 +146,17 @@ const MAX_DIMENSION: usize = u32::MAX as usize;
 /// Largest 1-D grid a launch takes (`gridDim.x ≤ 2³¹ − 1`).
 const MAX_BLOCKS: usize = i32::MAX as usize;
 
+/// `len` zeros, or [`GpuReferenceError::HostMemory`] instead of an abort when the host has
+/// not the memory.
+fn zeros(len: usize) -> Result<Vec<f64>, GpuReferenceError> {
+    let bytes = len.saturating_mul(8);
+    let mut v = Vec::new();
+    v.try_reserve_exact(len)
+        .map_err(|_| GpuReferenceError::HostMemory { bytes })?;
+    v.resize(len, 0.0);
+    Ok(v)
+}
+
 /// `Σ_k a_ik·b_jk` and `Σ_k |a_ik·b_jk|` of every element of the `m × n` product of A
 /// (`m × k`) and B (`n × k`), computed on `module`'s GPU in f64 and ordered on `stream`
 /// (which this call waits for). For e4m3 the sums are of the codes, unscaled.
@@ -153,8 +177,8 @@ pub fn products<O: ReferenceOperand>(
         within(what, value, MAX_DIMENSION)?;
     }
     let mut out = Products {
-        exact: vec![0.0; m * n],
-        magnitude: vec![0.0; m * n],
+        exact: zeros(m * n)?,
+        magnitude: zeros(m * n)?,
     };
     if m == 0 || n == 0 {
         return Ok(out);
@@ -206,4 +230,44 @@ pub fn products<O: ReferenceOperand>(
         magnitude.download_into(stream, &mut out.magnitude[range])?;
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn operands_are_checked_before_any_gpu_work() {
+        let data = [half::bf16::ONE; 100];
+        let op = |ld| Operand { data: &data, ld };
+        // 10 rows of 8, 10 apart: 9·10 + 8 = 98 elements.
+        assert_eq!(op(10).span("A", 10, 8).ok(), Some(98));
+        assert_eq!(op(10).span("A", 0, 8).ok(), Some(0));
+        assert!(matches!(
+            op(7).span("B", 10, 8),
+            Err(GpuReferenceError::LeadingDimension {
+                operand: "B",
+                ld: 7,
+                k: 8
+            })
+        ));
+        assert!(matches!(
+            op(11).span("A", 10, 8),
+            Err(GpuReferenceError::Size(SizeError::Elements {
+                got: 100,
+                expected: 107,
+                ..
+            }))
+        ));
+        assert!(matches!(
+            op(usize::MAX / 2).span("A", 4, 8),
+            Err(GpuReferenceError::TooLarge { .. })
+        ));
+        assert!(within("K", MAX_DIMENSION, MAX_DIMENSION).is_ok());
+        assert!(within("K", MAX_DIMENSION + 1, MAX_DIMENSION).is_err());
+        assert!(matches!(
+            zeros(usize::MAX / 4),
+            Err(GpuReferenceError::HostMemory { .. })
+        ));
+    }
 }
