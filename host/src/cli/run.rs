@@ -25,8 +25,7 @@ use crate::runtime::{CudaStream, DeviceBuffer, DeviceCopy, Gpu, Module};
 use crate::schedule::{BufferKind, can_implement};
 
 /// The CPU executor's cap on `2·M·N·K` per iteration (≈4.3 GFLOP: seconds, not hours, on a
-/// laptop; the presets are ~10^4 times larger). A rank of `run --ranks` checks every element
-/// of its block of D on the CPU up to the same cap per rank, and samples above it.
+/// laptop; the presets are ~10^4 times larger).
 pub const CPU_FLOP_CAP: f64 = 4_294_967_296.0;
 
 /// Where `--check` computed each element's f64 sums; it compares every element of D either
