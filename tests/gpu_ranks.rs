@@ -14,8 +14,7 @@
 //!   four Llama-3 presets at 2·64 tokens (the all-gather-A and reduce-scatter-A families the
 //!   PyTorch package runs): all-gather D bit-identical to distgemm's single-GPU kernel run as
 //!   the rank's stage GEMMs are (same shapes, same grid); reduce-scatter within the f64 bound
-//!   of `distgemm::reference` (every element of ragged shapes, edges + 4,096 samples of
-//!   presets);
+//!   of `distgemm::reference`, every element (its f64 sums computed on the GPU);
 //! - `repeat` (all-gather A; reduce-scatter A with read and with pushed partials): 1,000
 //!   runs alternating two input sets at new addresses, D checked after each; 64 runs queued
 //!   with no host synchronisation, each into its own D, all checked; then the caller's shard
@@ -37,7 +36,8 @@ use distgemm::dtype::Element;
 use distgemm::gemm::{GemmArgs, GemmKernel, MatrixView};
 use distgemm::plan::Plan;
 use distgemm::problem::{Preset, Problem};
-use distgemm::reference::ErrorBound;
+use distgemm::reference::check_products;
+use distgemm::reference::gpu::{Operand, ReferenceOperand, products};
 use distgemm::runtime::{CudaStream, DeviceBuffer, DeviceCopy, Gpu, Module};
 use distgemm::schedule::{Block, BufferKind, Collective, RsPartials, ScheduleKind};
 use distgemm_tests::gpu::{self, visible_line};
@@ -357,73 +357,48 @@ fn single_gpu_block<T: Element + DeviceCopy>(
     out.download(&r.stream).expect("download")
 }
 
-/// Checks this rank's D against the f64 reference at `indices` of its block (all when None):
-/// the per-element bound of `distgemm::reference` for the schedule's roundings.
-fn check_f64<T: Element>(what: &str, r: &Rank, plan: &Plan, seed: u64, d: &[T], sample: bool) {
+/// Checks every element of this rank's block of D against the f64 reference: the sums
+/// computed on the rank's GPU (`reference::gpu::products`) from the block's rows of A and of
+/// B, compared by `reference::check_products` with the bound for the schedule's roundings (the
+/// block checked as a problem of its own rows and columns, the same K and scalars).
+fn check_f64<T: Element + ReferenceOperand>(what: &str, r: &Rank, plan: &Plan, seed: u64, d: &[T]) {
     let p = &plan.problem;
     let blk = plan.devices[r.rank].shards.d;
-    let bound = ErrorBound::new(p.dtype, plan.schedule.roundings(plan.tp), p.k, plan.tp);
-    let indices: Vec<usize> = if sample {
-        let mut v: Vec<usize> = Vec::new();
-        for i in 0..blk.rows {
-            for j in [0, blk.cols - 1] {
-                v.push(i * blk.cols + j);
-            }
-        }
-        for j in 0..blk.cols {
-            for i in [0, blk.rows - 1] {
-                v.push(i * blk.cols + j);
-            }
-        }
-        v.extend((0..4096u64).map(|s| {
-            (value(seed ^ 0x5A5A, 3, s as usize, 0).to_bits() as usize) % (blk.rows * blk.cols)
-        }));
-        v
-    } else {
-        (0..blk.rows * blk.cols).collect()
-    };
-    let round = |x: f32| f64::from(T::from_f32(x).to_f32());
-    // Error over bound of element `idx` of the block (∞ for NaN).
-    let ratio_at = |idx: usize| {
-        let (i, j) = (blk.row0 + idx / blk.cols, blk.col0 + idx % blk.cols);
-        let (mut exact, mut magnitude) = (0.0f64, 0.0f64);
-        for k in 0..p.k {
-            let prod = round(value(seed, 0, i, k)) * round(value(seed, 1, j, k));
-            exact += prod;
-            magnitude += prod.abs();
-        }
-        let c = if p.has_c() {
-            round(value(seed, 2, i, j))
-        } else {
-            0.0
+    let rows = |which, row0, rows| {
+        let whole_k = Block {
+            row0,
+            col0: 0,
+            rows,
+            cols: p.k,
         };
-        let want = f64::from(p.alpha) * exact + f64::from(p.beta) * c;
-        let tol = bound.relative
-            * (f64::from(p.alpha).abs() * magnitude + (f64::from(p.beta) * c).abs())
-            + bound.absolute;
-        let ratio = (f64::from(d[idx].to_f32()) - want).abs() / tol;
-        if ratio.is_nan() { f64::INFINITY } else { ratio }
+        block_of::<T>(seed, which, whole_k)
     };
-    // Every element is a K-long f64 dot product (K = 53248 for 405B fc2): on every core.
-    let threads = std::thread::available_parallelism().map_or(4, |n| n.get().min(16));
-    let per = indices.len().div_ceil(threads).max(1);
-    let ratios: Vec<f64> = std::thread::scope(|s| {
-        let handles: Vec<_> = indices
-            .chunks(per)
-            .map(|chunk| s.spawn(|| chunk.iter().map(|&idx| ratio_at(idx)).collect::<Vec<_>>()))
-            .collect();
-        handles
-            .into_iter()
-            .flat_map(|h| h.join().expect("reference thread"))
-            .collect()
-    });
-    let bad = ratios.iter().filter(|&&x| x > 1.0).count();
-    let worst = ratios.iter().copied().fold(0.0f64, f64::max);
-    assert_eq!(
-        bad,
-        0,
-        "{what}: {bad} of {} elements outside the f64 bound (worst {worst:.2}×)",
-        indices.len()
+    let (a, b) = (rows(0, blk.row0, blk.rows), rows(1, blk.col0, blk.cols));
+    let operand = |data| Operand { data, ld: p.k };
+    let sums = products(
+        &r.module,
+        &r.stream,
+        operand(&a),
+        operand(&b),
+        (blk.rows, blk.cols, p.k),
+    )
+    .unwrap_or_else(|e| panic!("{what}: f64 reference on the GPU: {e}"));
+    let c = p.has_c().then(|| block_of::<T>(seed, 2, blk));
+    let block = Problem {
+        m: blk.rows,
+        n: blk.cols,
+        ..*p
+    };
+    let roundings = plan.schedule.roundings(plan.tp);
+    let report = check_products(&block, roundings, plan.tp, &sums, c.as_deref(), d)
+        .unwrap_or_else(|e| panic!("{what}: check: {e}"));
+    assert!(
+        report.passed(),
+        "{what}: {} of {} elements outside the f64 bound (worst {:.2}× at block element {})",
+        report.mismatches,
+        report.elements,
+        report.worst_ratio,
+        report.worst_index
     );
 }
 
@@ -471,11 +446,10 @@ fn run_once(r: &Rank, dg: &mut RankGemm, args: RankArgs) {
 
 // ---- sections -------------------------------------------------------------------------------
 
-fn check_case<T: Element + DeviceCopy>(
+fn check_case<T: Element + DeviceCopy + ReferenceOperand>(
     r: &Rank,
     kind: ScheduleKind,
     problem: Problem,
-    sample: bool,
 ) {
     let problem = problem.with_dtype(T::DTYPE);
     let what = format!("rank {} {kind} {problem}", r.rank);
@@ -495,7 +469,7 @@ fn check_case<T: Element + DeviceCopy>(
         Collective::AllGather => {
             assert_bit_identical(&what, &d, &single_gpu_block::<T>(r, &plan, seed, &shards));
         }
-        Collective::ReduceScatter => check_f64(&what, r, &plan, seed, &d, sample),
+        Collective::ReduceScatter => check_f64(&what, r, &plan, seed, &d),
     }
     let secs = |d: Duration| d.as_secs_f64();
     visible_line(&format!(
@@ -523,8 +497,8 @@ fn schedules(r: &Rank) {
                 Collective::ReduceScatter if problem.beta != 0.0 => problem.with_scalars(0.5, 0.0),
                 _ => problem,
             };
-            check_case::<bf16>(r, kind, problem, false);
-            check_case::<f16>(r, kind, problem, false);
+            check_case::<bf16>(r, kind, problem);
+            check_case::<f16>(r, kind, problem);
         }
     }
     let families = [
@@ -535,7 +509,7 @@ fn schedules(r: &Rank) {
     ];
     for preset in Preset::ALL {
         for kind in families {
-            check_case::<bf16>(r, kind, preset.problem(TP * 64), true);
+            check_case::<bf16>(r, kind, preset.problem(TP * 64));
         }
     }
 }
@@ -548,9 +522,9 @@ fn random(r: &Rank) {
     for (i, kind) in ScheduleKind::ALL.into_iter().cycle().take(16).enumerate() {
         let problem = random_problem(kind, TP, &mut rng, 1 << 29);
         if i % 2 == 0 {
-            check_case::<bf16>(r, kind, problem, false);
+            check_case::<bf16>(r, kind, problem);
         } else {
-            check_case::<f16>(r, kind, problem, false);
+            check_case::<f16>(r, kind, problem);
         }
     }
 }
@@ -581,7 +555,7 @@ fn repeat(r: &Rank) {
                         &single_gpu_block::<bf16>(r, &plan, seed, &shards[set]),
                     );
                 }
-                Collective::ReduceScatter => check_f64(&what, r, &plan, seed, &d, false),
+                Collective::ReduceScatter => check_f64(&what, r, &plan, seed, &d),
             }
             expected.push(d);
         }
