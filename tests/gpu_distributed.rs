@@ -990,7 +990,7 @@ fn fp8_case(test: &str, gpu: &Gpu, module: &Arc<Module>, kind: ScheduleKind, mod
     use distgemm::cuda::{BufferRef, Fp8RowScales};
     use distgemm::fp8::{E4m3, Scales};
     use distgemm::plan::Fp8Inputs;
-    use distgemm::reference::{ScaledCheckInputs, check_scaled};
+    use distgemm::reference::check_scaled_products;
     let gpus = vec![gpu.clone(), gpu.clone()];
     let bytes = |v: &[E4m3]| v.iter().map(|x| x.to_bits()).collect::<Vec<u8>>();
     // beta·C on the all-gather schedules; reduce-scatter keeps its partial sums in C, so
@@ -1013,7 +1013,7 @@ fn fp8_case(test: &str, gpu: &Gpu, module: &Arc<Module>, kind: ScheduleKind, mod
     let plan = builder()
         .plan()
         .unwrap_or_else(|e| panic!("{kind} {mode:?}: plan: {e}"));
-    let mut inputs = Fp8Inputs::<half::bf16>::random(&problem, 0xF8 + kind as u64);
+    let inputs = Fp8Inputs::<half::bf16>::random(&problem, 0xF8 + kind as u64);
     // The second round's scales: A's doubled, B's quartered (powers of two keep them exact).
     let rescale = |s: &Scales| match s {
         Scales::Tensorwise { a, b } => Scales::Tensorwise {
@@ -1086,6 +1086,20 @@ fn fp8_case(test: &str, gpu: &Gpu, module: &Arc<Module>, kind: ScheduleKind, mod
     .args(args(0))
     .build()
     .unwrap_or_else(|e| panic!("{kind} {mode:?}: build: {e}"));
+    // The rounds change the scales only: the f64 sums of the codes are computed once, on the
+    // GPU, and each round's check applies its scales to them.
+    let operand = |data| Operand {
+        data,
+        ld: problem.k,
+    };
+    let sums = products(
+        module,
+        &stream,
+        operand(&inputs.a),
+        operand(&inputs.b),
+        (problem.m, problem.n, problem.k),
+    )
+    .unwrap_or_else(|e| panic!("{kind} {mode:?}: f64 reference on the GPU: {e}"));
     for (round, scales) in rounds.iter().enumerate() {
         if round > 0 {
             match scales {
@@ -1093,7 +1107,6 @@ fn fp8_case(test: &str, gpu: &Gpu, module: &Arc<Module>, kind: ScheduleKind, mod
                 Scales::Rowwise { .. } => dist.set_args(args(round)),
             }
             .unwrap_or_else(|e| panic!("{kind} {mode:?}: new scales: {e}"));
-            inputs.scales = scales.clone();
         }
         for d in &mut outputs {
             d.fill(&stream, half::bf16::NAN).expect("poison D");
@@ -1108,15 +1121,10 @@ fn fp8_case(test: &str, gpu: &Gpu, module: &Arc<Module>, kind: ScheduleKind, mod
             .map(|d| d.download(&stream).expect("download D"))
             .collect();
         let d = plan.gather_output(&downloaded).expect("gather D");
-        let check_inputs = ScaledCheckInputs {
-            a: &inputs.a,
-            b: &inputs.b,
-            scales: &inputs.scales,
-            c: inputs.c.as_deref(),
-        };
         let roundings = kind.roundings(plan.tp);
-        let report =
-            check_scaled(&problem, roundings, plan.tp, check_inputs, &d).expect("reference");
+        let c = inputs.c.as_deref();
+        let report = check_scaled_products(&problem, roundings, plan.tp, &sums, scales, c, &d)
+            .expect("reference");
         assert_eq!(
             report.mismatches, 0,
             "{kind} {mode:?} round {round}: {report:?}"
