@@ -31,7 +31,7 @@ use distgemm::gemm::{GemmArgs, GemmKernel, MatrixView, SectorAlignment, choose_v
 use distgemm::plan::{EdgeKind, GlobalInputs, Plan};
 use distgemm::problem::Problem;
 use distgemm::reference::check_products;
-use distgemm::reference::gpu::{Operand, ReferenceOperand, products};
+use distgemm::reference::gpu::{ReferenceOperand, packed_products};
 use distgemm::runtime::caller_stream::copy_device_async;
 use distgemm::runtime::stream::DependencyKind;
 use distgemm::runtime::{CudaStream, DeviceBuffer, DeviceCopy, Gpu, Module};
@@ -201,16 +201,8 @@ fn assert_within_bound<T: Element + ReferenceOperand>(
     d: &[T],
 ) {
     let p = &plan.problem;
-    let stream = module.gpu().new_stream().expect("stream");
-    let operand = |data| Operand { data, ld: p.k };
-    let sums = products(
-        module,
-        &stream,
-        operand(&inputs.a),
-        operand(&inputs.b),
-        (p.m, p.n, p.k),
-    )
-    .expect("f64 reference on the GPU");
+    let sums = packed_products(module, &inputs.a, &inputs.b, (p.m, p.n, p.k))
+        .expect("f64 reference on the GPU");
     let roundings = plan.schedule.roundings(plan.tp);
     let report =
         check_products(p, roundings, plan.tp, &sums, inputs.c.as_deref(), d).expect("check D");
@@ -1088,18 +1080,9 @@ fn fp8_case(test: &str, gpu: &Gpu, module: &Arc<Module>, kind: ScheduleKind, mod
     .unwrap_or_else(|e| panic!("{kind} {mode:?}: build: {e}"));
     // The rounds change the scales only: the f64 sums of the codes are computed once, on the
     // GPU, and each round's check applies its scales to them.
-    let operand = |data| Operand {
-        data,
-        ld: problem.k,
-    };
-    let sums = products(
-        module,
-        &stream,
-        operand(&inputs.a),
-        operand(&inputs.b),
-        (problem.m, problem.n, problem.k),
-    )
-    .unwrap_or_else(|e| panic!("{kind} {mode:?}: f64 reference on the GPU: {e}"));
+    let shape = (problem.m, problem.n, problem.k);
+    let sums = packed_products(module, &inputs.a, &inputs.b, shape)
+        .unwrap_or_else(|e| panic!("{kind} {mode:?}: f64 reference on the GPU: {e}"));
     for (round, scales) in rounds.iter().enumerate() {
         if round > 0 {
             match scales {

@@ -37,7 +37,7 @@ use distgemm::gemm::{GemmArgs, GemmKernel, MatrixView};
 use distgemm::plan::Plan;
 use distgemm::problem::{Preset, Problem};
 use distgemm::reference::check_products;
-use distgemm::reference::gpu::{Operand, ReferenceOperand, products};
+use distgemm::reference::gpu::{ReferenceOperand, packed_products};
 use distgemm::runtime::{CudaStream, DeviceBuffer, DeviceCopy, Gpu, Module};
 use distgemm::schedule::{Block, BufferKind, Collective, RsPartials, ScheduleKind};
 use distgemm_tests::gpu::{self, visible_line};
@@ -374,15 +374,8 @@ fn check_f64<T: Element + ReferenceOperand>(what: &str, r: &Rank, plan: &Plan, s
         block_of::<T>(seed, which, whole_k)
     };
     let (a, b) = (rows(0, blk.row0, blk.rows), rows(1, blk.col0, blk.cols));
-    let operand = |data| Operand { data, ld: p.k };
-    let sums = products(
-        &r.module,
-        &r.stream,
-        operand(&a),
-        operand(&b),
-        (blk.rows, blk.cols, p.k),
-    )
-    .unwrap_or_else(|e| panic!("{what}: f64 reference on the GPU: {e}"));
+    let sums = packed_products(&r.module, &a, &b, (blk.rows, blk.cols, p.k))
+        .unwrap_or_else(|e| panic!("{what}: f64 reference on the GPU: {e}"));
     let c = p.has_c().then(|| block_of::<T>(seed, 2, blk));
     let block = Problem {
         m: blk.rows,

@@ -25,7 +25,7 @@ use crate::fp8::Scales;
 use crate::plan::SizeError;
 use crate::plan::{Fp8Inputs, GlobalInputs, Plan};
 use crate::problem::Problem;
-use crate::reference::gpu::{self, Operand, ReferenceOperand};
+use crate::reference::gpu::{ReferenceOperand, packed_products};
 use crate::reference::{CheckReport, Products, check_products, check_scaled_products};
 use crate::runtime::device::device_count;
 use crate::runtime::{CudaStream, DeviceBuffer, DeviceCopy, Gpu, Module, RawStream};
@@ -262,16 +262,9 @@ fn check_block<O: ReferenceOperand>(
 ) -> Result<CheckReport, CliError> {
     let p = plan.problem;
     // Past the end (a plan at odds with the inputs) is an empty operand: a size error below.
-    let a = Operand {
-        data: a.get(block.row0 * p.k..).unwrap_or_default(),
-        ld: p.k,
-    };
-    let b = Operand {
-        data: b.get(block.col0 * p.k..).unwrap_or_default(),
-        ld: p.k,
-    };
-    let stream = module.gpu().new_stream()?;
-    let products = gpu::products(module, &stream, a, b, (block.rows, block.cols, p.k))?;
+    let a = a.get(block.row0 * p.k..).unwrap_or_default();
+    let b = b.get(block.col0 * p.k..).unwrap_or_default();
+    let products = packed_products(module, a, b, (block.rows, block.cols, p.k))?;
     let sub = Problem {
         m: block.rows,
         n: block.cols,

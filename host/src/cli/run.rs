@@ -16,7 +16,7 @@ use crate::cuda::{DeviceArgs, DistGemm, Fp8RowScales};
 use crate::dtype::{Dtype, Element};
 use crate::plan::{Fp8Inputs, GlobalInputs, Plan, SizeError};
 use crate::problem::Problem;
-use crate::reference::gpu::{self, Operand, ReferenceOperand};
+use crate::reference::gpu::{ReferenceOperand, packed_products};
 use crate::reference::{
     CheckInputs, CheckReport, Products, ScaledCheckInputs, check, check_products, check_scaled,
     check_scaled_products,
@@ -35,7 +35,7 @@ pub const CPU_FLOP_CAP: f64 = 4_294_967_296.0;
 enum ReferenceOn {
     /// The host's f64 loop (the CPU executor's runs, under [`CPU_FLOP_CAP`]).
     Cpu,
-    /// The reference kernel on the first GPU of the run ([`gpu::products`]), after the run.
+    /// The reference kernel on the first GPU of the run ([`packed_products`]), after the run.
     Gpu,
 }
 
@@ -304,9 +304,7 @@ fn checked<O: ReferenceOperand>(
     Ok(Some(match gpu {
         None => (host(&p, roundings, plan.tp)?, ReferenceOn::Cpu),
         Some((module, a, b)) => {
-            let stream = module.gpu().new_stream()?;
-            let (a, b) = (Operand { data: a, ld: p.k }, Operand { data: b, ld: p.k });
-            let products = gpu::products(module, &stream, a, b, (p.m, p.n, p.k))?;
+            let products = packed_products(module, a, b, (p.m, p.n, p.k))?;
             (given(&p, roundings, plan.tp, &products)?, ReferenceOn::Gpu)
         }
     }))

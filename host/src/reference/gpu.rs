@@ -232,6 +232,19 @@ pub fn products<O: ReferenceOperand>(
     Ok(out)
 }
 
+/// [`products`] of packed operands (A `m × k` and B `n × k`, each row K elements after the
+/// last), on a stream of its own on `module`'s GPU.
+pub fn packed_products<O: ReferenceOperand>(
+    module: &Arc<Module>,
+    a: &[O],
+    b: &[O],
+    (m, n, k): (usize, usize, usize),
+) -> Result<Products, GpuReferenceError> {
+    let stream = module.gpu().new_stream()?;
+    let (a, b) = (Operand { data: a, ld: k }, Operand { data: b, ld: k });
+    products(module, &stream, a, b, (m, n, k))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
