@@ -4,8 +4,8 @@
 //! [`check_scaled_products`] can compare every element of D at any size.
 //!
 //! The operands are uploaded once; the outputs are computed and downloaded in chunks of rows
-//! of at most [`CHUNK_BYTES`] of GPU memory, so a check of a large D needs little beyond A
-//! and B on the GPU (and its M·N f64 pairs on the host, as the host's full check does).
+//! of at most [`CHUNK_BYTES`] of GPU memory, so a check of a large D needs little GPU memory
+//! beyond A and B; the host holds the M·N pairs of f64 sums (16 bytes an element).
 //!
 //! [`check_products`]: super::check_products
 //! [`check_scaled_products`]: super::check_scaled_products
