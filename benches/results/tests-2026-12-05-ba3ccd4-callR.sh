@@ -1,5 +1,5 @@
 #!/bin/bash
-# Session 45: `cargo xtask bundle --only cli,tests,python` of main at b3a1d93, call R: the f64
+# Session 45: `cargo xtask bundle --only cli,tests,python` of main at ba3ccd4, call R: the f64
 # reference on the GPU (reference::gpu::products). 1) gpu_smoke's reference_products_* tests
 # (bit for bit against the host's sums; tails, padded rows, two chunks); 2) `run --check`
 # above the CPU cap, every element on the GPU: TP 1 bf16 / e4m3 row, a preset at 4096 tokens

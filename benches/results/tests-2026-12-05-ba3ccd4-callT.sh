@@ -1,5 +1,5 @@
 #!/bin/bash
-# Session 45: the same bundle (main at b3a1d93), call T: every other test binary (gpu_gemm ran
+# Session 45: the same bundle (main at ba3ccd4), call T: every other test binary (gpu_gemm ran
 # in call R): gpu_smoke, gpu_distributed (its bound checks now on GPU sums), gpu_ranks,
 # gpu_collective and the CPU ones. About 5 minutes.
 cd "$(dirname "$0")"

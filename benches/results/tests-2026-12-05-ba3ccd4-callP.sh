@@ -1,5 +1,5 @@
 #!/bin/bash
-# Session 45: the same bundle (main at b3a1d93), call P: the PyTorch package's GPU checks
+# Session 45: the same bundle (main at ba3ccd4), call P: the PyTorch package's GPU checks
 # (python/run.sh: check_ops.py with its random shapes, then the TP MLP example). About 5 minutes.
 cd "$(dirname "$0")"
 mkdir -p $OUT/r
